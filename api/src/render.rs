@@ -1,0 +1,414 @@
+//! Payload and key rendering (SPEC §2.9) and the inverse decoders.
+//!
+//! On consume, `payload` is the stored bytes verbatim when they are one valid JSON value (the
+//! exact bytes, surrounding JSON whitespace included, which keeps `"payload":<bytes>` valid
+//! JSON); else a JSON string when they are valid UTF-8; else standard padded base64 in a JSON
+//! string plus `"payload_encoding":"base64"`. Keys: UTF-8 → string; other bytes → base64 plus
+//! `"key_encoding":"base64"`.
+//!
+//! The renderers are on the server's hot path: classification is one pass of serde_json's
+//! value skipper (no tree is built, no depth limit) plus a UTF-8 check, and nothing is
+//! allocated for JSON or text payloads until the caller writes them out.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use base64::Engine as _;
+use serde_json::value::RawValue;
+
+/// The one encoding name used on the wire.
+pub const BASE64: &str = "base64";
+
+/// How a stored payload is rendered in a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RenderedPayload<'a> {
+    /// The bytes are one valid JSON value: embed them verbatim (exact bytes).
+    Json(&'a str),
+    /// Valid UTF-8 that is not JSON: embed as a JSON string.
+    Text(&'a str),
+    /// Anything else: standard padded base64 in a JSON string, `payload_encoding:"base64"`.
+    Base64(String),
+}
+
+impl RenderedPayload<'_> {
+    /// `Some("base64")` for binary payloads, else `None` (no `payload_encoding` field).
+    pub fn encoding(&self) -> Option<&'static str> {
+        match self {
+            RenderedPayload::Base64(_) => Some(BASE64),
+            _ => None,
+        }
+    }
+
+    /// Appends the JSON value (what follows `"payload":`) to `out`.
+    pub fn write_json(&self, out: &mut Vec<u8>) {
+        match self {
+            RenderedPayload::Json(s) => out.extend_from_slice(s.as_bytes()),
+            RenderedPayload::Text(s) => write_json_str(out, s),
+            RenderedPayload::Base64(s) => {
+                // Base64 needs no escaping.
+                out.reserve(s.len() + 2);
+                out.push(b'"');
+                out.extend_from_slice(s.as_bytes());
+                out.push(b'"');
+            }
+        }
+    }
+
+    /// The JSON value as a string.
+    pub fn to_json_string(&self) -> String {
+        let mut out = Vec::with_capacity(self.json_len_hint());
+        self.write_json(&mut out);
+        // write_json only writes valid UTF-8 (JSON/text are &str, base64 is ASCII).
+        String::from_utf8(out).expect("rendered payload is UTF-8")
+    }
+
+    /// The JSON value as a `Box<RawValue>` (for `Message::payload`).
+    ///
+    /// A `RawValue` cannot hold leading or trailing whitespace: a JSON payload surrounded by
+    /// whitespace (`{"a":1}\n`) is trimmed here. Writers that must be byte-exact use
+    /// [`write_json`](Self::write_json) instead.
+    pub fn into_raw_value(self) -> Box<RawValue> {
+        let json = match self {
+            RenderedPayload::Json(s) => {
+                // Already validated: the trimmed text is the value itself.
+                let t = s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+                return RawValue::from_string(t.to_owned())
+                    .expect("validated JSON payload is a RawValue");
+            }
+            other => other.to_json_string(),
+        };
+        RawValue::from_string(json).expect("a JSON string is a RawValue")
+    }
+
+    fn json_len_hint(&self) -> usize {
+        match self {
+            RenderedPayload::Json(s) => s.len(),
+            RenderedPayload::Text(s) => s.len() + 2,
+            RenderedPayload::Base64(s) => s.len() + 2,
+        }
+    }
+}
+
+/// Whether `bytes` are exactly one valid JSON value (RFC 8259, UTF-8), surrounding JSON
+/// whitespace allowed. No nesting limit.
+pub fn is_json(bytes: &[u8]) -> bool {
+    json_str(bytes).is_some()
+}
+
+/// `Some(the whole input as &str)` if it is one valid JSON value.
+fn json_str(bytes: &[u8]) -> Option<&str> {
+    // Quick reject: a JSON text starts (after whitespace) with one of these.
+    let first = bytes
+        .iter()
+        .find(|&&b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))?;
+    if !matches!(
+        first,
+        b'{' | b'[' | b'"' | b'-' | b'0'..=b'9' | b't' | b'f' | b'n'
+    ) {
+        return None;
+    }
+    // Skipping into a borrowed RawValue validates the syntax (iteratively: no depth limit)
+    // and the UTF-8 of the value; `from_slice` refuses trailing non-whitespace.
+    let raw: &RawValue = serde_json::from_slice(bytes).ok()?;
+    let v = raw.get();
+    if v.len() == bytes.len() {
+        return Some(v);
+    }
+    // The rest is ASCII JSON whitespace around a UTF-8 value: the whole input is UTF-8.
+    std::str::from_utf8(bytes).ok()
+}
+
+/// Classifies a stored payload for rendering (SPEC §2.9).
+pub fn render_payload(bytes: &[u8]) -> RenderedPayload<'_> {
+    if let Some(s) = json_str(bytes) {
+        return RenderedPayload::Json(s);
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(s) => RenderedPayload::Text(s),
+        Err(_) => RenderedPayload::Base64(base64::engine::general_purpose::STANDARD.encode(bytes)),
+    }
+}
+
+/// Renders a stored key: `(text, None)` for UTF-8, `(base64, Some("base64"))` otherwise.
+pub fn render_key(bytes: &[u8]) -> (Cow<'_, str>, Option<&'static str>) {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => (Cow::Borrowed(s), None),
+        Err(_) => (
+            Cow::Owned(base64::engine::general_purpose::STANDARD.encode(bytes)),
+            Some(BASE64),
+        ),
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn write_json_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        if esc.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[(b >> 4) as usize]);
+            out.push(HEX[(b & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// A payload or key that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError(pub String);
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+fn check_encoding(encoding: Option<&str>) -> Result<bool, DecodeError> {
+    match encoding {
+        None | Some("") => Ok(false),
+        Some(BASE64) => Ok(true),
+        Some(other) => Err(DecodeError(format!("unknown encoding {other:?}"))),
+    }
+}
+
+/// Decodes a rendered payload into its *display bytes*:
+///
+/// - `payload_encoding:"base64"` → the decoded bytes (byte-exact);
+/// - a JSON string → its unquoted text. Text rendered as a JSON string and a produced JSON
+///   string value (stored with its quotes) are indistinguishable on the wire; both come back
+///   unquoted, as the Go SDK does when asked for bytes;
+/// - any other JSON value → its JSON text as received (after a parse by serde, surrounding
+///   whitespace is gone; the value itself is verbatim).
+pub fn decode_payload(raw: &RawValue, encoding: Option<&str>) -> Result<Vec<u8>, DecodeError> {
+    let b64 = check_encoding(encoding)?;
+    let text = raw
+        .get()
+        .trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+    if b64 {
+        let s: Cow<'_, str> = serde_json::from_str(text)
+            .map_err(|_| DecodeError("base64 payload is not a JSON string".into()))?;
+        return base64::engine::general_purpose::STANDARD
+            .decode(s.as_bytes())
+            .map_err(|e| DecodeError(format!("bad base64 payload: {e}")));
+    }
+    if text.starts_with('"') {
+        let s: Cow<'_, str> = serde_json::from_str(text)
+            .map_err(|e| DecodeError(format!("bad JSON string payload: {e}")))?;
+        return Ok(s.into_owned().into_bytes());
+    }
+    Ok(text.as_bytes().to_vec())
+}
+
+/// Decodes a rendered key (`key` + `key_encoding`) into its bytes.
+pub fn decode_key(key: &str, encoding: Option<&str>) -> Result<Vec<u8>, DecodeError> {
+    if check_encoding(encoding)? {
+        base64::engine::general_purpose::STANDARD
+            .decode(key.as_bytes())
+            .map_err(|e| DecodeError(format!("bad base64 key: {e}")))
+    } else {
+        Ok(key.as_bytes().to_vec())
+    }
+}
+
+/// Encodes bytes for a batch-produce element so that the server stores them byte-exact:
+/// raw JSON when they are one JSON value with no surrounding whitespace, else base64
+/// (a JSON string would be stored with its quotes). Returns `(payload, payload_encoding)`.
+pub fn encode_batch_payload(bytes: &[u8]) -> (Box<RawValue>, Option<&'static str>) {
+    if let Some(s) = json_str(bytes) {
+        let trimmed = s.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r'));
+        if trimmed.len() == s.len() {
+            if let Ok(raw) = RawValue::from_string(s.to_owned()) {
+                return (raw, None);
+            }
+        }
+    }
+    let b64 = base64::engine::general_purpose::STANDARD.encode(bytes);
+    let raw = RawValue::from_string(format!("\"{b64}\"")).expect("base64 string is JSON");
+    (raw, Some(BASE64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_of(bytes: &[u8]) -> (String, Option<&'static str>) {
+        let r = render_payload(bytes);
+        let enc = r.encoding();
+        (r.to_json_string(), enc)
+    }
+
+    #[test]
+    fn json_payloads_are_verbatim() {
+        for p in [
+            &br#"{"order_id":"ord_123","amount":4999}"#[..],
+            b"42",
+            b"-1.5e10",
+            b"true",
+            b"false",
+            b"null",
+            b"\"abc\"",
+            b"[1, 2 ,3]",
+            b"{ \"a\" : [ ] }",
+            b" {\"a\":1}\n",
+            b"\t\"x\"\r\n",
+            "\"h\u{e9}llo\"".as_bytes(),
+            br#""\ud800""#,
+        ] {
+            let (j, enc) = json_of(p);
+            assert_eq!(j.as_bytes(), p, "{:?}", String::from_utf8_lossy(p));
+            assert_eq!(enc, None);
+            // Still valid when embedded.
+            let doc = format!("{{\"payload\":{j},\"x\":1}}");
+            assert!(
+                serde_json::from_str::<serde::de::IgnoredAny>(&doc).is_ok(),
+                "{doc}"
+            );
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_json() {
+        let mut p = Vec::new();
+        p.extend(std::iter::repeat(b'[').take(5000));
+        p.extend(std::iter::repeat(b']').take(5000));
+        assert!(matches!(render_payload(&p), RenderedPayload::Json(_)));
+    }
+
+    #[test]
+    fn text_payloads_are_strings() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"hello world", r#""hello world""#),
+            (b"hello\n", r#""hello\n""#),
+            (b"{\"a\":1", r#""{\"a\":1""#),
+            (b"{\"a\":1} {}", r#""{\"a\":1} {}""#),
+            (b"01", r#""01""#),
+            (b"tru", r#""tru""#),
+            (b"NaN", r#""NaN""#),
+            (b" ", r#"" ""#),
+            (b"\x00\x1f\x7f\\", r#""\u0000\u001f\x7f\\""#),
+            (b"a\tb\x08\x0c\r", r#""a\tb\b\f\r""#),
+            ("caf\u{e9} \u{1F600}".as_bytes(), "\"caf\u{e9} \u{1F600}\""),
+        ];
+        for &(p, want) in cases {
+            let want = want.replace("\\x7f", "\x7f");
+            let (j, enc) = json_of(p);
+            assert_eq!(j, want);
+            assert_eq!(enc, None);
+            let back: String = serde_json::from_str(&j).unwrap();
+            assert_eq!(back.as_bytes(), p);
+        }
+    }
+
+    #[test]
+    fn binary_payloads_are_base64() {
+        let (j, enc) = json_of(&[0, 1, 2, 0xff]);
+        assert_eq!(j, r#""AAEC/w==""#);
+        assert_eq!(enc, Some("base64"));
+        // Invalid UTF-8 inside a JSON string is not JSON.
+        let (j, enc) = json_of(b"\"\xff\"");
+        assert_eq!(j, r#""Iv8i""#);
+        assert_eq!(enc, Some("base64"));
+        let (j, _) = json_of(b"\xc3");
+        assert_eq!(j, r#""ww==""#);
+    }
+
+    #[test]
+    fn write_json_appends() {
+        let mut out = b"{\"payload\":".to_vec();
+        render_payload(b"a\"b").write_json(&mut out);
+        out.push(b'}');
+        assert_eq!(out, br#"{"payload":"a\"b"}"#);
+    }
+
+    #[test]
+    fn raw_values() {
+        assert_eq!(
+            render_payload(b" {\"a\":1}\n").into_raw_value().get(),
+            "{\"a\":1}"
+        );
+        assert_eq!(render_payload(b"x").into_raw_value().get(), "\"x\"");
+        assert_eq!(render_payload(b"\xff").into_raw_value().get(), "\"/w==\"");
+    }
+
+    #[test]
+    fn keys() {
+        assert_eq!(
+            render_key(b"customer-42"),
+            (Cow::Borrowed("customer-42"), None)
+        );
+        let (k, enc) = render_key(&[0xff]);
+        assert_eq!(k, "/w==");
+        assert_eq!(enc, Some("base64"));
+        assert_eq!(decode_key("/w==", Some("base64")).unwrap(), vec![0xff]);
+        assert_eq!(decode_key("abc", None).unwrap(), b"abc");
+        assert!(decode_key("abc", Some("hex")).is_err());
+    }
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_string()).unwrap()
+    }
+
+    #[test]
+    fn decoding() {
+        assert_eq!(
+            decode_payload(&raw(r#"{"a":1}"#), None).unwrap(),
+            br#"{"a":1}"#
+        );
+        assert_eq!(
+            decode_payload(&raw(r#""hello\n""#), None).unwrap(),
+            b"hello\n"
+        );
+        assert_eq!(decode_payload(&raw("42"), None).unwrap(), b"42");
+        assert_eq!(decode_payload(&raw("null"), Some("")).unwrap(), b"null");
+        assert_eq!(
+            decode_payload(&raw(r#""AAEC/w==""#), Some("base64")).unwrap(),
+            vec![0, 1, 2, 255]
+        );
+        assert!(decode_payload(&raw("1"), Some("base64")).is_err());
+        assert!(decode_payload(&raw(r#""!!""#), Some("base64")).is_err());
+        assert!(decode_payload(&raw(r#""x""#), Some("gzip")).is_err());
+        // Round trips through rendering.
+        for p in [
+            &b"plain text"[..],
+            b"{\"k\":[1,2]}",
+            &[0u8, 159, 146, 150],
+            "\u{1F600}".as_bytes(),
+        ] {
+            let r = render_payload(p);
+            let enc = r.encoding();
+            assert_eq!(decode_payload(&r.into_raw_value(), enc).unwrap(), p);
+        }
+    }
+
+    #[test]
+    fn batch_encoding() {
+        let (p, e) = encode_batch_payload(br#"{"a":1}"#);
+        assert_eq!((p.get(), e), (r#"{"a":1}"#, None));
+        let (p, e) = encode_batch_payload(b"{\"a\":1}\n");
+        assert_eq!((p.get(), e), ("\"eyJhIjoxfQo=\"", Some("base64")));
+        let (p, e) = encode_batch_payload(b"text");
+        assert_eq!((p.get(), e), ("\"dGV4dA==\"", Some("base64")));
+    }
+}

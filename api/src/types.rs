@@ -1,0 +1,225 @@
+//! Wire types of the `/v1` HTTP API (SPEC §3). Field names and omission rules are the
+//! contract with the Go SDK (CLIENT-COMPAT.md): change them only with the SPEC.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+/// The one error body: `{"error":"<message>"}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// `POST /v1/topics` body. Strict: unknown fields are refused (`owner` is accepted and ignored).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTopicRequest {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<i64>,
+    /// Absent = default; 0 = forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_per_partition: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_acked_ahead_per_partition: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout_delay_ms: Option<i64>,
+    /// Ignored (the owner is the caller).
+    #[serde(default, skip_serializing)]
+    pub owner: Option<serde_json::Value>,
+}
+
+/// `PATCH /v1/topics/{topic}` body. Strict.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlterTopicRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub visibility_timeout_ms: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight_per_partition: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_acked_ahead_per_partition: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_base_version: Option<i64>,
+}
+
+/// The topic record (SPEC §3.2), with stats when read by `GET /v1/topics/{topic}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TopicRecord {
+    pub name: String,
+    pub partitions: u32,
+    pub retention_ms: u64,
+    pub visibility_timeout_ms: u64,
+    pub max_in_flight_per_partition: u64,
+    pub max_acked_ahead_per_partition: u64,
+    pub created_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    pub role: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach_epoch: Option<String>,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub fanout_delay_ms: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_children: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Box<RawValue>>,
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub schema_version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition_stats: Option<Vec<PartitionStats>>,
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub partial: bool,
+}
+
+/// One entry of `partition_stats`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionStats {
+    pub index: u32,
+    pub segments: u64,
+    pub oldest_offset: u64,
+    pub next_offset: u64,
+    pub high_watermark: u64,
+    pub size_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_segment_at: Option<u64>,
+    #[serde(default)]
+    pub owner_node: String,
+    #[serde(default)]
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_liveness: Option<String>,
+}
+
+/// `GET /v1/topics` answer.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TopicList {
+    pub topics: Vec<TopicRecord>,
+    pub next_page_token: String,
+}
+
+/// One element of a batch produce.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchMessage {
+    pub payload: Box<RawValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_encoding: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_encoding: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i64>,
+}
+
+/// `POST /v1/topics/{topic}/produce/batch` body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchProduceRequest {
+    pub messages: Vec<BatchMessage>,
+}
+
+/// `202` answer of a batch produce.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BatchProduceResponse {
+    pub accepted: usize,
+}
+
+/// A consumed (or replayed) message (SPEC §3.5).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Message {
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_encoding: Option<String>,
+    pub payload: Box<RawValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_encoding: Option<String>,
+    pub timestamp: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt_handle: Option<String>,
+}
+
+/// `GET .../consume?max=M` answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MessageBatch {
+    pub messages: Vec<Message>,
+}
+
+/// Batch ack body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAckRequest {
+    pub receipt_handles: Vec<String>,
+}
+
+/// One result of a batch ack.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AckResult {
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Batch ack answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BatchAckResponse {
+    pub results: Vec<AckResult>,
+}
+
+/// `GET /v1/cluster/members` element.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberInfo {
+    pub id: String,
+    pub addr: String,
+    pub status: String,
+    pub draining: bool,
+    pub owned_partitions: u64,
+    pub outbound_moves: u64,
+    pub leader: bool,
+    pub version: String,
+}
+
+/// `GET /v1/cluster/members` answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberList {
+    pub members: Vec<MemberInfo>,
+}
+
+/// `/healthz` and `/readyz` success body.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StatusBody {
+    pub status: String,
+}

@@ -1,0 +1,167 @@
+//! `narad pub <topic> [msg] [--key K] [--partition N] [--file F] [--count N] [--rate R]`.
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use bytes::Bytes;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::conn::{connect, ConnArgs};
+
+/// Concurrent requests when publishing many messages.
+const MAX_WORKERS: u64 = 16;
+
+#[derive(Debug, clap::Args)]
+pub struct PubArgs {
+    /// Topic
+    pub topic: String,
+    /// The message (default: --file, else stdin)
+    #[arg(conflicts_with = "file")]
+    pub msg: Option<String>,
+    /// Message key (picks the partition by hash)
+    #[arg(long, short = 'k')]
+    pub key: Option<String>,
+    /// Pin the message to this partition
+    #[arg(long)]
+    pub partition: Option<u32>,
+    /// Read the message from this file ("-" for stdin)
+    #[arg(long, short = 'f', value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Publish the message this many times
+    #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: u64,
+    /// Pace at this many messages per second
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// The message bytes: the argument, the file, or stdin.
+pub fn read_message(a: &PubArgs) -> anyhow::Result<Vec<u8>> {
+    let bytes = if let Some(m) = &a.msg {
+        m.as_bytes().to_vec()
+    } else {
+        match &a.file {
+            Some(p) if p.as_os_str() != "-" => {
+                std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))?
+            }
+            _ => {
+                let stdin = std::io::stdin();
+                if stdin.is_terminal() {
+                    eprintln!("reading the message from stdin (end with Ctrl-D)");
+                }
+                let mut b = Vec::new();
+                stdin.lock().read_to_end(&mut b).context("cannot read stdin")?;
+                b
+            }
+        }
+    };
+    if bytes.is_empty() {
+        bail!("empty message: a message has 1 byte to 1 MiB");
+    }
+    if bytes.len() > 1 << 20 {
+        bail!("message too large: {} bytes (at most 1 MiB)", bytes.len());
+    }
+    Ok(bytes)
+}
+
+/// Runs `pub`.
+pub async fn run(a: PubArgs) -> anyhow::Result<()> {
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--rate must be a positive number of messages per second");
+        }
+    }
+    let client = connect(&a.conn)?;
+    let payload = Bytes::from(read_message(&a)?);
+    let key: Option<Bytes> = a.key.clone().filter(|k| !k.is_empty()).map(Bytes::from);
+    let count = a.count;
+    let start = Instant::now();
+
+    if count == 1 {
+        client
+            .produce(&a.topic, payload, key.as_deref(), a.partition)
+            .await?;
+        if std::io::stderr().is_terminal() {
+            eprintln!("published 1 message to {}", a.topic);
+        }
+        return Ok(());
+    }
+
+    let bar = if (count > 1000 || a.rate.is_some()) && std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(count);
+        b.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} msgs  {per_sec}  eta {eta}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+
+    // Workers take tickets; ticket i is sent no earlier than start + i/rate.
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers = count.min(MAX_WORKERS);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let (client, topic, payload, key) = (client.clone(), a.topic.clone(), payload.clone(), key.clone());
+        let (next, done, stop, bar) = (next.clone(), done.clone(), stop.clone(), bar.clone());
+        let (rate, partition) = (a.rate, a.partition);
+        set.spawn(async move {
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return Ok(());
+                }
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return Ok(());
+                }
+                if let Some(r) = rate {
+                    let due = start + Duration::from_secs_f64(i as f64 / r);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                if let Err(e) = client.produce(&topic, payload.clone(), key.as_deref(), partition).await {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                if let Some(b) = &bar {
+                    b.inc(1);
+                }
+            }
+        });
+    }
+    let mut first_err = None;
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(e) => {
+                first_err.get_or_insert(narad_api::Error::Invalid(format!("worker failed: {e}")));
+            }
+        }
+    }
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let n = done.load(Ordering::Relaxed);
+    let secs = start.elapsed().as_secs_f64();
+    if let Some(e) = first_err {
+        bail!("{e} (after publishing {n} of {count} messages)");
+    }
+    eprintln!(
+        "published {n} messages to {} in {secs:.2}s ({:.0} msg/s)",
+        a.topic,
+        n as f64 / secs.max(1e-9)
+    );
+    Ok(())
+}

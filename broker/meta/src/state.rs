@@ -1,0 +1,598 @@
+//! `MetaState::apply`: the pure, deterministic core of the metadata state machine.
+//!
+//! Every replica applies the same commands in the same order and must reach the same state,
+//! so nothing here reads a clock, draws a random number or iterates a hash map: times come in
+//! the command and every collection is a `BTreeMap`. A refused command (`ApplyError`) leaves
+//! the state exactly as it was — each arm validates everything before it mutates anything.
+
+use std::sync::Arc;
+
+use crate::types::{
+    ApplyError, Assignment, Member, MetaCommand, MetaResponse, MetaState, NodeId, SchemaVersion,
+    Topic, TopicPatch,
+};
+
+impl MetaState {
+    /// Applies one command. Deterministic; on `Err` the state is unchanged.
+    pub fn apply(&mut self, cmd: &MetaCommand) -> Result<MetaResponse, ApplyError> {
+        match cmd {
+            MetaCommand::CreateTopic {
+                name,
+                config,
+                owner,
+                schema,
+                created_at_ms,
+            } => {
+                if self.topics.contains_key(name) {
+                    return Err(ApplyError::Conflict(format!("topic {name} already exists")));
+                }
+                let folded = fold(name);
+                if let Some(existing) = self.topic_names_folded.get(&folded) {
+                    return Err(ApplyError::Conflict(format!(
+                        "topic {name} differs only in letter case from existing topic {existing}"
+                    )));
+                }
+                if config.partitions == 0 {
+                    return Err(ApplyError::Invalid(
+                        "a topic needs at least one partition".into(),
+                    ));
+                }
+                let live = self.live_members();
+                let assignments = (0..config.partitions).map(|p| assign(&live, p)).collect();
+                let topic = Arc::new(Topic {
+                    id: self.next_topic_id,
+                    name: name.clone(),
+                    config: config.clone(),
+                    created_at_ms: *created_at_ms,
+                    owner: owner.clone(),
+                    schemas: schema
+                        .iter()
+                        .map(|s| SchemaVersion {
+                            version: 1,
+                            schema: s.clone(),
+                        })
+                        .collect(),
+                    assignments,
+                });
+                self.next_topic_id += 1;
+                self.topic_names_folded.insert(folded, name.clone());
+                self.topics.insert(name.clone(), topic.clone());
+                Ok(MetaResponse::Topic(topic))
+            }
+            MetaCommand::AlterTopic { name, patch } => {
+                let current = self
+                    .topics
+                    .get(name)
+                    .ok_or_else(|| ApplyError::NotFound(format!("topic {name} not found")))?;
+                let altered = self.altered(current, patch)?;
+                let altered = Arc::new(altered);
+                self.topics.insert(name.clone(), altered.clone());
+                Ok(MetaResponse::Topic(altered))
+            }
+            MetaCommand::DeleteTopic { name } => {
+                let topic = self
+                    .topics
+                    .remove(name)
+                    .ok_or_else(|| ApplyError::NotFound(format!("topic {name} not found")))?;
+                self.topic_names_folded.remove(&fold(name));
+                Ok(MetaResponse::Deleted(topic))
+            }
+            MetaCommand::RegisterMember {
+                id,
+                api_addr,
+                cluster_addr,
+                version,
+                now_ms,
+            } => {
+                let draining = self.members.get(id).is_some_and(|m| m.draining);
+                self.members.insert(
+                    id.clone(),
+                    Member {
+                        id: id.clone(),
+                        api_addr: api_addr.clone(),
+                        cluster_addr: cluster_addr.clone(),
+                        version: version.clone(),
+                        last_seen_ms: *now_ms,
+                        dead: false,
+                        draining,
+                    },
+                );
+                self.assign_unassigned();
+                Ok(MetaResponse::Ok)
+            }
+        }
+    }
+
+    /// Live members (neither dead nor draining), sorted by id.
+    pub fn live_members(&self) -> Vec<NodeId> {
+        // BTreeMap iteration is already in id order.
+        self.members
+            .values()
+            .filter(|m| !m.dead && !m.draining)
+            .map(|m| m.id.clone())
+            .collect()
+    }
+
+    /// Looks a topic up by exact name.
+    pub fn topic(&self, name: &str) -> Option<&Arc<Topic>> {
+        self.topics.get(name)
+    }
+
+    /// Validates `patch` against `current` and returns the altered topic; mutates nothing.
+    fn altered(&self, current: &Topic, patch: &TopicPatch) -> Result<Topic, ApplyError> {
+        let current_version = current.current_schema().map_or(0, |s| s.version);
+        if let Some(base) = patch.schema_base_version {
+            if base != current_version {
+                return Err(ApplyError::Conflict(
+                    "topic changed since it was read".into(),
+                ));
+            }
+        }
+        if let Some(partitions) = patch.partitions {
+            if partitions <= current.config.partitions {
+                return Err(ApplyError::Invalid(format!(
+                    "partitions can only grow: topic {} has {}, requested {}",
+                    current.name, current.config.partitions, partitions
+                )));
+            }
+        }
+
+        let mut topic = current.clone();
+        if let Some(partitions) = patch.partitions {
+            let live = self.live_members();
+            let from = topic.config.partitions;
+            topic
+                .assignments
+                .extend((from..partitions).map(|p| assign(&live, p)));
+            topic.config.partitions = partitions;
+        }
+        if let Some(v) = patch.retention_ms {
+            topic.config.retention_ms = v;
+        }
+        if let Some(v) = patch.visibility_timeout_ms {
+            topic.config.visibility_timeout_ms = v;
+        }
+        if let Some(v) = patch.max_in_flight_per_partition {
+            topic.config.max_in_flight_per_partition = v;
+        }
+        if let Some(v) = patch.max_acked_ahead_per_partition {
+            topic.config.max_acked_ahead_per_partition = v;
+        }
+        if let Some(schema) = &patch.schema {
+            topic.schemas.push(SchemaVersion {
+                version: current_version + 1,
+                schema: schema.clone(),
+            });
+        }
+        Ok(topic)
+    }
+
+    /// Gives every unassigned partition an owner, round-robin over the live members.
+    fn assign_unassigned(&mut self) {
+        let live = self.live_members();
+        if live.is_empty() {
+            return;
+        }
+        for topic in self.topics.values_mut() {
+            if topic.assignments.iter().all(|a| a.owner.is_some()) {
+                continue;
+            }
+            let topic = Arc::make_mut(topic);
+            for (p, a) in topic.assignments.iter_mut().enumerate() {
+                if a.owner.is_none() {
+                    a.owner = Some(live[p % live.len()].clone());
+                }
+            }
+        }
+    }
+}
+
+/// Partition `p` → live member `p mod n`; unassigned when nobody is live.
+fn assign(live: &[NodeId], p: u32) -> Assignment {
+    Assignment {
+        owner: (!live.is_empty()).then(|| live[p as usize % live.len()].clone()),
+        target: None,
+    }
+}
+
+/// The case-folded form of a topic name (names are ASCII `[A-Za-z0-9._-]`).
+fn fold(name: &str) -> String {
+    name.to_ascii_lowercase()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::TopicConfig;
+
+    fn config(partitions: u32) -> TopicConfig {
+        TopicConfig {
+            partitions,
+            retention_ms: 604_800_000,
+            visibility_timeout_ms: 30_000,
+            max_in_flight_per_partition: 1024,
+            max_acked_ahead_per_partition: 1024,
+        }
+    }
+
+    fn create(name: &str, partitions: u32) -> MetaCommand {
+        MetaCommand::CreateTopic {
+            name: name.into(),
+            config: config(partitions),
+            owner: None,
+            schema: None,
+            created_at_ms: 1_767_225_600_000,
+        }
+    }
+
+    fn register(id: &str, now_ms: u64) -> MetaCommand {
+        MetaCommand::RegisterMember {
+            id: id.into(),
+            api_addr: format!("{id}:7942"),
+            cluster_addr: format!("{id}:7943"),
+            version: "0.1.0".into(),
+            now_ms,
+        }
+    }
+
+    fn alter(name: &str, patch: TopicPatch) -> MetaCommand {
+        MetaCommand::AlterTopic {
+            name: name.into(),
+            patch,
+        }
+    }
+
+    fn topic(resp: MetaResponse) -> Arc<Topic> {
+        match resp {
+            MetaResponse::Topic(t) => t,
+            other => panic!("expected a topic, got {other:?}"),
+        }
+    }
+
+    fn owners(t: &Topic) -> Vec<Option<&str>> {
+        t.assignments.iter().map(|a| a.owner.as_deref()).collect()
+    }
+
+    #[test]
+    fn create_assigns_ids_and_round_robin() {
+        let mut s = MetaState::default();
+        for id in ["narad-2", "narad-0", "narad-1"] {
+            s.apply(&register(id, 1)).unwrap();
+        }
+        let t = topic(s.apply(&create("orders", 5)).unwrap());
+        assert_eq!(t.id, 0);
+        assert_eq!(t.config.partitions, 5);
+        assert_eq!(
+            owners(&t),
+            [
+                Some("narad-0"),
+                Some("narad-1"),
+                Some("narad-2"),
+                Some("narad-0"),
+                Some("narad-1")
+            ]
+        );
+        assert!(t.assignments.iter().all(|a| a.target.is_none()));
+        assert!(t.schemas.is_empty());
+        let t2 = topic(s.apply(&create("payments", 3)).unwrap());
+        assert_eq!(t2.id, 1);
+        assert_eq!(s.next_topic_id, 2);
+        assert_eq!(s.topic("orders"), Some(&t));
+    }
+
+    #[test]
+    fn create_skips_dead_and_draining_members() {
+        let mut s = MetaState::default();
+        for id in ["a", "b", "c", "d"] {
+            s.apply(&register(id, 1)).unwrap();
+        }
+        s.members.get_mut("b").unwrap().dead = true;
+        s.members.get_mut("c").unwrap().draining = true;
+        let t = topic(s.apply(&create("t", 4)).unwrap());
+        assert_eq!(owners(&t), [Some("a"), Some("d"), Some("a"), Some("d")]);
+    }
+
+    #[test]
+    fn create_without_members_is_unassigned_until_one_registers() {
+        let mut s = MetaState::default();
+        let t = topic(s.apply(&create("t", 3)).unwrap());
+        assert_eq!(owners(&t), [None, None, None]);
+        s.apply(&register("n1", 5)).unwrap();
+        assert_eq!(owners(&s.topics["t"]), [Some("n1"); 3]);
+        // A second member does not steal assigned partitions (assignments are sticky).
+        s.apply(&register("n0", 6)).unwrap();
+        assert_eq!(owners(&s.topics["t"]), [Some("n1"); 3]);
+    }
+
+    #[test]
+    fn create_with_schema_is_version_1() {
+        let mut s = MetaState::default();
+        let cmd = MetaCommand::CreateTopic {
+            name: "s".into(),
+            config: config(3),
+            owner: Some("svc".into()),
+            schema: Some(r#"{"type":"object"}"#.into()),
+            created_at_ms: 42,
+        };
+        let t = topic(s.apply(&cmd).unwrap());
+        assert_eq!(
+            t.current_schema(),
+            Some(&SchemaVersion {
+                version: 1,
+                schema: r#"{"type":"object"}"#.into()
+            })
+        );
+        assert_eq!(t.owner.as_deref(), Some("svc"));
+        assert_eq!(t.created_at_ms, 42);
+    }
+
+    #[test]
+    fn create_refuses_exact_and_case_duplicates() {
+        let mut s = MetaState::default();
+        s.apply(&create("Orders", 3)).unwrap();
+        let before = s.clone();
+        match s.apply(&create("Orders", 3)) {
+            Err(ApplyError::Conflict(m)) => assert_eq!(m, "topic Orders already exists"),
+            other => panic!("{other:?}"),
+        }
+        match s.apply(&create("orders", 3)) {
+            Err(ApplyError::Conflict(m)) => {
+                assert!(m.contains("differs only in letter case"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        match s.apply(&create("ORDERS", 3)) {
+            Err(ApplyError::Conflict(m)) => {
+                assert!(m.contains("differs only in letter case"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(s, before, "a refused create changes nothing");
+    }
+
+    #[test]
+    fn ids_are_never_reused() {
+        let mut s = MetaState::default();
+        let a = topic(s.apply(&create("t", 3)).unwrap());
+        match s
+            .apply(&MetaCommand::DeleteTopic { name: "t".into() })
+            .unwrap()
+        {
+            MetaResponse::Deleted(d) => assert_eq!(d, a),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.topics.is_empty());
+        assert!(s.topic_names_folded.is_empty());
+        // Re-create under the same name, and under a case variant: new ids each time.
+        let b = topic(s.apply(&create("t", 3)).unwrap());
+        assert_eq!((a.id, b.id), (0, 1));
+        s.apply(&MetaCommand::DeleteTopic { name: "t".into() })
+            .unwrap();
+        let c = topic(s.apply(&create("T", 3)).unwrap());
+        assert_eq!(c.id, 2);
+        assert_eq!(s.next_topic_id, 3);
+    }
+
+    #[test]
+    fn delete_missing_is_not_found() {
+        let mut s = MetaState::default();
+        assert!(matches!(
+            s.apply(&MetaCommand::DeleteTopic { name: "x".into() }),
+            Err(ApplyError::NotFound(_))
+        ));
+        assert_eq!(s, MetaState::default());
+    }
+
+    #[test]
+    fn alter_missing_is_not_found() {
+        let mut s = MetaState::default();
+        assert!(matches!(
+            s.apply(&alter("x", TopicPatch::default())),
+            Err(ApplyError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn alter_grows_and_assigns_new_partitions_round_robin() {
+        let mut s = MetaState::default();
+        s.apply(&register("a", 1)).unwrap();
+        s.apply(&register("b", 1)).unwrap();
+        s.apply(&create("t", 3)).unwrap();
+        assert_eq!(owners(&s.topics["t"]), [Some("a"), Some("b"), Some("a")]);
+        s.apply(&register("c", 2)).unwrap();
+        let t = topic(
+            s.apply(&alter(
+                "t",
+                TopicPatch {
+                    partitions: Some(6),
+                    ..Default::default()
+                },
+            ))
+            .unwrap(),
+        );
+        // Old partitions stay put; new partition p → live[p mod 3].
+        assert_eq!(
+            owners(&t),
+            [
+                Some("a"),
+                Some("b"),
+                Some("a"),
+                Some("a"),
+                Some("b"),
+                Some("c")
+            ]
+        );
+        assert_eq!(t.config.partitions, 6);
+        assert_eq!(t.id, 0, "altering keeps the id");
+    }
+
+    #[test]
+    fn alter_refuses_shrink_or_same() {
+        let mut s = MetaState::default();
+        s.apply(&create("t", 4)).unwrap();
+        for p in [3, 4] {
+            let before = s.clone();
+            let r = s.apply(&alter(
+                "t",
+                TopicPatch {
+                    partitions: Some(p),
+                    retention_ms: Some(1),
+                    ..Default::default()
+                },
+            ));
+            assert!(matches!(r, Err(ApplyError::Invalid(_))), "{r:?}");
+            assert_eq!(s, before, "a failing field leaves everything unchanged");
+        }
+    }
+
+    #[test]
+    fn alter_replaces_fields_and_appends_schema() {
+        let mut s = MetaState::default();
+        s.apply(&create("t", 3)).unwrap();
+        let t = topic(
+            s.apply(&alter(
+                "t",
+                TopicPatch {
+                    retention_ms: Some(0),
+                    visibility_timeout_ms: Some(5_000),
+                    max_in_flight_per_partition: Some(7),
+                    max_acked_ahead_per_partition: Some(8),
+                    schema: Some("{}".into()),
+                    schema_base_version: Some(0),
+                    ..Default::default()
+                },
+            ))
+            .unwrap(),
+        );
+        assert_eq!(t.config.retention_ms, 0);
+        assert_eq!(t.config.visibility_timeout_ms, 5_000);
+        assert_eq!(t.config.max_in_flight_per_partition, 7);
+        assert_eq!(t.config.max_acked_ahead_per_partition, 8);
+        assert_eq!(t.config.partitions, 3);
+        assert_eq!(t.current_schema().unwrap().version, 1);
+        let t = topic(
+            s.apply(&alter(
+                "t",
+                TopicPatch {
+                    schema: Some(r#"{"type":"object"}"#.into()),
+                    schema_base_version: Some(1),
+                    ..Default::default()
+                },
+            ))
+            .unwrap(),
+        );
+        assert_eq!(
+            t.schemas.iter().map(|v| v.version).collect::<Vec<_>>(),
+            [1, 2],
+            "history is kept, oldest first"
+        );
+        assert_eq!(s.topics["t"], t);
+    }
+
+    #[test]
+    fn alter_schema_base_conflict_is_atomic() {
+        let mut s = MetaState::default();
+        s.apply(&register("a", 1)).unwrap();
+        s.apply(&MetaCommand::CreateTopic {
+            name: "t".into(),
+            config: config(3),
+            owner: None,
+            schema: Some("{}".into()),
+            created_at_ms: 1,
+        })
+        .unwrap();
+        let before = s.clone();
+        for base in [0, 2] {
+            let r = s.apply(&alter(
+                "t",
+                TopicPatch {
+                    partitions: Some(9),
+                    retention_ms: Some(1),
+                    schema: Some(r#"{"type":"object"}"#.into()),
+                    schema_base_version: Some(base),
+                    ..Default::default()
+                },
+            ));
+            match r {
+                Err(ApplyError::Conflict(m)) => assert_eq!(m, "topic changed since it was read"),
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(s, before);
+        }
+        // The base alone (no schema) is also a precondition.
+        let r = s.apply(&alter(
+            "t",
+            TopicPatch {
+                retention_ms: Some(1),
+                schema_base_version: Some(1),
+                ..Default::default()
+            },
+        ));
+        assert_eq!(topic(r.unwrap()).config.retention_ms, 1);
+    }
+
+    #[test]
+    fn register_member_upserts_and_keeps_draining() {
+        let mut s = MetaState::default();
+        assert_eq!(s.apply(&register("a", 1)).unwrap(), MetaResponse::Ok);
+        {
+            let m = s.members.get_mut("a").unwrap();
+            m.dead = true;
+            m.draining = true;
+        }
+        s.apply(&MetaCommand::RegisterMember {
+            id: "a".into(),
+            api_addr: "new:1".into(),
+            cluster_addr: "new:2".into(),
+            version: "0.2.0".into(),
+            now_ms: 99,
+        })
+        .unwrap();
+        assert_eq!(
+            s.members["a"],
+            Member {
+                id: "a".into(),
+                api_addr: "new:1".into(),
+                cluster_addr: "new:2".into(),
+                version: "0.2.0".into(),
+                last_seen_ms: 99,
+                dead: false,
+                draining: true,
+            }
+        );
+        // A draining member is not live: it gets no unassigned partitions.
+        s.apply(&create("t", 2)).unwrap();
+        assert_eq!(owners(&s.topics["t"]), [None, None]);
+        s.apply(&register("b", 100)).unwrap();
+        assert_eq!(owners(&s.topics["t"]), [Some("b"), Some("b")]);
+    }
+
+    #[test]
+    fn apply_is_deterministic() {
+        let cmds = vec![
+            register("n2", 1),
+            create("x", 3),
+            register("n1", 2),
+            create("y", 4),
+            alter(
+                "x",
+                TopicPatch {
+                    partitions: Some(5),
+                    ..Default::default()
+                },
+            ),
+            MetaCommand::DeleteTopic { name: "y".into() },
+            create("Y", 3),
+        ];
+        let run = || {
+            let mut s = MetaState::default();
+            let rs: Vec<_> = cmds.iter().map(|c| s.apply(c)).collect();
+            (s, rs)
+        };
+        assert_eq!(run(), run());
+        // And the state round-trips through serde (snapshots).
+        let (s, _) = run();
+        let back: MetaState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+    }
+}

@@ -1,0 +1,199 @@
+//! The HTTP API (SPEC §3): routing, request parsing and the error edge. It owns no state:
+//! every handler works through the `Node` handle.
+
+mod consume;
+mod produce;
+mod query;
+mod system;
+mod topics;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::{error_body, ApiError, ApiResult};
+use crate::metrics::{HttpLabels, RouteLabels};
+use crate::node::Node;
+
+pub use query::Query;
+
+/// Largest produce body and JSON request body (SPEC §11).
+pub const MAX_BODY: usize = 1024 * 1024;
+
+pub type AppState = Arc<Node>;
+
+/// Builds the router with every route of the API.
+pub fn router(node: AppState) -> Router {
+    Router::new()
+        .route("/v1/topics", post(topics::create).get(topics::list))
+        .route(
+            "/v1/topics/{topic}",
+            get(topics::get).patch(topics::alter).delete(topics::delete),
+        )
+        .route("/v1/topics/{topic}/produce", post(produce::produce))
+        .route(
+            "/v1/topics/{topic}/produce/batch",
+            post(produce::produce_batch),
+        )
+        .route("/v1/topics/{topic}/consume", get(consume::consume))
+        .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route("/v1/cluster/members", get(system::members))
+        .route("/v1/cluster/moves", get(system::moves))
+        .route("/healthz", get(system::healthz))
+        .route("/readyz", get(system::readyz))
+        .route("/metrics", get(system::metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
+        .with_state(node)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("route not found")
+}
+
+fn route_label(path: Option<&MatchedPath>) -> &'static str {
+    match path.map(|p| p.as_str()) {
+        Some("/v1/topics") => "/v1/topics",
+        Some("/v1/topics/{topic}") => "/v1/topics/{topic}",
+        Some("/v1/topics/{topic}/produce") => "/v1/topics/{topic}/produce",
+        Some("/v1/topics/{topic}/produce/batch") => "/v1/topics/{topic}/produce/batch",
+        Some("/v1/topics/{topic}/consume") => "/v1/topics/{topic}/consume",
+        Some("/v1/topics/{topic}/ack") => "/v1/topics/{topic}/ack",
+        Some("/v1/cluster/members") => "/v1/cluster/members",
+        Some("/v1/cluster/moves") => "/v1/cluster/moves",
+        Some("/healthz") => "/healthz",
+        Some("/readyz") => "/readyz",
+        Some("/metrics") => "/metrics",
+        _ => "unmatched",
+    }
+}
+
+fn method_label(m: &Method) -> &'static str {
+    match *m {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        _ => "OTHER",
+    }
+}
+
+/// Metrics for every request, and the JSON error body for the router's own 405s.
+async fn observe(State(node): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = route_label(req.extensions().get::<MatchedPath>());
+    let method = method_label(req.method());
+    let bytes_in = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    let m = &node.metrics;
+    m.http_in_flight.inc();
+    let mut resp = next.run(req).await;
+    m.http_in_flight.dec();
+    if resp.status() == StatusCode::METHOD_NOT_ALLOWED
+        && resp.headers().get(header::CONTENT_TYPE).is_none()
+    {
+        let allow = resp.headers().get(header::ALLOW).cloned();
+        resp = ApiError::method_not_allowed().into_response();
+        if let Some(a) = allow {
+            resp.headers_mut().insert(header::ALLOW, a);
+        }
+    }
+    let labels = HttpLabels {
+        route,
+        method,
+        status: resp.status().as_u16(),
+    };
+    m.http_requests.get_or_create(&labels).inc();
+    m.http_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    let rl = RouteLabels { route };
+    if bytes_in > 0 {
+        m.http_bytes_in.get_or_create(&rl).inc_by(bytes_in);
+    }
+    if let Some(len) = axum::body::HttpBody::size_hint(resp.body()).exact() {
+        m.http_bytes_out.get_or_create(&rl).inc_by(len);
+    }
+    resp
+}
+
+/// Reads a request body of at most `MAX_BODY` bytes (`413` beyond).
+pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult<Bytes> {
+    if let Some(len) = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > MAX_BODY as u64 {
+            return Err(ApiError::too_large(format!(
+                "request body of {len} bytes exceeds the limit of {MAX_BODY} bytes"
+            )));
+        }
+    }
+    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
+        // A length-limit error is the only one for a well-formed body stream.
+        let over = std::error::Error::source(&e)
+            .map(|s| s.to_string().contains("length limit"))
+            .unwrap_or(false)
+            || e.to_string().contains("length limit");
+        if over {
+            ApiError::too_large(format!(
+                "request body exceeds the limit of {MAX_BODY} bytes"
+            ))
+        } else {
+            ApiError::bad_request(format!("could not read the request body: {e}"))
+        }
+    })
+}
+
+/// Parses a strict JSON body: unknown fields, trailing data and a second value are `400`.
+pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// A `200`/`201` JSON answer from pre-encoded bytes.
+pub fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut resp = (status, body).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A JSON answer from a serialisable value.
+pub fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(b) => json_response(status, b),
+        Err(e) => ApiError::internal(format!("could not encode the answer: {e}")).into_response(),
+    }
+}
+
+/// Maps an axum path rejection to the one error body.
+pub fn path_error(e: axum::extract::rejection::PathRejection) -> ApiError {
+    ApiError::bad_request(format!("invalid path: {e}"))
+}
+
+/// The body of a plain `{"error":…}` answer (for the few places that build responses by hand).
+pub fn error_json(message: &str) -> String {
+    error_body(message)
+}

@@ -1,0 +1,195 @@
+//! Produce routes (SPEC §3.4): single and batch. A `202` is sent only once the records are
+//! fsynced in the ingress WAL.
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use bytes::Bytes;
+use narad_api::{BatchProduceRequest, BatchProduceResponse};
+use narad_meta::Topic;
+
+use super::{json, parse_json, path_error, read_body, AppState, Query, MAX_BODY};
+use crate::error::{ApiError, ApiResult};
+use crate::node::Node;
+use crate::partition::TopicRuntime;
+use crate::wal::WalRecord;
+
+/// Most messages in one batch produce (SPEC §11).
+pub const MAX_BATCH: usize = 100;
+
+/// FNV-1a, 32 bits (SPEC §2.3).
+pub fn fnv1a32(bytes: &[u8]) -> u32 {
+    let mut h: u32 = 2_166_136_261;
+    for b in bytes {
+        h ^= *b as u32;
+        h = h.wrapping_mul(16_777_619);
+    }
+    h
+}
+
+/// SPEC §2.3: pinned, else key hash, else round robin.
+fn choose_partition(
+    topic: &Topic,
+    rt: &TopicRuntime,
+    key: Option<&[u8]>,
+    pinned: Option<u32>,
+) -> u32 {
+    let n = topic.config.partitions;
+    match (pinned, key) {
+        (Some(p), _) => p,
+        (None, Some(k)) => fnv1a32(k) % n,
+        (None, None) => rt.next_produce_partition(n),
+    }
+}
+
+fn validate_schema(node: &Node, topic: &Topic, body: &[u8]) -> ApiResult<()> {
+    if let Some(s) = topic.current_schema() {
+        let validator = node
+            .schemas
+            .validator(topic.id, s.version, &s.schema)
+            .map_err(ApiError::internal)?;
+        if let Err(reason) = crate::schema::validate(&validator, body) {
+            node.reject(topic, "schema");
+            return Err(ApiError::bad_request(reason));
+        }
+    }
+    Ok(())
+}
+
+async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
+    node.wal
+        .append(records)
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string(), 1))
+}
+
+pub async fn produce(
+    State(node): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(q): RawQuery,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    let topic = node.topic(&name)?;
+    let q = Query::parse(q.as_deref());
+    let pinned = q.partition(topic.config.partitions)?;
+    let key = q
+        .one("key")?
+        .filter(|k| !k.is_empty())
+        .map(Bytes::copy_from_slice);
+    let payload = read_body(&headers, body).await?;
+    if payload.is_empty() {
+        return Err(ApiError::bad_request("message body is empty"));
+    }
+    validate_schema(&node, &topic, &payload)?;
+    let rt = node.runtime(&topic)?;
+    let partition = choose_partition(&topic, &rt, key.as_deref(), pinned);
+    stage(
+        &node,
+        vec![WalRecord {
+            topic_id: topic.id,
+            partition,
+            pinned: pinned.is_some(),
+            key,
+            payload,
+        }],
+    )
+    .await?;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .map_err(|e| format!("{what} is not valid base64: {e}"))
+}
+
+pub async fn produce_batch(
+    State(node): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    let topic = node.topic(&name)?;
+    let body = read_body(&headers, body).await?;
+    let req: BatchProduceRequest = parse_json(&body)?;
+    if req.messages.is_empty() || req.messages.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "a batch holds 1 to {MAX_BATCH} messages, got {}",
+            req.messages.len()
+        )));
+    }
+    let rt = node.runtime(&topic)?;
+    let n = topic.config.partitions;
+    let mut records = Vec::with_capacity(req.messages.len());
+    for (i, m) in req.messages.iter().enumerate() {
+        let fail = |msg: String| ApiError::bad_request(format!("message {i}: {msg}"));
+        let payload: Bytes = match m.payload_encoding.as_deref() {
+            None | Some("") => Bytes::copy_from_slice(m.payload.get().as_bytes()),
+            Some("base64") => {
+                let s: String = serde_json::from_str(m.payload.get())
+                    .map_err(|_| fail("a base64 payload must be a JSON string".into()))?;
+                Bytes::from(decode_b64("payload", &s).map_err(fail)?)
+            }
+            Some(other) => return Err(fail(format!("unknown payload_encoding {other:?}"))),
+        };
+        if payload.is_empty() {
+            return Err(fail("payload is empty".into()));
+        }
+        if payload.len() > MAX_BODY {
+            return Err(ApiError::too_large(format!(
+                "message {i}: payload exceeds {MAX_BODY} bytes"
+            )));
+        }
+        let key: Option<Bytes> = match (m.key.as_deref(), m.key_encoding.as_deref()) {
+            (None, _) => None,
+            (Some(k), None | Some("")) => Some(Bytes::copy_from_slice(k.as_bytes())),
+            (Some(k), Some("base64")) => Some(Bytes::from(decode_b64("key", k).map_err(fail)?)),
+            (Some(_), Some(other)) => return Err(fail(format!("unknown key_encoding {other:?}"))),
+        }
+        .filter(|k| !k.is_empty());
+        let pinned = match m.partition {
+            None => None,
+            Some(p) if p >= 0 && (p as u64) < n as u64 => Some(p as u32),
+            Some(p) => {
+                return Err(fail(format!(
+                    "partition {p} out of range: the topic has {n} partitions"
+                )))
+            }
+        };
+        if let Err(e) = validate_schema(&node, &topic, &payload) {
+            return Err(fail(e.message));
+        }
+        let partition = choose_partition(&topic, &rt, key.as_deref(), pinned);
+        records.push(WalRecord {
+            topic_id: topic.id,
+            partition,
+            pinned: pinned.is_some(),
+            key,
+            payload,
+        });
+    }
+    let accepted = records.len();
+    stage(&node, records).await?;
+    Ok(json(
+        StatusCode::ACCEPTED,
+        &BatchProduceResponse { accepted },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fnv1a32;
+
+    #[test]
+    fn fnv_vectors_from_the_spec() {
+        assert_eq!(fnv1a32(b"a"), 0xe40c292c);
+        assert_eq!(fnv1a32(b"customer-42"), 0xfe68adbe);
+        assert_eq!(fnv1a32(b"customer-42") % 3, 1);
+    }
+}

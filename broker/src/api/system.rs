@@ -1,0 +1,83 @@
+//! Probes, metrics and the cluster view (SPEC §3.9, §3.10).
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_api::{MemberInfo, MemberList, StatusBody};
+
+use super::{json, AppState};
+use crate::error::ApiError;
+
+pub async fn healthz(State(node): State<AppState>) -> Response {
+    if node.is_shutting_down() {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &StatusBody {
+                status: "shutting down".into(),
+            },
+        );
+    }
+    json(
+        StatusCode::OK,
+        &StatusBody {
+            status: "ok".into(),
+        },
+    )
+}
+
+pub async fn readyz(State(node): State<AppState>) -> Response {
+    if node.is_shutting_down() {
+        return ApiError::unavailable("shutting down", 1).into_response();
+    }
+    if !node.is_ready() {
+        return ApiError::unavailable("starting: recovery not finished", 1).into_response();
+    }
+    json(
+        StatusCode::OK,
+        &StatusBody {
+            status: "ready".into(),
+        },
+    )
+}
+
+pub async fn metrics(State(node): State<AppState>) -> Response {
+    node.refresh_gauges();
+    let mut resp = (StatusCode::OK, node.metrics.encode()).into_response();
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    resp
+}
+
+pub async fn members(State(node): State<AppState>) -> Response {
+    let view = node.meta.view();
+    let members = view
+        .members
+        .values()
+        .map(|m| MemberInfo {
+            id: m.id.clone(),
+            addr: m.api_addr.clone(),
+            status: if m.dead {
+                "dead".into()
+            } else {
+                "alive".into()
+            },
+            draining: m.draining,
+            owned_partitions: view
+                .topics
+                .values()
+                .flat_map(|t| t.assignments.iter())
+                .filter(|a| a.owner.as_deref() == Some(m.id.as_str()))
+                .count() as u64,
+            outbound_moves: 0,
+            leader: m.id == node.node_id,
+            version: m.version.clone(),
+        })
+        .collect();
+    json(StatusCode::OK, &MemberList { members })
+}
+
+pub async fn moves() -> Response {
+    json(StatusCode::OK, &serde_json::json!({"moves": []}))
+}

@@ -1,0 +1,361 @@
+//! Topic routes (SPEC §3.3): create, list, get (with partition stats), alter, delete.
+
+use std::ops::Bound;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList, TopicRecord};
+use narad_meta::{MetaCommand, MetaResponse, Topic, TopicConfig, TopicPatch};
+use serde_json::value::RawValue;
+
+use super::{json, parse_json, path_error, read_body, AppState, Query};
+use crate::error::{ApiError, ApiResult};
+use crate::node::Node;
+use crate::partition::now_ms;
+use crate::schema;
+
+/// Longest topic name in bytes.
+pub const MAX_NAME_LEN: usize = 200;
+/// Longest visibility timeout: one year.
+pub const MAX_VISIBILITY_MS: i64 = 365 * 24 * 3600 * 1000;
+/// Shortest non-zero retention: one hour.
+pub const MIN_RETENTION_MS: i64 = 3_600_000;
+const DEFAULT_LIST_LIMIT: u64 = 100;
+const MAX_LIST_LIMIT: u64 = 1000;
+
+/// SPEC §2.1: 1–200 bytes of `[A-Za-z0-9._-]`, not `.` or `..`.
+pub fn validate_name(name: &str) -> ApiResult<()> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(ApiError::bad_request(format!(
+            "topic name must be 1 to {MAX_NAME_LEN} bytes long"
+        )));
+    }
+    if name == "." || name == ".." {
+        return Err(ApiError::bad_request(
+            "topic name must not be \".\" or \"..\"",
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        return Err(ApiError::bad_request(format!(
+            "invalid topic name {name:?}: only [A-Za-z0-9._-] allowed"
+        )));
+    }
+    Ok(())
+}
+
+fn non_negative(field: &str, v: Option<i64>) -> ApiResult<Option<u64>> {
+    match v {
+        Some(n) if n < 0 => Err(ApiError::bad_request(format!(
+            "{field} must not be negative"
+        ))),
+        other => Ok(other.map(|n| n as u64)),
+    }
+}
+
+fn check_retention(v: u64) -> ApiResult<u64> {
+    if v != 0 && v < MIN_RETENTION_MS as u64 {
+        return Err(ApiError::bad_request(format!(
+            "retention_ms must be 0 (forever) or at least {MIN_RETENTION_MS} (1 h)"
+        )));
+    }
+    Ok(v)
+}
+
+fn check_visibility(v: u64) -> ApiResult<u64> {
+    if v > MAX_VISIBILITY_MS as u64 {
+        return Err(ApiError::bad_request(
+            "visibility_timeout_ms must be at most one year",
+        ));
+    }
+    Ok(v)
+}
+
+fn check_partitions(node: &Node, p: u64) -> ApiResult<u32> {
+    let max = node.config.topic.max_partitions as u64;
+    if !(3..=max).contains(&p) {
+        return Err(ApiError::bad_request(format!(
+            "partitions must be between 3 and {max}"
+        )));
+    }
+    Ok(p as u32)
+}
+
+fn check_schema(raw: &RawValue) -> ApiResult<String> {
+    let text = raw.get().to_string();
+    schema::compile(&text).map_err(ApiError::bad_request)?;
+    Ok(text)
+}
+
+/// The topic record of SPEC §3.2 (without stats).
+pub fn record(t: &Topic) -> TopicRecord {
+    let schema = t.current_schema();
+    TopicRecord {
+        name: t.name.clone(),
+        partitions: t.config.partitions,
+        retention_ms: t.config.retention_ms,
+        visibility_timeout_ms: t.config.visibility_timeout_ms,
+        max_in_flight_per_partition: t.config.max_in_flight_per_partition,
+        max_acked_ahead_per_partition: t.config.max_acked_ahead_per_partition,
+        created_at: t.created_at_ms,
+        owner: t.owner.clone(),
+        role: "standalone".into(),
+        schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
+        schema_version: schema.map_or(0, |s| s.version),
+        ..Default::default()
+    }
+}
+
+pub async fn create(
+    State(node): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let body = read_body(&headers, body).await?;
+    let req: CreateTopicRequest = parse_json(&body)?;
+    validate_name(&req.name)?;
+    let d = &node.config.topic;
+    let partitions = match non_negative("partitions", req.partitions)? {
+        None | Some(0) => d.default_partitions,
+        Some(p) => check_partitions(&node, p)?,
+    };
+    let retention_ms = match non_negative("retention_ms", req.retention_ms)? {
+        None => d.default_retention_age_ms,
+        Some(r) => check_retention(r)?,
+    };
+    let visibility_timeout_ms =
+        match non_negative("visibility_timeout_ms", req.visibility_timeout_ms)? {
+            None | Some(0) => d.default_visibility_timeout_ms,
+            Some(v) => check_visibility(v)?,
+        };
+    let max_in_flight = non_negative(
+        "max_in_flight_per_partition",
+        req.max_in_flight_per_partition,
+    )?
+    .filter(|v| *v > 0)
+    .unwrap_or(d.default_max_in_flight_per_partition);
+    let max_acked_ahead = non_negative(
+        "max_acked_ahead_per_partition",
+        req.max_acked_ahead_per_partition,
+    )?
+    .filter(|v| *v > 0)
+    .unwrap_or(d.default_max_acked_ahead_per_partition);
+    let delay = non_negative("fanout_delay_ms", req.fanout_delay_ms)?;
+    if req.parent.is_none() && delay.is_some_and(|d| d > 0) {
+        return Err(ApiError::bad_request("fanout_delay_ms needs parent"));
+    }
+    let schema = req.schema.as_deref().map(check_schema).transpose()?;
+    if let Some(parent) = &req.parent {
+        if parent == &req.name {
+            return Err(ApiError::bad_request("a topic cannot be its own parent"));
+        }
+        if !node.meta.view().topics.contains_key(parent) {
+            return Err(ApiError::not_found(format!(
+                "parent topic {parent} not found"
+            )));
+        }
+        return Err(ApiError::bad_request(
+            "child topics (parent) are not supported by this node yet",
+        ));
+    }
+    let cmd = MetaCommand::CreateTopic {
+        name: req.name.clone(),
+        config: TopicConfig {
+            partitions,
+            retention_ms,
+            visibility_timeout_ms,
+            max_in_flight_per_partition: max_in_flight,
+            max_acked_ahead_per_partition: max_acked_ahead,
+        },
+        owner: None,
+        schema,
+        created_at_ms: now_ms(),
+    };
+    let topic = match node.meta.write(cmd).await? {
+        MetaResponse::Topic(t) => t,
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            )))
+        }
+    };
+    node.apply_topics()?;
+    tracing::info!(component = "audit", event = "topic.create", target = %topic.name, "topic created");
+    Ok(json(StatusCode::CREATED, &record(&topic)))
+}
+
+pub async fn list(State(node): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let q = Query::parse(q.as_deref());
+    let limit = match q.text("limit")? {
+        None => DEFAULT_LIST_LIMIT,
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n >= 1 => (n as u64).min(MAX_LIST_LIMIT),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be an integer of at least 1, got {s:?}"
+                )))
+            }
+        },
+    };
+    let token = q.text("page_token")?.unwrap_or("");
+    let view = node.meta.view();
+    let start = if token.is_empty() {
+        Bound::Unbounded
+    } else {
+        Bound::Excluded(token.to_string())
+    };
+    let mut it = view.topics.range((start, Bound::Unbounded));
+    let page: Vec<TopicRecord> = it
+        .by_ref()
+        .take(limit as usize)
+        .map(|(_, t)| record(t))
+        .collect();
+    let next_page_token = if it.next().is_some() {
+        page.last().map(|r| r.name.clone()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    Ok(json(
+        StatusCode::OK,
+        &TopicList {
+            topics: page,
+            next_page_token,
+        },
+    ))
+}
+
+pub async fn get(
+    State(node): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    let topic = node.topic(&name)?;
+    let q = Query::parse(q.as_deref());
+    let only = q.partition(topic.config.partitions)?;
+    let mut rec = record(&topic);
+    let stats: Vec<PartitionStats> = (0..topic.config.partitions)
+        .filter(|p| only.is_none_or(|o| o == *p))
+        .map(|p| node.partition_stats(&topic, p))
+        .collect();
+    rec.partial = stats.iter().any(|s| s.status != "ok");
+    rec.partition_stats = Some(stats);
+    Ok(json(StatusCode::OK, &rec))
+}
+
+pub async fn alter(
+    State(node): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    let body = read_body(&headers, body).await?;
+    let req: AlterTopicRequest = parse_json(&body)?;
+    let topic = node.topic(&name)?;
+    let mut patch = TopicPatch::default();
+    if let Some(p) = non_negative("partitions", req.partitions)? {
+        if p <= topic.config.partitions as u64 {
+            return Err(ApiError::bad_request(format!(
+                "partitions can only grow: the topic has {}, asked for {p}",
+                topic.config.partitions
+            )));
+        }
+        patch.partitions = Some(check_partitions(&node, p)?);
+    }
+    if let Some(r) = non_negative("retention_ms", req.retention_ms)? {
+        patch.retention_ms = Some(check_retention(r)?);
+    }
+    let d = &node.config.topic;
+    if let Some(v) = non_negative("visibility_timeout_ms", req.visibility_timeout_ms)? {
+        patch.visibility_timeout_ms = Some(if v == 0 {
+            d.default_visibility_timeout_ms
+        } else {
+            check_visibility(v)?
+        });
+    }
+    if let Some(v) = non_negative(
+        "max_in_flight_per_partition",
+        req.max_in_flight_per_partition,
+    )? {
+        patch.max_in_flight_per_partition = Some(if v == 0 {
+            d.default_max_in_flight_per_partition
+        } else {
+            v
+        });
+    }
+    if let Some(v) = non_negative(
+        "max_acked_ahead_per_partition",
+        req.max_acked_ahead_per_partition,
+    )? {
+        patch.max_acked_ahead_per_partition = Some(if v == 0 {
+            d.default_max_acked_ahead_per_partition
+        } else {
+            v
+        });
+    }
+    if let Some(raw) = req.schema.as_deref() {
+        let text = check_schema(raw)?;
+        if let Some(current) = topic.current_schema() {
+            schema::check_compatible(&current.schema, &text).map_err(ApiError::bad_request)?;
+        }
+        patch.schema = Some(text);
+    }
+    if let Some(v) = non_negative("schema_base_version", req.schema_base_version)? {
+        patch.schema_base_version = Some(v as u32);
+    }
+    let changes = TopicPatch {
+        schema_base_version: None,
+        ..patch.clone()
+    };
+    if changes == TopicPatch::default() {
+        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema"));
+    }
+    let updated = match node
+        .meta
+        .write(MetaCommand::AlterTopic {
+            name: name.clone(),
+            patch,
+        })
+        .await?
+    {
+        MetaResponse::Topic(t) => t,
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            )))
+        }
+    };
+    node.apply_topics()?;
+    Ok(json(StatusCode::OK, &record(&updated)))
+}
+
+pub async fn delete(
+    State(node): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    node.topic(&name)?;
+    let deleted: Arc<Topic> = match node
+        .meta
+        .write(MetaCommand::DeleteTopic { name: name.clone() })
+        .await?
+    {
+        MetaResponse::Deleted(t) => t,
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            )))
+        }
+    };
+    node.schemas.forget(deleted.id);
+    node.apply_topics()?;
+    tracing::info!(component = "audit", event = "topic.delete", target = %name, "topic deleted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,732 @@
+//! Server configuration (SPEC §7.1, §8): defaults < JSON config file < `NARAD_*` env < flags.
+//! Each module gets only its own sub-config.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The effective configuration of one `narad server start`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub dev: bool,
+    pub http: HttpConfig,
+    pub cluster: ClusterConfig,
+    pub storage: StorageConfig,
+    pub topic: TopicDefaults,
+    pub log: LogConfig,
+    pub security: SecurityConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Listen address, e.g. `0.0.0.0:7942` (`:7942` means all interfaces).
+    pub addr: String,
+    pub read_timeout: Duration,
+    pub write_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub max_consume_wait: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub node_id: String,
+    /// Cluster listener; `None` = standalone default (OS-assigned loopback port).
+    pub addr: Option<String>,
+    pub advertise_addr: Option<String>,
+    /// Seed voters `(id, host:port)`.
+    pub peers: Vec<(String, String)>,
+    pub initial_members: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    pub data_dir: PathBuf,
+    /// `none` or `zstd`.
+    pub codec: String,
+    pub compression_level: String,
+    /// 0 = off.
+    pub idle_log_eviction_ms: u64,
+    /// Test knob (not in the SPEC's user surface): segment size in bytes (default 64 MiB).
+    pub segment_max_bytes: u64,
+    /// Test knob: how often retention runs (default 60 s).
+    pub retention_check_interval: Duration,
+    /// Test knob: added to the wall clock for retention decisions (default 0).
+    pub clock_offset_ms: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopicDefaults {
+    pub default_partitions: u32,
+    pub max_partitions: u32,
+    pub default_retention_age_ms: u64,
+    pub default_visibility_timeout_ms: u64,
+    pub default_max_in_flight_per_partition: u64,
+    pub default_max_acked_ahead_per_partition: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// `debug|info|warn|error`
+    pub level: String,
+    /// `json|text`
+    pub format: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct SecurityConfig {
+    pub enabled: bool,
+    /// Environment only; never logged.
+    pub admin_password: Option<String>,
+    /// Environment only; never logged.
+    pub cluster_secret: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            dev: false,
+            http: HttpConfig {
+                addr: ":7942".into(),
+                read_timeout: Duration::from_secs(10),
+                write_timeout: Duration::from_secs(30),
+                idle_timeout: Duration::from_secs(60),
+                shutdown_grace: Duration::from_secs(10),
+                max_consume_wait: Duration::from_secs(10),
+            },
+            cluster: ClusterConfig {
+                node_id: String::new(),
+                addr: None,
+                advertise_addr: None,
+                peers: Vec::new(),
+                initial_members: Vec::new(),
+            },
+            storage: StorageConfig {
+                data_dir: PathBuf::from("data"),
+                codec: "none".into(),
+                compression_level: "fastest".into(),
+                idle_log_eviction_ms: 1_800_000,
+                segment_max_bytes: 64 * 1024 * 1024,
+                retention_check_interval: Duration::from_secs(60),
+                clock_offset_ms: 0,
+            },
+            topic: TopicDefaults {
+                default_partitions: 3,
+                max_partitions: 108,
+                default_retention_age_ms: 604_800_000,
+                default_visibility_timeout_ms: 30_000,
+                default_max_in_flight_per_partition: 1024,
+                default_max_acked_ahead_per_partition: 1024,
+            },
+            log: LogConfig {
+                level: "info".into(),
+                format: "json".into(),
+            },
+            security: SecurityConfig {
+                enabled: true,
+                admin_password: None,
+                cluster_secret: None,
+            },
+        }
+    }
+}
+
+/// `narad server start` flags (SPEC §7.1). Flags win over env and the config file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerArgs {
+    /// Development mode: security off, loopback, ~/.narad/data, text logs, a banner.
+    #[arg(long)]
+    pub dev: bool,
+    /// API listen address (default :7942; 127.0.0.1:7942 with --dev).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub addr: Option<String>,
+    /// Cluster listen address (default :7943).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub cluster_addr: Option<String>,
+    /// Data directory (default ./data; ~/.narad/data with --dev).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Node id (default: the hostname).
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+    /// Seed voters, id@host:port,... (1 entry or at least 3).
+    #[arg(long, value_name = "ID@HOST:PORT,...")]
+    pub peers: Option<String>,
+    /// JSON config file (unknown keys are refused).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// debug|info|warn|error
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// json|text
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+fn bad(msg: impl Into<String>) -> ConfigError {
+    ConfigError(msg.into())
+}
+
+mod file {
+    //! The JSON config file: every key optional, unknown keys refused.
+    use serde::Deserialize;
+
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct File {
+        pub http: Option<Http>,
+        pub cluster: Option<Cluster>,
+        pub storage: Option<Storage>,
+        pub topic: Option<Topic>,
+        pub fanout: Option<Fanout>,
+        pub log: Option<Log>,
+        pub security: Option<Security>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Http {
+        pub addr: Option<String>,
+        pub read_timeout: Option<String>,
+        pub write_timeout: Option<String>,
+        pub idle_timeout: Option<String>,
+        pub shutdown_grace: Option<String>,
+        pub max_consume_wait: Option<String>,
+    }
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Peer {
+        pub id: String,
+        pub addr: String,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Cluster {
+        pub node_id: Option<String>,
+        pub addr: Option<String>,
+        pub advertise_addr: Option<String>,
+        pub peers: Option<Vec<Peer>>,
+        pub initial_members: Option<Vec<String>>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Storage {
+        pub data_dir: Option<String>,
+        pub codec: Option<String>,
+        pub compression_level: Option<String>,
+        pub idle_log_eviction_ms: Option<u64>,
+        pub segment_max_bytes: Option<u64>,
+        pub retention_check_interval: Option<String>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Topic {
+        pub default_partitions: Option<u32>,
+        pub max_partitions: Option<u32>,
+        pub default_retention_age_ms: Option<u64>,
+        pub default_visibility_timeout_ms: Option<u64>,
+        pub default_max_in_flight_per_partition: Option<u64>,
+        pub default_max_acked_ahead_per_partition: Option<u64>,
+    }
+    /// Accepted so that one file serves this build and the fan-out engine's.
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    pub struct Fanout {
+        pub max_batch_records: Option<u64>,
+        pub max_batch_bytes: Option<u64>,
+        pub linger_ms: Option<u64>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Log {
+        pub level: Option<String>,
+        pub format: Option<String>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Security {
+        pub enabled: Option<bool>,
+    }
+}
+
+fn dur(key: &str, v: &str) -> Result<Duration, ConfigError> {
+    narad_api::duration::parse_go_duration(v).map_err(|e| bad(format!("{key}: {e}")))
+}
+
+fn parse_peers(s: &str) -> Result<Vec<(String, String)>, ConfigError> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|p| match p.split_once('@') {
+            Some((id, addr)) if !id.is_empty() && !addr.is_empty() => {
+                Ok((id.to_string(), addr.to_string()))
+            }
+            _ => Err(bad(format!("peer {p:?} is not id@host:port"))),
+        })
+        .collect()
+}
+
+fn parse_bool(key: &str, v: &str) -> Result<bool, ConfigError> {
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(bad(format!("{key}: not a boolean: {v:?}"))),
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ConfigError> {
+    v.trim()
+        .parse()
+        .map_err(|_| bad(format!("{key}: not a number: {v:?}")))
+}
+
+impl Config {
+    /// Layers defaults < config file < environment (`env` lookup) < flags, then validates.
+    pub fn load(
+        args: &ServerArgs,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let mut c = Config::default();
+        if let Some(path) = &args.config {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad(format!("read {}: {e}", path.display())))?;
+            let f: file::File =
+                serde_json::from_str(&text).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+            c.apply_file(f)?;
+        }
+        c.apply_env(env)?;
+        // Flags.
+        c.dev = args.dev;
+        if args.dev {
+            if args.peers.is_some() {
+                return Err(bad("--dev cannot be combined with --peers"));
+            }
+            c.security.enabled = false;
+            c.http.addr = "127.0.0.1:7942".into();
+            c.storage.data_dir = dirs::home_dir()
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join(".narad")
+                .join("data");
+            c.log.format = "text".into();
+            c.cluster.peers.clear();
+        }
+        if let Some(a) = &args.addr {
+            c.http.addr = a.clone();
+        }
+        if let Some(a) = &args.cluster_addr {
+            c.cluster.addr = Some(a.clone());
+        }
+        if let Some(d) = &args.data_dir {
+            c.storage.data_dir = d.clone();
+        }
+        if let Some(n) = &args.node_id {
+            c.cluster.node_id = n.clone();
+        }
+        if let Some(p) = &args.peers {
+            c.cluster.peers = parse_peers(p)?;
+        }
+        if let Some(l) = &args.log_level {
+            c.log.level = l.clone();
+        }
+        if let Some(f) = &args.log_format {
+            c.log.format = f.clone();
+        }
+        if c.cluster.node_id.is_empty() {
+            c.cluster.node_id = hostname::get()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "narad-0".into());
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn apply_file(&mut self, f: file::File) -> Result<(), ConfigError> {
+        if let Some(h) = f.http {
+            if let Some(v) = h.addr {
+                self.http.addr = v;
+            }
+            for (key, v, slot) in [
+                (
+                    "http.read_timeout",
+                    h.read_timeout,
+                    &mut self.http.read_timeout,
+                ),
+                (
+                    "http.write_timeout",
+                    h.write_timeout,
+                    &mut self.http.write_timeout,
+                ),
+                (
+                    "http.idle_timeout",
+                    h.idle_timeout,
+                    &mut self.http.idle_timeout,
+                ),
+                (
+                    "http.shutdown_grace",
+                    h.shutdown_grace,
+                    &mut self.http.shutdown_grace,
+                ),
+                (
+                    "http.max_consume_wait",
+                    h.max_consume_wait,
+                    &mut self.http.max_consume_wait,
+                ),
+            ] {
+                if let Some(v) = v {
+                    *slot = dur(key, &v)?;
+                }
+            }
+        }
+        if let Some(cl) = f.cluster {
+            if let Some(v) = cl.node_id {
+                self.cluster.node_id = v;
+            }
+            if cl.addr.is_some() {
+                self.cluster.addr = cl.addr;
+            }
+            if cl.advertise_addr.is_some() {
+                self.cluster.advertise_addr = cl.advertise_addr;
+            }
+            if let Some(p) = cl.peers {
+                self.cluster.peers = p.into_iter().map(|p| (p.id, p.addr)).collect();
+            }
+            if let Some(m) = cl.initial_members {
+                self.cluster.initial_members = m;
+            }
+        }
+        if let Some(s) = f.storage {
+            if let Some(v) = s.data_dir {
+                self.storage.data_dir = PathBuf::from(v);
+            }
+            if let Some(v) = s.codec {
+                self.storage.codec = v;
+            }
+            if let Some(v) = s.compression_level {
+                self.storage.compression_level = v;
+            }
+            if let Some(v) = s.idle_log_eviction_ms {
+                self.storage.idle_log_eviction_ms = v;
+            }
+            if let Some(v) = s.segment_max_bytes {
+                self.storage.segment_max_bytes = v;
+            }
+            if let Some(v) = s.retention_check_interval {
+                self.storage.retention_check_interval =
+                    dur("storage.retention_check_interval", &v)?;
+            }
+        }
+        if let Some(t) = f.topic {
+            let d = &mut self.topic;
+            d.default_partitions = t.default_partitions.unwrap_or(d.default_partitions);
+            d.max_partitions = t.max_partitions.unwrap_or(d.max_partitions);
+            d.default_retention_age_ms = t
+                .default_retention_age_ms
+                .unwrap_or(d.default_retention_age_ms);
+            d.default_visibility_timeout_ms = t
+                .default_visibility_timeout_ms
+                .unwrap_or(d.default_visibility_timeout_ms);
+            d.default_max_in_flight_per_partition = t
+                .default_max_in_flight_per_partition
+                .unwrap_or(d.default_max_in_flight_per_partition);
+            d.default_max_acked_ahead_per_partition = t
+                .default_max_acked_ahead_per_partition
+                .unwrap_or(d.default_max_acked_ahead_per_partition);
+        }
+        let _ = f.fanout;
+        if let Some(l) = f.log {
+            if let Some(v) = l.level {
+                self.log.level = v;
+            }
+            if let Some(v) = l.format {
+                self.log.format = v;
+            }
+        }
+        if let Some(s) = f.security {
+            if let Some(v) = s.enabled {
+                self.security.enabled = v;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let get = |k: &str| env(k).filter(|v| !v.is_empty());
+        if let Some(v) = get("NARAD_HTTP_ADDR") {
+            self.http.addr = v;
+        }
+        for (key, slot) in [
+            ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
+            ("NARAD_HTTP_WRITE_TIMEOUT", &mut self.http.write_timeout),
+            ("NARAD_HTTP_IDLE_TIMEOUT", &mut self.http.idle_timeout),
+            ("NARAD_HTTP_SHUTDOWN_GRACE", &mut self.http.shutdown_grace),
+            (
+                "NARAD_HTTP_MAX_CONSUME_WAIT",
+                &mut self.http.max_consume_wait,
+            ),
+            (
+                "NARAD_STORAGE_RETENTION_CHECK_INTERVAL",
+                &mut self.storage.retention_check_interval,
+            ),
+        ] {
+            if let Some(v) = get(key) {
+                *slot = dur(key, &v)?;
+            }
+        }
+        if let Some(v) = get("NARAD_NODE_ID") {
+            self.cluster.node_id = v;
+        }
+        if let Some(v) = get("NARAD_CLUSTER_ADDR") {
+            self.cluster.addr = Some(v);
+        }
+        if let Some(v) = get("NARAD_CLUSTER_ADVERTISE_ADDR") {
+            self.cluster.advertise_addr = Some(v);
+        }
+        if let Some(v) = get("NARAD_CLUSTER_PEERS") {
+            self.cluster.peers = parse_peers(&v)?;
+        }
+        if let Some(v) = get("NARAD_CLUSTER_INITIAL_MEMBERS") {
+            self.cluster.initial_members = v
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        if let Some(v) = get("NARAD_DATA_DIR") {
+            self.storage.data_dir = PathBuf::from(v);
+        }
+        if let Some(v) = get("NARAD_STORAGE_SEGMENT_MAX_BYTES") {
+            self.storage.segment_max_bytes = parse_num("NARAD_STORAGE_SEGMENT_MAX_BYTES", &v)?;
+        }
+        if let Some(v) = get("NARAD_TEST_CLOCK_OFFSET_MS") {
+            self.storage.clock_offset_ms = parse_num("NARAD_TEST_CLOCK_OFFSET_MS", &v)?;
+        }
+        let t = &mut self.topic;
+        if let Some(v) = get("NARAD_TOPIC_DEFAULT_PARTITIONS") {
+            t.default_partitions = parse_num("NARAD_TOPIC_DEFAULT_PARTITIONS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_MAX_PARTITIONS") {
+            t.max_partitions = parse_num("NARAD_TOPIC_MAX_PARTITIONS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS") {
+            t.default_retention_age_ms = parse_num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS") {
+            t.default_visibility_timeout_ms =
+                parse_num("NARAD_TOPIC_DEFAULT_VISIBILITY_TIMEOUT_MS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION") {
+            t.default_max_in_flight_per_partition =
+                parse_num("NARAD_TOPIC_DEFAULT_MAX_IN_FLIGHT_PER_PARTITION", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION") {
+            t.default_max_acked_ahead_per_partition =
+                parse_num("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION", &v)?;
+        }
+        if let Some(v) = get("NARAD_LOG_LEVEL") {
+            self.log.level = v;
+        }
+        if let Some(v) = get("NARAD_LOG_FORMAT") {
+            self.log.format = v;
+        }
+        if let Some(v) = get("NARAD_SECURITY_ENABLED") {
+            self.security.enabled = parse_bool("NARAD_SECURITY_ENABLED", &v)?;
+        }
+        self.security.admin_password = get("NARAD_ADMIN_PASSWORD");
+        self.security.cluster_secret = get("NARAD_CLUSTER_SECRET");
+        Ok(())
+    }
+
+    /// Refuses configurations that cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if !["debug", "info", "warn", "error"].contains(&self.log.level.as_str()) {
+            return Err(bad(format!(
+                "log level must be debug, info, warn or error, got {:?}",
+                self.log.level
+            )));
+        }
+        if !["json", "text"].contains(&self.log.format.as_str()) {
+            return Err(bad(format!(
+                "log format must be json or text, got {:?}",
+                self.log.format
+            )));
+        }
+        if self.cluster.addr.as_deref() == Some(self.http.addr.as_str()) {
+            return Err(bad("the API and cluster addresses must differ"));
+        }
+        let n = self.cluster.peers.len();
+        if n == 2 {
+            return Err(bad("--peers needs 1 entry or at least 3"));
+        }
+        for m in &self.cluster.initial_members {
+            if !self.cluster.peers.iter().any(|(id, _)| id == m) {
+                return Err(bad(format!("initial member {m} is not in the peers")));
+            }
+        }
+        if self.security.enabled && n > 0 && self.security.cluster_secret.is_none() {
+            return Err(bad(
+                "NARAD_CLUSTER_SECRET is required with security on and peers",
+            ));
+        }
+        if n > 0 {
+            return Err(bad(
+                "clustering (--peers) is not available in this build yet; run standalone",
+            ));
+        }
+        let t = &self.topic;
+        if t.max_partitions < 3 || t.max_partitions > 108 {
+            return Err(bad("topic.max_partitions must be between 3 and 108"));
+        }
+        if t.default_partitions < 3 || t.default_partitions > t.max_partitions {
+            return Err(bad(
+                "topic.default_partitions must be between 3 and topic.max_partitions",
+            ));
+        }
+        if t.default_retention_age_ms != 0 && t.default_retention_age_ms < 3_600_000 {
+            return Err(bad(
+                "topic.default_retention_age_ms must be 0 or at least 3600000",
+            ));
+        }
+        if self.http.max_consume_wait >= self.http.write_timeout
+            || self.http.max_consume_wait > self.http.shutdown_grace
+        {
+            return Err(bad("http.max_consume_wait must be below the write timeout and at most the shutdown grace"));
+        }
+        if self.storage.segment_max_bytes < 4096 {
+            return Err(bad("storage.segment_max_bytes must be at least 4096"));
+        }
+        if !["none", "zstd"].contains(&self.storage.codec.as_str()) {
+            return Err(bad("storage.codec must be none or zstd"));
+        }
+        if self.storage.idle_log_eviction_ms != 0 && self.storage.idle_log_eviction_ms < 60_000 {
+            return Err(bad(
+                "storage.idle_log_eviction_ms must be 0 or at least 60000",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn load(args: ServerArgs, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let env: HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::load(&args, &move |k: &str| env.get(k).cloned())
+    }
+
+    #[test]
+    fn layering_flags_over_env_over_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"addr":"127.0.0.1:1","max_consume_wait":"5s"},"log":{"level":"warn"},"topic":{"default_partitions":4}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = load(args.clone(), &[]).unwrap();
+        assert_eq!(c.http.addr, "127.0.0.1:1");
+        assert_eq!(c.http.max_consume_wait, Duration::from_secs(5));
+        assert_eq!(c.log.level, "warn");
+        assert_eq!(c.topic.default_partitions, 4);
+        let c = load(
+            args.clone(),
+            &[
+                ("NARAD_HTTP_ADDR", "127.0.0.1:2"),
+                ("NARAD_LOG_LEVEL", "debug"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.http.addr, "127.0.0.1:2");
+        assert_eq!(c.log.level, "debug");
+        let c = load(
+            ServerArgs {
+                addr: Some("127.0.0.1:3".into()),
+                ..args
+            },
+            &[("NARAD_HTTP_ADDR", "127.0.0.1:2")],
+        )
+        .unwrap();
+        assert_eq!(c.http.addr, "127.0.0.1:3");
+    }
+
+    #[test]
+    fn dev_mode_defaults() {
+        let c = load(
+            ServerArgs {
+                dev: true,
+                ..Default::default()
+            },
+            &[("NARAD_SECURITY_ENABLED", "true")],
+        )
+        .unwrap();
+        assert!(!c.security.enabled);
+        assert_eq!(c.http.addr, "127.0.0.1:7942");
+        assert!(c.storage.data_dir.ends_with(".narad/data"));
+        assert_eq!(c.log.format, "text");
+        assert!(load(
+            ServerArgs {
+                dev: true,
+                peers: Some("a@h:1".into()),
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn invalid_configurations_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"adr":":1"}}"#).unwrap();
+        let e = load(
+            ServerArgs {
+                config: Some(f),
+                ..Default::default()
+            },
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+        assert!(load(
+            ServerArgs {
+                addr: Some(":1".into()),
+                cluster_addr: Some(":1".into()),
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
+        assert!(load(
+            ServerArgs {
+                peers: Some("a@h:1,b@h:2".into()),
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
+        assert!(load(
+            ServerArgs {
+                log_level: Some("loud".into()),
+                ..Default::default()
+            },
+            &[]
+        )
+        .is_err());
+        assert!(load(
+            ServerArgs::default(),
+            &[("NARAD_HTTP_MAX_CONSUME_WAIT", "1m")]
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! `ApiError`: what every layer returns to the HTTP edge, mapped 1:1 to SPEC §3.11.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+/// An error answer: HTTP status, message, optional `Retry-After` seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+    pub fn topic_not_found(topic: &str) -> Self {
+        Self::not_found(format!("topic {topic} not found"))
+    }
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, message)
+    }
+    pub fn gone(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::GONE, message)
+    }
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+    }
+    pub fn unavailable(message: impl Into<String>, retry_after: u64) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            retry_after: Some(retry_after),
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+    pub fn method_not_allowed() -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status.as_u16(), self.message)
+    }
+}
+
+/// `{"error":"…"}` with `Content-Type: application/json`.
+pub fn error_body(message: &str) -> String {
+    serde_json::to_string(&narad_api::ErrorBody {
+        error: message.to_string(),
+    })
+    .expect("invariant: a string always serialises")
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = self.status.as_u16(), error = %self.message, "request failed");
+        }
+        let mut resp = (self.status, error_body(&self.message)).into_response();
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}
+
+impl From<narad_meta::MetaError> for ApiError {
+    fn from(e: narad_meta::MetaError) -> Self {
+        use narad_meta::{ApplyError, MetaError};
+        match e {
+            MetaError::Apply(ApplyError::NotFound(m)) => ApiError::not_found(m),
+            MetaError::Apply(ApplyError::Conflict(m)) => ApiError::conflict(m),
+            MetaError::Apply(ApplyError::Invalid(m)) => ApiError::bad_request(m),
+            MetaError::Unavailable(m) => {
+                ApiError::unavailable(format!("metadata unavailable: {m}"), 1)
+            }
+            MetaError::Uncertain(m) => {
+                ApiError::unavailable(format!("the change may still be applied: {m}"), 1)
+            }
+            MetaError::Storage(m) => ApiError::internal(format!("metadata storage error: {m}")),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

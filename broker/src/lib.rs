@@ -1,0 +1,27 @@
+//! Narad: a queue-first message broker over plain HTTP.
+//!
+//! The map (who owns what):
+//! - `config`: the effective `Config`, layered from defaults, file, env and flags.
+//! - `node`: the composition root; `Node` holds handles to everything below and nothing else.
+//! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, the only writer
+//!   into partition logs. Its module doc states the durability contract.
+//! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
+//!   `Registry` of local topics.
+//! - `queue`: `LeaseTable`, the pure queue core (leases, redelivery, frontier, caps).
+//! - `schema`: JSON Schema compile, validate and the compatibility rule.
+//! - `api`: the HTTP routes; owns no state.
+//! - `metrics`, `telemetry`: Prometheus metrics and structured logs.
+//! - `error`: `ApiError`, the one error edge mapped to SPEC §3.11.
+//!
+//! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod node;
+pub mod partition;
+pub mod queue;
+pub mod schema;
+pub mod telemetry;
+pub mod wal;

@@ -1,0 +1,108 @@
+//! The one `narad` binary: `server start` and the client commands.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use narad::config::{Config, ServerArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "narad",
+    version,
+    about = "Narad: a queue-first message broker over plain HTTP"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run or inspect the server.
+    Server {
+        #[command(subcommand)]
+        cmd: ServerCmd,
+    },
+    /// Alias of `server start`.
+    Serve(ServerArgs),
+    /// Print the version.
+    Version,
+    #[command(flatten)]
+    Client(narad_cli::Command),
+}
+
+#[derive(Subcommand)]
+enum ServerCmd {
+    /// Start a node.
+    Start(ServerArgs),
+    /// Per topic: partitions, messages, size, owner spread.
+    Report(narad_cli::ReportArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("narad")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!("cannot start the runtime: {e}")),
+    };
+    let result = rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Server {
+                cmd: ServerCmd::Start(args),
+            }
+            | Cmd::Serve(args) => serve(args).await,
+            Cmd::Server {
+                cmd: ServerCmd::Report(args),
+            } => narad_cli::server_report(args).await,
+            Cmd::Version => {
+                println!("narad {}", narad::node::VERSION);
+                Ok(())
+            }
+            Cmd::Client(cmd) => narad_cli::run(cmd).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("narad: {e:#}");
+    ExitCode::FAILURE
+}
+
+async fn serve(args: ServerArgs) -> anyhow::Result<()> {
+    let config = Config::load(&args, &|k| std::env::var(k).ok())?;
+    narad::telemetry::init(&config.log.level, &config.log.format);
+    if !config.security.enabled && !config.dev {
+        tracing::warn!("security is off: every request is allowed");
+    }
+    let running = narad::node::start(config.clone()).await?;
+    if config.dev {
+        eprintln!(
+            "\n  narad {} (dev: security off, data in {})\n  listening on http://{}\n\n  try:\n    curl -X POST http://{addr}/v1/topics -d '{{\"name\":\"orders\"}}'\n    curl -X POST http://{addr}/v1/topics/orders/produce -d 'hello'\n    curl 'http://{addr}/v1/topics/orders/consume?wait=5s'\n",
+            narad::node::VERSION,
+            config.storage.data_dir.display(),
+            running.addr,
+            addr = running.addr,
+        );
+    }
+    wait_for_signal().await;
+    running.shutdown().await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term =
+        signal(SignalKind::terminate()).expect("invariant: installing a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("invariant: installing a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,406 @@
+//! Prometheus metrics (SPEC §9), prefix `narad_`. Hot paths hold cloned handles (an `Arc`
+//! inside each metric) so that counting costs no label lookup or allocation; gauges of
+//! queue and storage state are refreshed when `/metrics` is scraped.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HttpLabels {
+    pub route: &'static str,
+    pub method: &'static str,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PartitionLabels {
+    pub topic: String,
+    pub partition: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    pub topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub topic: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub topic: String,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AckReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VersionLabels {
+    pub version: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabels {
+    pub status: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0001, 2.0, 18))
+}
+
+/// Handles of one partition's hot-path metrics.
+#[derive(Clone)]
+pub struct PartitionMetrics {
+    pub produced: Counter,
+    pub produced_bytes: Counter,
+    pub consumed: Counter,
+    pub consumed_bytes: Counter,
+    pub corrupt_skipped: Counter,
+    pub dropped: Counter,
+    pub fsync_seconds: Histogram,
+}
+
+/// Every metric family of the node.
+pub struct Metrics {
+    pub registry: Registry,
+    pub http_requests: Family<HttpLabels, Counter>,
+    pub http_duration: HistogramFamily<HttpLabels>,
+    pub http_in_flight: Gauge,
+    pub http_bytes_in: Family<RouteLabels, Counter>,
+    pub http_bytes_out: Family<RouteLabels, Counter>,
+    pub produced: Family<PartitionLabels, Counter>,
+    pub produced_bytes: Family<PartitionLabels, Counter>,
+    pub consumed: Family<PartitionLabels, Counter>,
+    pub consumed_bytes: Family<PartitionLabels, Counter>,
+    pub produce_rejections: Family<ReasonLabels, Counter>,
+    pub consume_wait: HistogramFamily<OutcomeLabels>,
+    pub consume_empty: Family<TopicLabels, Counter>,
+    pub consumer_lag: Family<PartitionLabels, Gauge>,
+    pub consumer_dropped: Family<PartitionLabels, Counter>,
+    pub inflight: Family<PartitionLabels, Gauge>,
+    pub acked_ahead: Family<PartitionLabels, Gauge>,
+    pub corrupt_skipped: Family<PartitionLabels, Counter>,
+    pub ack_rejected: Family<AckReasonLabels, Counter>,
+    pub ack_extended: Family<TopicLabels, Counter>,
+    pub nack: Family<TopicLabels, Counter>,
+    pub fsync_duration: HistogramFamily<PartitionLabels>,
+    pub partition_size: Family<PartitionLabels, Gauge>,
+    pub segments: Family<PartitionLabels, Gauge>,
+    pub topic_bytes: Family<TopicLabels, Gauge>,
+    pub retention_bytes_deleted: Family<PartitionLabels, Counter>,
+    pub retention_messages_deleted: Family<PartitionLabels, Counter>,
+    pub retention_run_duration: Histogram,
+    pub data_dir_size: Gauge,
+    pub data_dir_available: Gauge,
+    pub open_partition_logs: Gauge,
+    pub topics_total: Gauge,
+    pub partitions_total: Gauge,
+    pub boot_duration: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub build_info: Family<VersionLabels, Gauge>,
+    pub raft_is_leader: Gauge,
+    pub cluster_members: Family<StatusLabels, Gauge>,
+    pub wal_fsyncs: Counter,
+    pub wal_records: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+macro_rules! reg {
+    ($r:expr, $name:literal, $help:literal, $m:expr) => {{
+        let m = $m;
+        $r.register($name, $help, m.clone());
+        m
+    }};
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("narad");
+        Metrics {
+            http_requests: reg!(
+                r,
+                "http_requests",
+                "HTTP requests answered",
+                Family::default()
+            ),
+            http_duration: reg!(
+                r,
+                "http_request_duration_seconds",
+                "HTTP request duration",
+                HistogramFamily::new_with_constructor(latency_histogram as fn() -> Histogram)
+            ),
+            http_in_flight: reg!(
+                r,
+                "http_requests_in_flight",
+                "HTTP requests being served",
+                Gauge::default()
+            ),
+            http_bytes_in: reg!(
+                r,
+                "http_request_bytes_in",
+                "HTTP request body bytes",
+                Family::default()
+            ),
+            http_bytes_out: reg!(
+                r,
+                "http_response_bytes_out",
+                "HTTP response body bytes",
+                Family::default()
+            ),
+            produced: reg!(
+                r,
+                "messages_produced",
+                "Messages committed to partitions",
+                Family::default()
+            ),
+            produced_bytes: reg!(
+                r,
+                "bytes_produced",
+                "Payload bytes committed to partitions",
+                Family::default()
+            ),
+            consumed: reg!(
+                r,
+                "messages_consumed",
+                "Messages delivered under a lease",
+                Family::default()
+            ),
+            consumed_bytes: reg!(
+                r,
+                "bytes_consumed",
+                "Payload bytes delivered under a lease",
+                Family::default()
+            ),
+            produce_rejections: reg!(
+                r,
+                "produce_rejections",
+                "Produces refused",
+                Family::default()
+            ),
+            consume_wait: reg!(
+                r,
+                "consume_wait_seconds",
+                "Time consumes waited",
+                HistogramFamily::new_with_constructor(latency_histogram as fn() -> Histogram)
+            ),
+            consume_empty: reg!(
+                r,
+                "consume_empty",
+                "Consumes answered 204",
+                Family::default()
+            ),
+            consumer_lag: reg!(
+                r,
+                "consumer_lag_messages",
+                "High watermark minus committed frontier",
+                Family::default()
+            ),
+            consumer_dropped: reg!(
+                r,
+                "consumer_dropped_messages",
+                "Unacked messages removed by retention",
+                Family::default()
+            ),
+            inflight: reg!(r, "inflight_size", "Leased messages", Family::default()),
+            acked_ahead: reg!(
+                r,
+                "acked_ahead_size",
+                "Acked offsets parked above the frontier",
+                Family::default()
+            ),
+            corrupt_skipped: reg!(
+                r,
+                "consumer_corrupt_skipped",
+                "Unreadable records skipped by consumers",
+                Family::default()
+            ),
+            ack_rejected: reg!(
+                r,
+                "ack_rejected",
+                "Acks, extends and nacks refused",
+                Family::default()
+            ),
+            ack_extended: reg!(r, "ack_extended", "Leases extended", Family::default()),
+            nack: reg!(r, "nack", "Deliveries handed back", Family::default()),
+            fsync_duration: reg!(
+                r,
+                "storage_fsync_duration_seconds",
+                "Partition append+fsync+verify time",
+                HistogramFamily::new_with_constructor(latency_histogram as fn() -> Histogram)
+            ),
+            partition_size: reg!(
+                r,
+                "partition_size_bytes",
+                "Bytes on disk per partition",
+                Family::default()
+            ),
+            segments: reg!(r, "segments", "Segments per partition", Family::default()),
+            topic_bytes: reg!(
+                r,
+                "topic_bytes",
+                "Bytes on disk per topic (this node)",
+                Family::default()
+            ),
+            retention_bytes_deleted: reg!(
+                r,
+                "storage_retention_bytes_deleted",
+                "Bytes removed by retention",
+                Family::default()
+            ),
+            retention_messages_deleted: reg!(
+                r,
+                "storage_retention_messages_deleted",
+                "Messages removed by retention",
+                Family::default()
+            ),
+            retention_run_duration: reg!(
+                r,
+                "storage_retention_run_duration_seconds",
+                "Retention pass time",
+                latency_histogram()
+            ),
+            data_dir_size: reg!(
+                r,
+                "data_dir_size_bytes",
+                "Bytes used by the data dir's file system",
+                Gauge::default()
+            ),
+            data_dir_available: reg!(
+                r,
+                "data_dir_available_bytes",
+                "Bytes available on the data dir's file system",
+                Gauge::default()
+            ),
+            open_partition_logs: reg!(
+                r,
+                "open_partition_logs",
+                "Partition logs this node holds",
+                Gauge::default()
+            ),
+            topics_total: reg!(
+                r,
+                "topics_total",
+                "Topics in the metadata",
+                Gauge::default()
+            ),
+            partitions_total: reg!(
+                r,
+                "partitions_total",
+                "Partitions in the metadata",
+                Gauge::default()
+            ),
+            boot_duration: reg!(
+                r,
+                "boot_duration_seconds",
+                "Time from start to serving",
+                Gauge::default()
+            ),
+            build_info: reg!(r, "build_info", "Build information", Family::default()),
+            raft_is_leader: reg!(
+                r,
+                "raft_is_leader",
+                "1 when this node leads the metadata Raft group",
+                Gauge::default()
+            ),
+            cluster_members: reg!(r, "cluster_members", "Members by status", Family::default()),
+            wal_fsyncs: reg!(
+                r,
+                "wal_group_commits",
+                "Ingress WAL group commits (one write + fdatasync each)",
+                Counter::default()
+            ),
+            wal_records: reg!(
+                r,
+                "wal_records",
+                "Records written to the ingress WAL",
+                Counter::default()
+            ),
+            registry: r,
+        }
+    }
+
+    /// Hot-path handles for one partition.
+    pub fn partition(&self, topic: &str, partition: u32) -> PartitionMetrics {
+        let l = PartitionLabels {
+            topic: topic.to_string(),
+            partition: partition.to_string(),
+        };
+        PartitionMetrics {
+            produced: self.produced.get_or_create(&l).clone(),
+            produced_bytes: self.produced_bytes.get_or_create(&l).clone(),
+            consumed: self.consumed.get_or_create(&l).clone(),
+            consumed_bytes: self.consumed_bytes.get_or_create(&l).clone(),
+            corrupt_skipped: self.corrupt_skipped.get_or_create(&l).clone(),
+            dropped: self.consumer_dropped.get_or_create(&l).clone(),
+            fsync_seconds: self.fsync_duration.get_or_create(&l).clone(),
+        }
+    }
+
+    /// Drops the series of a deleted topic.
+    pub fn forget_topic(&self, topic: &str) {
+        let t = TopicLabels {
+            topic: topic.to_string(),
+        };
+        self.consume_empty.remove(&t);
+        self.ack_extended.remove(&t);
+        self.nack.remove(&t);
+        self.topic_bytes.remove(&t);
+        // Partition families are keyed by (topic, partition): remove up to the max count.
+        for p in 0..108u32 {
+            let l = PartitionLabels {
+                topic: topic.to_string(),
+                partition: p.to_string(),
+            };
+            for f in [
+                &self.produced,
+                &self.produced_bytes,
+                &self.consumed,
+                &self.consumed_bytes,
+                &self.consumer_dropped,
+                &self.corrupt_skipped,
+                &self.retention_bytes_deleted,
+                &self.retention_messages_deleted,
+            ] {
+                f.remove(&l);
+            }
+            for g in [
+                &self.consumer_lag,
+                &self.inflight,
+                &self.acked_ahead,
+                &self.partition_size,
+                &self.segments,
+            ] {
+                g.remove(&l);
+            }
+            self.fsync_duration.remove(&l);
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("invariant: writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,489 @@
+//! The composition root: builds a node from its `Config`, starts its tasks, serves HTTP,
+//! and shuts down in order (stop taking requests, let in-flight ones finish, flush).
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use narad_api::PartitionStats;
+use narad_meta::{Meta, MetaCommand, MetaOptions, Topic};
+use narad_storage::LogConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::{
+    AckReasonLabels, Metrics, OutcomeLabels, PartitionLabels, ReasonLabels, StatusLabels,
+    TopicLabels, VersionLabels,
+};
+use crate::partition::{now_ms, Registry, TopicRuntime};
+use crate::schema::SchemaCache;
+use crate::wal::dispatcher::Dispatcher;
+use crate::wal::{Wal, WalOptions};
+
+/// The version this binary reports.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Handles to everything a request may need. Owns no request state.
+pub struct Node {
+    pub config: Config,
+    pub node_id: String,
+    pub meta: Meta,
+    pub wal: Wal,
+    pub registry: Arc<Registry>,
+    pub metrics: Arc<Metrics>,
+    pub schemas: SchemaCache,
+    ready: AtomicBool,
+    shutdown: CancellationToken,
+    data_dir: PathBuf,
+    _lock: DirLock,
+}
+
+/// An exclusive lock on the data dir, so two processes never share one.
+struct DirLock(#[allow(dead_code, reason = "held for its flock")] fs::File);
+
+impl DirLock {
+    fn acquire(dir: &Path) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let path = dir.join("LOCK");
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("open {}", path.display()))?;
+        // SAFETY: flock on a file descriptor we own; no memory is touched.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            anyhow::bail!(
+                "data dir {} is in use by another narad process",
+                dir.display()
+            );
+        }
+        Ok(DirLock(f))
+    }
+}
+
+/// Turns `:7942` into `0.0.0.0:7942`.
+pub fn listen_addr(addr: &str) -> String {
+    if addr.starts_with(':') {
+        format!("0.0.0.0{addr}")
+    } else {
+        addr.to_string()
+    }
+}
+
+impl Node {
+    pub fn topic(&self, name: &str) -> ApiResult<Arc<Topic>> {
+        self.meta
+            .view()
+            .topics
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ApiError::topic_not_found(name))
+    }
+
+    /// The local runtime of a topic (opening it if the metadata is ahead of the registry).
+    pub fn runtime(&self, topic: &Topic) -> ApiResult<Arc<TopicRuntime>> {
+        if let Some(rt) = self.registry.topic(topic.id) {
+            return Ok(rt);
+        }
+        self.apply_topics()?;
+        self.registry.topic(topic.id).ok_or_else(|| {
+            ApiError::unavailable(
+                format!("topic {} is not open on this node yet", topic.name),
+                1,
+            )
+        })
+    }
+
+    /// Reconciles the local partitions with the metadata.
+    pub fn apply_topics(&self) -> ApiResult<()> {
+        let view = self.meta.view();
+        self.registry
+            .reconcile(&view.topics, &self.node_id)
+            .map_err(|e| ApiError::internal(format!("opening partitions failed: {e}")))
+    }
+
+    pub fn partition_stats(&self, topic: &Topic, p: u32) -> PartitionStats {
+        let owner = topic
+            .assignments
+            .get(p as usize)
+            .and_then(|a| a.owner.clone())
+            .unwrap_or_default();
+        match self.registry.topic(topic.id).and_then(|rt| rt.partition(p)) {
+            Some(part) => {
+                let s = part.log.stats();
+                PartitionStats {
+                    index: p,
+                    segments: s.segments,
+                    oldest_offset: s.oldest_offset,
+                    next_offset: s.next_offset,
+                    high_watermark: s.high_watermark,
+                    size_bytes: s.size_bytes,
+                    oldest_segment_at: (s.oldest_segment_last_write_ms > 0)
+                        .then_some(s.oldest_segment_last_write_ms / 1000),
+                    owner_node: owner,
+                    status: "ok".into(),
+                    owner_liveness: None,
+                }
+            }
+            None => PartitionStats {
+                index: p,
+                owner_node: owner.clone(),
+                status: "owner_unavailable".into(),
+                owner_liveness: Some(
+                    if owner.is_empty() {
+                        "unassigned"
+                    } else {
+                        "unknown"
+                    }
+                    .into(),
+                ),
+                ..Default::default()
+            },
+        }
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+    pub fn shutdown_signal(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.shutdown.cancelled()
+    }
+
+    pub fn reject(&self, topic: &Topic, reason: &'static str) {
+        self.metrics
+            .produce_rejections
+            .get_or_create(&ReasonLabels {
+                topic: topic.name.clone(),
+                reason,
+            })
+            .inc();
+    }
+    pub fn observe_consume_wait(&self, topic: &str, outcome: &'static str, waited: Duration) {
+        self.metrics
+            .consume_wait
+            .get_or_create(&OutcomeLabels {
+                topic: topic.to_string(),
+                outcome,
+            })
+            .observe(waited.as_secs_f64());
+    }
+    pub fn consume_empty(&self, topic: &str) {
+        self.metrics
+            .consume_empty
+            .get_or_create(&TopicLabels {
+                topic: topic.to_string(),
+            })
+            .inc();
+    }
+    pub fn ack_rejected(&self, reason: &'static str) {
+        self.metrics
+            .ack_rejected
+            .get_or_create(&AckReasonLabels { reason })
+            .inc();
+    }
+    pub fn count_extend(&self, topic: &str) {
+        self.metrics
+            .ack_extended
+            .get_or_create(&TopicLabels {
+                topic: topic.to_string(),
+            })
+            .inc();
+    }
+    pub fn count_nack(&self, topic: &str) {
+        self.metrics
+            .nack
+            .get_or_create(&TopicLabels {
+                topic: topic.to_string(),
+            })
+            .inc();
+    }
+
+    /// Refreshes the gauges that describe state rather than events.
+    pub fn refresh_gauges(&self) {
+        let m = &self.metrics;
+        let view = self.meta.view();
+        m.topics_total.set(view.topics.len() as i64);
+        m.partitions_total.set(
+            view.topics
+                .values()
+                .map(|t| t.config.partitions as i64)
+                .sum(),
+        );
+        m.raft_is_leader.set(1);
+        let alive = view.members.values().filter(|x| !x.dead).count() as i64;
+        m.cluster_members
+            .get_or_create(&StatusLabels { status: "alive" })
+            .set(alive);
+        m.cluster_members
+            .get_or_create(&StatusLabels { status: "dead" })
+            .set(view.members.len() as i64 - alive);
+        let mut open = 0;
+        for rt in self.registry.all() {
+            let mut topic_bytes = 0u64;
+            for p in rt.partitions() {
+                open += 1;
+                let s = p.log.stats();
+                topic_bytes += s.size_bytes;
+                let (lag, inflight, acked_ahead, _, _) = p.queue_stats();
+                let l = PartitionLabels {
+                    topic: rt.name.clone(),
+                    partition: p.index.to_string(),
+                };
+                m.consumer_lag.get_or_create(&l).set(lag as i64);
+                m.inflight.get_or_create(&l).set(inflight as i64);
+                m.acked_ahead.get_or_create(&l).set(acked_ahead as i64);
+                m.partition_size.get_or_create(&l).set(s.size_bytes as i64);
+                m.segments.get_or_create(&l).set(s.segments as i64);
+            }
+            m.topic_bytes
+                .get_or_create(&TopicLabels {
+                    topic: rt.name.clone(),
+                })
+                .set(topic_bytes as i64);
+        }
+        m.open_partition_logs.set(open);
+        if let Some((total, avail)) = fs_space(&self.data_dir) {
+            m.data_dir_size.set((total - avail) as i64);
+            m.data_dir_available.set(avail as i64);
+        }
+        let w = self.wal.metrics();
+        let frames = w.frames.load(Ordering::Relaxed);
+        m.wal_fsyncs
+            .inc_by(frames.saturating_sub(m.wal_fsyncs.get()));
+        let recs = w.records.load(Ordering::Relaxed);
+        m.wal_records
+            .inc_by(recs.saturating_sub(m.wal_records.get()));
+    }
+}
+
+fn fs_space(dir: &Path) -> Option<(u64, u64)> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| {
+        (
+            st.f_blocks as u64 * st.f_frsize as u64,
+            st.f_bavail as u64 * st.f_frsize as u64,
+        )
+    })
+}
+
+/// A running server (for `main` and for in-process tests).
+pub struct Running {
+    pub node: Arc<Node>,
+    pub addr: SocketAddr,
+    server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    dispatcher: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    /// Graceful shutdown: refuse new work, give in-flight requests the grace period, let the
+    /// dispatcher drain (bounded), persist frontiers and the WAL checkpoint.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let node = self.node.clone();
+        tracing::info!("shutting down");
+        node.shutdown.cancel();
+        for rt in node.registry.all() {
+            rt.notify.notify_waiters();
+        }
+        let grace = node.config.http.shutdown_grace;
+        match tokio::time::timeout(grace, self.server).await {
+            Ok(r) => r??,
+            Err(_) => tracing::warn!("in-flight requests outlived the shutdown grace"),
+        }
+        // Let the dispatcher commit what the WAL holds, so a restart re-sends little.
+        let until = Instant::now() + Duration::from_secs(5);
+        while node.wal.outstanding() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.dispatcher.abort();
+        node.registry.persist_frontiers();
+        node.wal.close();
+        node.meta.shutdown().await;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Starts a node: opens storage, recovers, and serves HTTP on `config.http.addr`.
+pub async fn start(config: Config) -> anyhow::Result<Running> {
+    let boot = Instant::now();
+    let data_dir = config.storage.data_dir.clone();
+    fs::create_dir_all(&data_dir)
+        .with_context(|| format!("create data dir {}", data_dir.display()))?;
+    let lock = DirLock::acquire(&data_dir)?;
+    let node_id = config.cluster.node_id.clone();
+
+    let meta = Meta::open_standalone(
+        &data_dir.join("metastore"),
+        MetaOptions {
+            node_id: node_id.clone(),
+            cluster_addr: config.cluster.advertise_addr.clone().unwrap_or_default(),
+        },
+    )
+    .await
+    .context("open metadata")?;
+
+    let listener = TcpListener::bind(listen_addr(&config.http.addr))
+        .await
+        .with_context(|| format!("listen on {}", config.http.addr))?;
+    let addr = listener.local_addr()?;
+    meta.write(MetaCommand::RegisterMember {
+        id: node_id.clone(),
+        api_addr: addr.to_string(),
+        cluster_addr: config.cluster.advertise_addr.clone().unwrap_or_default(),
+        version: VERSION.to_string(),
+        now_ms: now_ms(),
+    })
+    .await
+    .context("register this node")?;
+
+    let metrics = Arc::new(Metrics::new());
+    metrics
+        .build_info
+        .get_or_create(&VersionLabels { version: VERSION })
+        .set(1);
+    let log_cfg = LogConfig {
+        segment_max_bytes: config.storage.segment_max_bytes,
+        ..LogConfig::default()
+    };
+    let registry = Arc::new(Registry::new(
+        data_dir.join("topics"),
+        log_cfg,
+        metrics.clone(),
+    )?);
+    registry
+        .reconcile(&meta.view().topics, &node_id)
+        .context("open partitions")?;
+
+    let opened = Wal::open(&data_dir.join("ingress"), WalOptions::default())
+        .context("open the ingress wal")?;
+    let node = Arc::new(Node {
+        config: config.clone(),
+        node_id,
+        meta: meta.clone(),
+        wal: opened.wal.clone(),
+        registry: registry.clone(),
+        metrics: metrics.clone(),
+        schemas: SchemaCache::default(),
+        ready: AtomicBool::new(false),
+        shutdown: CancellationToken::new(),
+        data_dir: data_dir.clone(),
+        _lock: lock,
+    });
+
+    let exists_meta = meta.clone();
+    let dispatcher = Dispatcher::new(
+        opened.wal.clone(),
+        registry.clone(),
+        Arc::new(move |id| exists_meta.view().topics.values().any(|t| t.id == id)),
+    );
+    let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
+
+    spawn_background(node.clone());
+
+    let app = crate::api::router(node.clone());
+    let shutdown = node.shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { shutdown.cancelled().await })
+            .await
+            .context("http server")
+    });
+    node.ready.store(true, Ordering::Release);
+    metrics.boot_duration.set(boot.elapsed().as_secs_f64());
+    tracing::info!(addr = %addr, node_id = %node.node_id, data_dir = %data_dir.display(), boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
+    Ok(Running {
+        node,
+        addr,
+        server,
+        dispatcher,
+    })
+}
+
+fn spawn_background(node: Arc<Node>) {
+    // Frontier persistence: at least every 100 ms (SPEC §2.4).
+    let n = node.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !n.is_shutting_down() {
+            tick.tick().await;
+            let r = n.registry.clone();
+            let _ = tokio::task::spawn_blocking(move || r.persist_frontiers()).await;
+        }
+    });
+    // Retention and time-based segment roll.
+    let n = node.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(n.config.storage.retention_check_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        while !n.is_shutting_down() {
+            tick.tick().await;
+            let n2 = n.clone();
+            let _ = tokio::task::spawn_blocking(move || run_retention(&n2)).await;
+        }
+    });
+    // Metadata changes reach the local partitions even without a local request.
+    let n = node;
+    tokio::spawn(async move {
+        let mut rx = n.meta.subscribe();
+        while rx.changed().await.is_ok() {
+            if let Err(e) = n.apply_topics() {
+                tracing::error!(error = %e.message, "applying metadata to local partitions failed");
+            }
+        }
+    });
+}
+
+fn run_retention(node: &Node) {
+    let started = Instant::now();
+    let now = (now_ms() as i64 + node.config.storage.clock_offset_ms).max(0) as u64;
+    let view = node.meta.view();
+    for t in view.topics.values() {
+        let Some(rt) = node.registry.topic(t.id) else {
+            continue;
+        };
+        for p in rt.partitions() {
+            match p.run_retention(t.config.retention_ms, now) {
+                Ok(out) if out.segments_deleted > 0 => {
+                    let l = PartitionLabels {
+                        topic: t.name.clone(),
+                        partition: p.index.to_string(),
+                    };
+                    node.metrics
+                        .retention_bytes_deleted
+                        .get_or_create(&l)
+                        .inc_by(out.bytes_deleted);
+                    node.metrics
+                        .retention_messages_deleted
+                        .get_or_create(&l)
+                        .inc_by(out.messages_deleted);
+                    tracing::info!(topic = %t.name, partition = p.index, segments = out.segments_deleted, messages = out.messages_deleted, "retention removed segments");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::error!(topic = %t.name, partition = p.index, error = %e, "retention failed")
+                }
+            }
+        }
+    }
+    node.metrics
+        .retention_run_duration
+        .observe(started.elapsed().as_secs_f64());
+}

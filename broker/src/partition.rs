@@ -1,0 +1,427 @@
+//! A partition this node owns: its log, its lease table and its persisted frontier, and the
+//! registry of the topics whose partitions live here.
+//!
+//! On disk (SPEC §7.1): `topics/<topic id>/<partition>/log/` (the partition log) and
+//! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, rewritten
+//! atomically at most every 50 ms when it moved).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use narad_meta::Topic;
+use narad_storage::{LogConfig, PartitionLog, StorageError, StoredRecord};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+
+use crate::metrics::{Metrics, PartitionMetrics};
+use crate::queue::{Caps, Delivery, LeaseTable, SettleError, Settled};
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+pub fn now_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Settings the lease table needs, taken from the topic record at each call.
+#[derive(Debug, Clone, Copy)]
+pub struct QueuePolicy {
+    pub caps: Caps,
+    pub visibility: Duration,
+}
+
+impl QueuePolicy {
+    pub fn of(topic: &Topic) -> Self {
+        QueuePolicy {
+            caps: Caps {
+                max_in_flight: topic.config.max_in_flight_per_partition,
+                max_acked_ahead: topic.config.max_acked_ahead_per_partition,
+            },
+            visibility: Duration::from_millis(topic.config.visibility_timeout_ms),
+        }
+    }
+}
+
+/// What a lease attempt found.
+pub enum Leased {
+    Message(StoredRecord, Delivery),
+    /// Nothing deliverable now (empty, capped, or all leased).
+    Nothing,
+}
+
+/// One locally owned partition.
+pub struct Partition {
+    pub topic_id: u64,
+    pub index: u32,
+    dir: PathBuf,
+    pub log: PartitionLog,
+    queue: Mutex<LeaseTable>,
+    frontier_dirty: AtomicBool,
+    pub metrics: PartitionMetrics,
+}
+
+const FRONTIER_FILE: &str = "frontier";
+
+impl Partition {
+    fn open(
+        dir: PathBuf,
+        topic_id: u64,
+        index: u32,
+        log_cfg: LogConfig,
+        metrics: PartitionMetrics,
+    ) -> Result<Self, StorageError> {
+        let log = PartitionLog::open(&dir.join("log"), log_cfg)?;
+        let frontier = read_frontier(&dir).clamp(log.oldest_offset(), log.high_watermark());
+        let table = LeaseTable::new(frontier, now_micros());
+        Ok(Partition {
+            topic_id,
+            index,
+            dir,
+            log,
+            queue: Mutex::new(table),
+            frontier_dirty: AtomicBool::new(false),
+            metrics,
+        })
+    }
+
+    /// Leases the next deliverable record, skipping records that retention removed or that
+    /// cannot be read (loudly).
+    pub fn lease(&self, policy: QueuePolicy) -> Leased {
+        loop {
+            let delivery = {
+                let mut q = self.queue.lock();
+                let now = Instant::now();
+                if q.skip_below(self.log.oldest_offset()) {
+                    self.frontier_dirty.store(true, Ordering::Release);
+                }
+                q.expire(now);
+                match q.lease(
+                    self.log.high_watermark(),
+                    policy.caps,
+                    policy.visibility,
+                    now,
+                    now_micros(),
+                ) {
+                    Some(d) => d,
+                    None => return Leased::Nothing,
+                }
+            };
+            match self.log.read(delivery.offset) {
+                Ok(Some(rec)) => return Leased::Message(rec, delivery),
+                Ok(None) => {
+                    // Cannot happen below the high watermark; hand it back.
+                    let mut q = self.queue.lock();
+                    let _ = q.nack(delivery.offset, delivery.nonce, Instant::now());
+                    return Leased::Nothing;
+                }
+                Err(StorageError::Gone { .. }) => {
+                    let mut q = self.queue.lock();
+                    q.settle_unreadable(delivery.offset);
+                    q.dropped += 1;
+                    self.frontier_dirty.store(true, Ordering::Release);
+                }
+                Err(e) => {
+                    tracing::error!(topic_id = self.topic_id, partition = self.index, offset = delivery.offset, error = %e,
+                        "skipping an unreadable record");
+                    self.metrics.corrupt_skipped.inc();
+                    self.queue.lock().settle_unreadable(delivery.offset);
+                    self.frontier_dirty.store(true, Ordering::Release);
+                }
+            }
+        }
+    }
+
+    pub fn ack(&self, offset: u64, nonce: u64, policy: QueuePolicy) -> Result<(), SettleError> {
+        let Settled { frontier_moved } =
+            self.queue
+                .lock()
+                .ack(offset, nonce, policy.caps, Instant::now())?;
+        if frontier_moved {
+            self.frontier_dirty.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    pub fn extend(&self, offset: u64, nonce: u64, policy: QueuePolicy) -> Result<(), SettleError> {
+        self.queue
+            .lock()
+            .extend(offset, nonce, policy.visibility, Instant::now())
+    }
+
+    pub fn nack(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
+        self.queue.lock().nack(offset, nonce, Instant::now())
+    }
+
+    /// The earliest lease deadline (a waiter wakes then to pick up an expired lease).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.queue.lock().next_deadline()
+    }
+
+    /// Queue gauges: (lag, in flight, acked ahead, dropped, frontier).
+    pub fn queue_stats(&self) -> (u64, u64, u64, u64, u64) {
+        let q = self.queue.lock();
+        let hwm = self.log.high_watermark();
+        (
+            q.lag(hwm),
+            q.inflight_len() as u64,
+            q.acked_ahead_len() as u64,
+            q.dropped,
+            q.frontier(),
+        )
+    }
+
+    /// Persists the frontier if it moved (tmp file + fsync + rename).
+    pub fn persist_frontier(&self) -> std::io::Result<()> {
+        if !self.frontier_dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let frontier = self.queue.lock().frontier();
+        let res = write_frontier(&self.dir, frontier);
+        if res.is_err() {
+            self.frontier_dirty.store(true, Ordering::Release);
+        }
+        res
+    }
+
+    /// Runs retention and the time-based segment roll; skips removed records in the queue.
+    pub fn run_retention(
+        &self,
+        retention_ms: u64,
+        now_ms: u64,
+    ) -> Result<narad_storage::RetentionOutcome, StorageError> {
+        self.log.roll_if_due(now_ms)?;
+        let out = self.log.enforce_retention(retention_ms, now_ms)?;
+        if out.segments_deleted > 0 {
+            let mut q = self.queue.lock();
+            let before = q.dropped;
+            if q.skip_below(self.log.oldest_offset()) {
+                self.frontier_dirty.store(true, Ordering::Release);
+            }
+            self.metrics.dropped.inc_by(q.dropped - before);
+        }
+        Ok(out)
+    }
+}
+
+fn read_frontier(dir: &Path) -> u64 {
+    match fs::read(dir.join(FRONTIER_FILE)) {
+        Ok(b) if b.len() == 12 => {
+            let v = u64::from_le_bytes(b[0..8].try_into().unwrap());
+            let crc = u32::from_le_bytes(b[8..12].try_into().unwrap());
+            if crc32c::crc32c(&b[0..8]) == crc {
+                v
+            } else {
+                tracing::warn!(dir = %dir.display(), "frontier file corrupt; redelivering from the oldest offset");
+                0
+            }
+        }
+        _ => 0,
+    }
+}
+
+fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
+    let tmp = dir.join("frontier.tmp");
+    let mut b = frontier.to_le_bytes().to_vec();
+    b.extend_from_slice(&crc32c::crc32c(&frontier.to_le_bytes()).to_le_bytes());
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(&b)?;
+    f.sync_data()?;
+    fs::rename(&tmp, dir.join(FRONTIER_FILE))
+}
+
+/// A topic's local runtime: its partitions and the waiters of its consumers.
+pub struct TopicRuntime {
+    pub id: u64,
+    pub name: String,
+    partitions: RwLock<Vec<Arc<Partition>>>,
+    /// Woken by commits, nacks and expiries.
+    pub notify: Notify,
+    produce_rr: AtomicU32,
+    consume_rr: AtomicU32,
+}
+
+impl TopicRuntime {
+    pub fn partitions(&self) -> Vec<Arc<Partition>> {
+        self.partitions.read().clone()
+    }
+    pub fn partition(&self, index: u32) -> Option<Arc<Partition>> {
+        self.partitions.read().get(index as usize).cloned()
+    }
+    /// Next partition in turn for an unkeyed, unpinned produce.
+    pub fn next_produce_partition(&self, count: u32) -> u32 {
+        self.produce_rr.fetch_add(1, Ordering::Relaxed) % count.max(1)
+    }
+    /// Where a queue consume starts scanning, rotating for fairness.
+    pub fn next_consume_start(&self) -> u32 {
+        self.consume_rr.fetch_add(1, Ordering::Relaxed)
+    }
+    /// The earliest lease deadline over the partitions.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.partitions
+            .read()
+            .iter()
+            .filter_map(|p| p.next_deadline())
+            .min()
+    }
+}
+
+/// Where a record for (topic id, partition) goes.
+pub enum Resolve {
+    Local(Arc<TopicRuntime>, Arc<Partition>),
+    /// The topic no longer exists: drop the record.
+    Gone,
+    /// Not open yet (a create or growth still being applied): try again shortly.
+    NotReady,
+}
+
+/// The topics with partitions on this node.
+pub struct Registry {
+    root: PathBuf,
+    log_cfg: LogConfig,
+    metrics: Arc<Metrics>,
+    topics: RwLock<HashMap<u64, Arc<TopicRuntime>>>,
+    /// Serialises reconciles (opening logs is slow; readers never wait for it).
+    reconcile_lock: Mutex<()>,
+}
+
+impl Registry {
+    pub fn new(root: PathBuf, log_cfg: LogConfig, metrics: Arc<Metrics>) -> std::io::Result<Self> {
+        fs::create_dir_all(&root)?;
+        Ok(Registry {
+            root,
+            log_cfg,
+            metrics,
+            topics: RwLock::new(HashMap::new()),
+            reconcile_lock: Mutex::new(()),
+        })
+    }
+
+    pub fn topic(&self, id: u64) -> Option<Arc<TopicRuntime>> {
+        self.topics.read().get(&id).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<TopicRuntime>> {
+        self.topics.read().values().cloned().collect()
+    }
+
+    fn topic_dir(&self, id: u64) -> PathBuf {
+        self.root.join(id.to_string())
+    }
+
+    /// Brings the local runtimes in line with the metadata: opens new topics and partitions,
+    /// and removes the data of deleted topics. In standalone mode the local replica is the
+    /// whole, applied truth, so deleting on it is safe.
+    pub fn reconcile(
+        &self,
+        topics: &std::collections::BTreeMap<String, Arc<Topic>>,
+        node_id: &str,
+    ) -> Result<(), StorageError> {
+        let _g = self.reconcile_lock.lock();
+        let mut live = std::collections::HashSet::new();
+        for t in topics.values() {
+            live.insert(t.id);
+            let rt = self.topic(t.id).unwrap_or_else(|| {
+                let rt = Arc::new(TopicRuntime {
+                    id: t.id,
+                    name: t.name.clone(),
+                    partitions: RwLock::new(Vec::new()),
+                    notify: Notify::new(),
+                    produce_rr: AtomicU32::new(0),
+                    consume_rr: AtomicU32::new(0),
+                });
+                self.topics.write().insert(t.id, rt.clone());
+                rt
+            });
+            let have = rt.partitions.read().len();
+            for (p, a) in t.assignments.iter().enumerate().skip(have) {
+                if a.owner.as_deref() != Some(node_id) {
+                    // Not ours (cluster placement comes with the cluster work).
+                    break;
+                }
+                let dir = self.topic_dir(t.id).join(p.to_string());
+                fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
+                    path: dir.clone(),
+                    source,
+                })?;
+                let metrics = self.metrics.partition(&t.name, p as u32);
+                let part = Partition::open(dir, t.id, p as u32, self.log_cfg.clone(), metrics)?;
+                rt.partitions.write().push(Arc::new(part));
+            }
+        }
+        let doomed: Vec<Arc<TopicRuntime>> = {
+            let mut map = self.topics.write();
+            let ids: Vec<u64> = map
+                .keys()
+                .copied()
+                .filter(|id| !live.contains(id))
+                .collect();
+            ids.into_iter().filter_map(|id| map.remove(&id)).collect()
+        };
+        for rt in doomed {
+            rt.notify.notify_waiters();
+            for p in rt.partitions() {
+                p.log.close();
+            }
+            let dir = self.topic_dir(rt.id);
+            if let Err(e) = fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted topic's data");
+            }
+            self.metrics.forget_topic(&rt.name);
+            tracing::info!(topic = %rt.name, topic_id = rt.id, "topic data removed");
+        }
+        // Remove leftovers of topics deleted while the node was down.
+        if let Ok(rd) = fs::read_dir(&self.root) {
+            for e in rd.flatten() {
+                if let Some(id) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) {
+                    if !live.contains(&id) {
+                        let _ = fs::remove_dir_all(e.path());
+                        tracing::info!(
+                            topic_id = id,
+                            "removed data of a topic deleted while the node was down"
+                        );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves a WAL record's destination.
+    pub fn resolve(
+        &self,
+        topic_id: u64,
+        partition: u32,
+        meta_has_topic: impl Fn(u64) -> bool,
+    ) -> Resolve {
+        match self.topic(topic_id) {
+            Some(rt) => match rt.partition(partition) {
+                Some(p) => Resolve::Local(rt, p),
+                None => Resolve::NotReady,
+            },
+            None if meta_has_topic(topic_id) => Resolve::NotReady,
+            None => Resolve::Gone,
+        }
+    }
+
+    /// Persists every moved frontier.
+    pub fn persist_frontiers(&self) {
+        for rt in self.all() {
+            for p in rt.partitions() {
+                if let Err(e) = p.persist_frontier() {
+                    tracing::error!(topic = %rt.name, partition = p.index, error = %e, "frontier persist failed");
+                }
+            }
+        }
+    }
+}

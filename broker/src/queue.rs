@@ -1,0 +1,492 @@
+//! The lease table of one partition: Narad's queue semantics over the partition log
+//! (SPEC §2.4, §2.5).
+//!
+//! State (all in memory, except the committed frontier, which the owner persists):
+//! - `frontier`: every offset below it is settled (acked, or skipped as dropped/corrupt);
+//! - `next_fresh`: the lowest offset never leased since this incarnation started;
+//! - every offset in `[frontier, next_fresh)` is in exactly one of `inflight` (leased),
+//!   `available` (expired or nacked, waiting for redelivery) or `acked_ahead` (acked while
+//!   an earlier offset is unsettled).
+//!
+//! The table is a pure, deterministic core: time is passed in, it does no I/O, and its
+//! memory is bounded by the two caps, never by the backlog.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+/// A lease on one delivery of one offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lease {
+    nonce: u64,
+    deadline: Instant,
+}
+
+/// Why an ack, extend or nack was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleError {
+    /// The lease expired, was superseded or already settled (→ 410).
+    Stale,
+    /// Out-of-order ack while the acked-ahead set is full (→ 503).
+    AckedAheadFull,
+}
+
+/// What a settle did to the frontier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settled {
+    /// The frontier moved (persist it).
+    pub frontier_moved: bool,
+}
+
+/// Caps of the table (topic settings; may change at any time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    pub max_in_flight: u64,
+    pub max_acked_ahead: u64,
+}
+
+/// One partition's queue state.
+#[derive(Debug)]
+pub struct LeaseTable {
+    frontier: u64,
+    next_fresh: u64,
+    inflight: HashMap<u64, Lease>,
+    /// Lease deadlines, for expiry in deadline order.
+    deadlines: BTreeSet<(Instant, u64)>,
+    available: BTreeSet<u64>,
+    acked_ahead: BTreeSet<u64>,
+    last_nonce: u64,
+    /// Messages removed by retention before they were acked.
+    pub dropped: u64,
+}
+
+/// A lease handed out: the offset and the delivery's nonce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    pub offset: u64,
+    pub nonce: u64,
+}
+
+impl LeaseTable {
+    /// A table resuming at the persisted `frontier`. `nonce_floor` seeds nonces (e.g. the
+    /// wall clock in microseconds) so that they never repeat across restarts.
+    pub fn new(frontier: u64, nonce_floor: u64) -> Self {
+        LeaseTable {
+            frontier,
+            next_fresh: frontier,
+            inflight: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            available: BTreeSet::new(),
+            acked_ahead: BTreeSet::new(),
+            last_nonce: nonce_floor,
+            dropped: 0,
+        }
+    }
+
+    pub fn frontier(&self) -> u64 {
+        self.frontier
+    }
+    pub fn inflight_len(&self) -> usize {
+        self.inflight.len()
+    }
+    pub fn acked_ahead_len(&self) -> usize {
+        self.acked_ahead.len()
+    }
+    /// The earliest lease deadline, to know when to look again.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(d, _)| *d)
+    }
+
+    /// Returns expired leases to `available`. Returns how many expired.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let mut n = 0;
+        while let Some(&(deadline, offset)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            self.inflight.remove(&offset);
+            self.available.insert(offset);
+            n += 1;
+        }
+        n
+    }
+
+    /// Skips everything below `oldest` (removed by retention): unacked ones count as dropped.
+    /// Returns true when the frontier moved.
+    pub fn skip_below(&mut self, oldest: u64) -> bool {
+        if self.frontier >= oldest {
+            return false;
+        }
+        let fresh_skipped = oldest.saturating_sub(self.next_fresh.max(self.frontier));
+        let mut unsettled = 0u64;
+        for o in self.frontier..self.next_fresh.min(oldest) {
+            if !self.acked_ahead.remove(&o) {
+                unsettled += 1;
+            }
+            self.available.remove(&o);
+            if let Some(l) = self.inflight.remove(&o) {
+                self.deadlines.remove(&(l.deadline, o));
+            }
+        }
+        self.dropped += unsettled + fresh_skipped;
+        self.frontier = oldest;
+        self.next_fresh = self.next_fresh.max(oldest);
+        self.advance_frontier();
+        true
+    }
+
+    fn next_nonce(&mut self, now_micros: u64) -> u64 {
+        self.last_nonce = (self.last_nonce + 1).max(now_micros);
+        self.last_nonce
+    }
+
+    /// Leases the next deliverable offset below `high_watermark`, if the caps allow.
+    /// `now` must have been passed to `expire` first (the caller does both under one lock).
+    pub fn lease(
+        &mut self,
+        high_watermark: u64,
+        caps: Caps,
+        visibility: Duration,
+        now: Instant,
+        now_micros: u64,
+    ) -> Option<Delivery> {
+        if self.inflight.len() as u64 >= caps.max_in_flight {
+            return None;
+        }
+        let offset = if self.acked_ahead.len() as u64 >= caps.max_acked_ahead {
+            // Only the offset blocking the frontier may go out again.
+            if self.available.remove(&self.frontier) {
+                self.frontier
+            } else {
+                return None;
+            }
+        } else if let Some(o) = self.available.pop_first() {
+            o
+        } else if self.next_fresh < high_watermark {
+            self.next_fresh += 1;
+            self.next_fresh - 1
+        } else {
+            return None;
+        };
+        let nonce = self.next_nonce(now_micros);
+        let deadline = now + visibility;
+        self.inflight.insert(offset, Lease { nonce, deadline });
+        self.deadlines.insert((deadline, offset));
+        Some(Delivery { offset, nonce })
+    }
+
+    fn check(&self, offset: u64, nonce: u64, now: Instant) -> Result<Lease, SettleError> {
+        match self.inflight.get(&offset) {
+            Some(l) if l.nonce == nonce && l.deadline > now => Ok(*l),
+            _ => Err(SettleError::Stale),
+        }
+    }
+
+    fn remove_lease(&mut self, offset: u64, lease: Lease) {
+        self.inflight.remove(&offset);
+        self.deadlines.remove(&(lease.deadline, offset));
+    }
+
+    fn advance_frontier(&mut self) {
+        while self.frontier < self.next_fresh
+            && !self.inflight.contains_key(&self.frontier)
+            && !self.available.contains(&self.frontier)
+        {
+            self.acked_ahead.remove(&self.frontier);
+            self.frontier += 1;
+        }
+    }
+
+    /// Acks a delivery: settled, never handed out again.
+    pub fn ack(
+        &mut self,
+        offset: u64,
+        nonce: u64,
+        caps: Caps,
+        now: Instant,
+    ) -> Result<Settled, SettleError> {
+        let lease = self.check(offset, nonce, now)?;
+        if offset == self.frontier {
+            self.remove_lease(offset, lease);
+            self.advance_frontier();
+            return Ok(Settled {
+                frontier_moved: true,
+            });
+        }
+        if self.acked_ahead.len() as u64 >= caps.max_acked_ahead {
+            return Err(SettleError::AckedAheadFull);
+        }
+        self.remove_lease(offset, lease);
+        self.acked_ahead.insert(offset);
+        Ok(Settled {
+            frontier_moved: false,
+        })
+    }
+
+    /// Restarts the lease with a full visibility timeout from now; the handle stays valid.
+    pub fn extend(
+        &mut self,
+        offset: u64,
+        nonce: u64,
+        visibility: Duration,
+        now: Instant,
+    ) -> Result<(), SettleError> {
+        let lease = self.check(offset, nonce, now)?;
+        self.deadlines.remove(&(lease.deadline, offset));
+        let deadline = now + visibility;
+        self.inflight.insert(offset, Lease { nonce, deadline });
+        self.deadlines.insert((deadline, offset));
+        Ok(())
+    }
+
+    /// Hands the delivery back: available again at once.
+    pub fn nack(&mut self, offset: u64, nonce: u64, now: Instant) -> Result<(), SettleError> {
+        let lease = self.check(offset, nonce, now)?;
+        self.remove_lease(offset, lease);
+        self.available.insert(offset);
+        Ok(())
+    }
+
+    /// Settles an offset without a lease check (a record that cannot be read is skipped).
+    pub fn settle_unreadable(&mut self, offset: u64) {
+        if let Some(l) = self.inflight.remove(&offset) {
+            self.deadlines.remove(&(l.deadline, offset));
+        }
+        self.available.remove(&offset);
+        if offset >= self.frontier && offset < self.next_fresh {
+            self.acked_ahead.insert(offset);
+            self.advance_frontier();
+        }
+    }
+
+    /// Messages at or above the frontier that are not settled yet (for `consumer_lag`).
+    pub fn lag(&self, high_watermark: u64) -> u64 {
+        high_watermark
+            .saturating_sub(self.frontier)
+            .saturating_sub(self.acked_ahead.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VIS: Duration = Duration::from_secs(30);
+    const CAPS: Caps = Caps {
+        max_in_flight: 1024,
+        max_acked_ahead: 1024,
+    };
+
+    fn lease(t: &mut LeaseTable, hwm: u64, now: Instant) -> Option<Delivery> {
+        t.expire(now);
+        t.lease(hwm, CAPS, VIS, now, 0)
+    }
+
+    #[test]
+    fn leases_in_order_and_acks_advance_frontier() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 100);
+        let a = lease(&mut t, 3, now).unwrap();
+        let b = lease(&mut t, 3, now).unwrap();
+        let c = lease(&mut t, 3, now).unwrap();
+        assert_eq!((a.offset, b.offset, c.offset), (0, 1, 2));
+        assert!(
+            lease(&mut t, 3, now).is_none(),
+            "nothing past the high watermark"
+        );
+        assert!(a.nonce < b.nonce && b.nonce < c.nonce);
+        assert_eq!(
+            t.ack(b.offset, b.nonce, CAPS, now),
+            Ok(Settled {
+                frontier_moved: false
+            })
+        );
+        assert_eq!(t.frontier(), 0);
+        assert_eq!(
+            t.ack(a.offset, a.nonce, CAPS, now),
+            Ok(Settled {
+                frontier_moved: true
+            })
+        );
+        assert_eq!(
+            t.frontier(),
+            2,
+            "acked-ahead offset 1 is folded into the frontier"
+        );
+        assert_eq!(
+            t.ack(c.offset, c.nonce, CAPS, now),
+            Ok(Settled {
+                frontier_moved: true
+            })
+        );
+        assert_eq!(t.frontier(), 3);
+        assert_eq!(t.acked_ahead_len(), 0);
+        assert_eq!(
+            t.ack(c.offset, c.nonce, CAPS, now),
+            Err(SettleError::Stale),
+            "second ack is stale"
+        );
+    }
+
+    #[test]
+    fn expiry_redelivers_with_new_nonce_and_old_handle_is_stale() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = t.lease(1, CAPS, Duration::from_secs(1), now, 0).unwrap();
+        let later = now + Duration::from_secs(2);
+        assert_eq!(t.expire(later), 1);
+        let b = t.lease(1, CAPS, VIS, later, 0).unwrap();
+        assert_eq!(b.offset, a.offset);
+        assert_ne!(b.nonce, a.nonce);
+        assert_eq!(
+            t.ack(a.offset, a.nonce, CAPS, later),
+            Err(SettleError::Stale)
+        );
+        assert!(t.ack(b.offset, b.nonce, CAPS, later).is_ok());
+    }
+
+    #[test]
+    fn a_lapsed_lease_is_stale_even_before_the_sweep() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = t.lease(1, CAPS, Duration::from_secs(1), now, 0).unwrap();
+        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            t.ack(a.offset, a.nonce, CAPS, later),
+            Err(SettleError::Stale)
+        );
+        assert_eq!(
+            t.extend(a.offset, a.nonce, VIS, later),
+            Err(SettleError::Stale)
+        );
+        assert_eq!(t.nack(a.offset, a.nonce, later), Err(SettleError::Stale));
+    }
+
+    #[test]
+    fn extend_outlives_the_original_timeout() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let vis = Duration::from_secs(10);
+        let a = t.lease(1, CAPS, vis, now, 0).unwrap();
+        let t1 = now + Duration::from_secs(8);
+        t.extend(a.offset, a.nonce, vis, t1).unwrap();
+        let t2 = now + Duration::from_secs(15);
+        assert_eq!(t.expire(t2), 0);
+        assert!(t.lease(1, CAPS, vis, t2, 0).is_none());
+        assert!(t.ack(a.offset, a.nonce, CAPS, t2).is_ok());
+        assert_eq!(t.next_deadline(), None);
+    }
+
+    #[test]
+    fn nack_makes_it_available_at_once() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = lease(&mut t, 2, now).unwrap();
+        t.nack(a.offset, a.nonce, now).unwrap();
+        let b = lease(&mut t, 2, now).unwrap();
+        assert_eq!(b.offset, 0, "the nacked offset comes before fresh ones");
+        assert_eq!(t.nack(a.offset, a.nonce, now), Err(SettleError::Stale));
+    }
+
+    #[test]
+    fn in_flight_cap() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let caps = Caps {
+            max_in_flight: 2,
+            max_acked_ahead: 10,
+        };
+        let a = t.lease(10, caps, VIS, now, 0).unwrap();
+        t.lease(10, caps, VIS, now, 0).unwrap();
+        assert!(t.lease(10, caps, VIS, now, 0).is_none());
+        t.ack(a.offset, a.nonce, caps, now).unwrap();
+        assert!(t.lease(10, caps, VIS, now, 0).is_some());
+    }
+
+    #[test]
+    fn acked_ahead_cap_refuses_and_reoffers_only_the_blocker() {
+        let now = Instant::now();
+        let caps = Caps {
+            max_in_flight: 100,
+            max_acked_ahead: 2,
+        };
+        let mut t = LeaseTable::new(0, 0);
+        let d: Vec<_> = (0..4)
+            .map(|_| t.lease(10, caps, VIS, now, 0).unwrap())
+            .collect();
+        t.ack(d[1].offset, d[1].nonce, caps, now).unwrap();
+        t.ack(d[2].offset, d[2].nonce, caps, now).unwrap();
+        assert_eq!(
+            t.ack(d[3].offset, d[3].nonce, caps, now),
+            Err(SettleError::AckedAheadFull)
+        );
+        assert!(
+            t.lease(10, caps, VIS, now, 0).is_none(),
+            "no fresh offsets while full"
+        );
+        // The blocker expires and is the only one re-offered.
+        let later = now + VIS + Duration::from_secs(1);
+        t.expire(later);
+        let again = t.lease(10, caps, VIS, later, 0).unwrap();
+        assert_eq!(again.offset, 0);
+        assert!(
+            t.lease(10, caps, VIS, later, 0).is_none(),
+            "offset 3 expired too but is not offered"
+        );
+        t.ack(again.offset, again.nonce, caps, later).unwrap();
+        assert_eq!(t.frontier(), 3);
+        let three = t.lease(10, caps, VIS, later, 0).unwrap();
+        assert_eq!(three.offset, 3);
+    }
+
+    #[test]
+    fn nonces_follow_the_clock_and_never_repeat() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 1_000);
+        let a = t.lease(5, CAPS, VIS, now, 500).unwrap();
+        let b = t.lease(5, CAPS, VIS, now, 5_000).unwrap();
+        let c = t.lease(5, CAPS, VIS, now, 4_000).unwrap();
+        assert_eq!(a.nonce, 1_001);
+        assert_eq!(b.nonce, 5_000);
+        assert_eq!(c.nonce, 5_001);
+    }
+
+    #[test]
+    fn retention_skip_counts_unacked_and_keeps_state_consistent() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let d: Vec<_> = (0..4).map(|_| lease(&mut t, 10, now).unwrap()).collect();
+        t.ack(d[1].offset, d[1].nonce, CAPS, now).unwrap();
+        // Offsets 0..6 removed: 0, 2, 3 were leased and unacked, 4 and 5 never leased.
+        assert!(t.skip_below(6));
+        assert_eq!(t.dropped, 5);
+        assert_eq!(t.frontier(), 6);
+        assert_eq!(t.inflight_len(), 0);
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(lease(&mut t, 10, now).unwrap().offset, 6);
+        assert_eq!(
+            t.ack(d[2].offset, d[2].nonce, CAPS, now),
+            Err(SettleError::Stale)
+        );
+    }
+
+    #[test]
+    fn unreadable_records_are_settled() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = lease(&mut t, 3, now).unwrap();
+        t.settle_unreadable(a.offset);
+        assert_eq!(t.frontier(), 1);
+        assert_eq!(lease(&mut t, 3, now).unwrap().offset, 1);
+    }
+
+    #[test]
+    fn lag_excludes_acked_ahead() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        lease(&mut t, 5, now).unwrap();
+        let b = lease(&mut t, 5, now).unwrap();
+        t.ack(b.offset, b.nonce, CAPS, now).unwrap();
+        assert_eq!(t.lag(5), 4);
+    }
+}

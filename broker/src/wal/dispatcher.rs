@@ -1,0 +1,225 @@
+//! The dispatcher: the only writer into partition logs. It takes durable WAL records,
+//! batches them per (topic, partition), commits up to 16 batches in parallel (append, fsync,
+//! read back and verify, move the high watermark), wakes the partition's consumers, and
+//! only then lets the WAL drop the records. Records for a healthy partition flow past a
+//! stuck one; a failed commit is retried with backoff and its records stay in the WAL.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_storage::NewRecord;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::{DurableRecord, Wal};
+use crate::partition::{now_ms, Partition, Registry, Resolve, TopicRuntime};
+
+/// Most batches committing at once (SPEC §11).
+pub const MAX_PARALLEL: usize = 16;
+/// Most records in one partition commit.
+pub const MAX_BATCH_RECORDS: usize = 4096;
+/// About the most bytes in one partition commit.
+pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+
+type Key = (u64, u32);
+
+/// Tells the dispatcher whether a topic id still exists in the metadata.
+pub type TopicExists = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
+pub struct Dispatcher {
+    wal: Wal,
+    registry: Arc<Registry>,
+    topic_exists: TopicExists,
+    pending: HashMap<Key, VecDeque<DurableRecord>>,
+    busy: HashMap<Key, ()>,
+    retry_at: HashMap<Key, Instant>,
+}
+
+struct Outcome {
+    key: Key,
+    records: Vec<DurableRecord>,
+    result: Result<(), String>,
+    target: Option<(Arc<TopicRuntime>, Arc<Partition>)>,
+}
+
+impl Dispatcher {
+    pub fn new(wal: Wal, registry: Arc<Registry>, topic_exists: TopicExists) -> Self {
+        Dispatcher {
+            wal,
+            registry,
+            topic_exists,
+            pending: HashMap::new(),
+            busy: HashMap::new(),
+            retry_at: HashMap::new(),
+        }
+    }
+
+    fn add(&mut self, recs: Vec<DurableRecord>) {
+        for r in recs {
+            self.pending
+                .entry((r.record.topic_id, r.record.partition))
+                .or_default()
+                .push_back(r);
+        }
+    }
+
+    /// Runs until the WAL's channel closes and everything pending is committed.
+    pub async fn run(
+        mut self,
+        recovered: Vec<DurableRecord>,
+        mut rx: mpsc::UnboundedReceiver<Vec<DurableRecord>>,
+    ) {
+        self.add(recovered);
+        let mut jobs: JoinSet<Outcome> = JoinSet::new();
+        let mut open = true;
+        loop {
+            self.start_jobs(&mut jobs);
+            if !open && jobs.is_empty() && self.pending.is_empty() {
+                return;
+            }
+            let next_retry = self.retry_at.values().min().copied();
+            tokio::select! {
+                msg = rx.recv(), if open => match msg {
+                    Some(batch) => {
+                        self.add(batch);
+                        while let Ok(more) = rx.try_recv() {
+                            self.add(more);
+                        }
+                    }
+                    None => open = false,
+                },
+                Some(done) = jobs.join_next(), if !jobs.is_empty() => {
+                    match done {
+                        Ok(outcome) => self.finish(outcome),
+                        Err(e) => tracing::error!(error = %e, "dispatcher commit task failed"),
+                    }
+                }
+                _ = tokio::time::sleep_until(next_retry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_retry.is_some() => {
+                    let now = Instant::now();
+                    self.retry_at.retain(|_, at| *at > now);
+                }
+            }
+        }
+    }
+
+    fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) {
+        if jobs.len() >= MAX_PARALLEL {
+            return;
+        }
+        let ready: Vec<Key> = self
+            .pending
+            .keys()
+            .filter(|k| !self.busy.contains_key(k) && !self.retry_at.contains_key(k))
+            .copied()
+            .collect();
+        for key in ready {
+            if jobs.len() >= MAX_PARALLEL {
+                break;
+            }
+            let queue = self
+                .pending
+                .get_mut(&key)
+                .expect("invariant: key taken from pending");
+            let mut records = Vec::new();
+            let mut bytes = 0usize;
+            while let Some(r) = queue.front() {
+                if records.len() >= MAX_BATCH_RECORDS
+                    || (bytes > 0 && bytes + r.record.payload.len() > MAX_BATCH_BYTES)
+                {
+                    break;
+                }
+                bytes += r.record.payload.len();
+                records.push(queue.pop_front().expect("invariant: front exists"));
+            }
+            if queue.is_empty() {
+                self.pending.remove(&key);
+            }
+            match self
+                .registry
+                .resolve(key.0, key.1, |id| (self.topic_exists)(id))
+            {
+                Resolve::Gone => {
+                    tracing::debug!(
+                        topic_id = key.0,
+                        records = records.len(),
+                        "discarding wal records of a deleted topic"
+                    );
+                    self.wal.committed(&records);
+                }
+                Resolve::NotReady => {
+                    self.requeue(key, records);
+                    self.retry_at
+                        .insert(key, Instant::now() + Duration::from_millis(20));
+                }
+                Resolve::Local(rt, part) => {
+                    self.busy.insert(key, ());
+                    jobs.spawn_blocking(move || {
+                        let result = commit(&part, &records);
+                        Outcome {
+                            key,
+                            records,
+                            result,
+                            target: Some((rt, part)),
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    fn requeue(&mut self, key: Key, records: Vec<DurableRecord>) {
+        let q = self.pending.entry(key).or_default();
+        for r in records.into_iter().rev() {
+            q.push_front(r);
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        self.busy.remove(&outcome.key);
+        match outcome.result {
+            Ok(()) => {
+                if let Some((rt, part)) = outcome.target {
+                    let bytes: u64 = outcome
+                        .records
+                        .iter()
+                        .map(|r| r.record.payload.len() as u64)
+                        .sum();
+                    part.metrics.produced.inc_by(outcome.records.len() as u64);
+                    part.metrics.produced_bytes.inc_by(bytes);
+                    rt.notify.notify_waiters();
+                }
+                self.wal.committed(&outcome.records);
+            }
+            Err(e) => {
+                tracing::error!(topic_id = outcome.key.0, partition = outcome.key.1, error = %e,
+                    "partition commit failed; the records stay in the wal and are retried");
+                self.requeue(outcome.key, outcome.records);
+                self.retry_at
+                    .insert(outcome.key, Instant::now() + RETRY_BACKOFF);
+            }
+        }
+    }
+}
+
+/// Appends and commits one batch to a local partition (blocking: fsync).
+fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
+    let batch: Vec<NewRecord> = records
+        .iter()
+        .map(|r| NewRecord {
+            key: r.record.key.clone(),
+            payload: r.record.payload.clone(),
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    part.log
+        .append(&batch, now_ms())
+        .map_err(|e| e.to_string())?;
+    part.log.commit().map_err(|e| e.to_string())?;
+    part.metrics
+        .fsync_seconds
+        .observe(started.elapsed().as_secs_f64());
+    Ok(())
+}

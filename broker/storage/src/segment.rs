@@ -1,0 +1,399 @@
+//! One segment: a `<base>.log` data file of frames plus its in-memory sparse index, and the
+//! positional-read machinery shared by readers, commit verification and recovery.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
+
+use crate::frame::{self, DecodedFrame, FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC};
+use crate::index::{self, IndexEntry, IndexHeader, INDEX_ENTRY_LEN, INDEX_HEADER_LEN};
+
+/// Read-ahead of readers (one `pread` usually covers the index gap and the wanted frame).
+pub(crate) const READ_CHUNK: usize = 64 * 1024;
+/// Read-ahead of sequential scans (recovery, verification, rebuild).
+pub(crate) const SCAN_CHUNK: usize = 1024 * 1024;
+
+pub(crate) fn log_file_name(base: u64) -> String {
+    format!("{base:020}.log")
+}
+pub(crate) fn index_file_name(base: u64) -> String {
+    format!("{base:020}.index")
+}
+
+/// Writer-only bookkeeping of a segment (only touched under the log's writer lock, or by
+/// `close`).
+#[derive(Default)]
+pub(crate) struct SegWriter {
+    pub index_file: Option<File>,
+    /// Entries already in the index file (entries are appended lazily).
+    pub persisted_entries: usize,
+    /// Position of the last index entry (0 = the implicit start entry).
+    pub last_index_pos: u64,
+}
+
+pub(crate) struct Segment {
+    pub base: u64,
+    pub log_path: PathBuf,
+    pub index_path: PathBuf,
+    file: RwLock<Option<Arc<File>>>,
+    /// Bytes written (including uncommitted frames).
+    pub size: AtomicU64,
+    /// Committed bytes: readers never read past this.
+    pub readable: AtomicU64,
+    /// Next offset after the last record written to this segment.
+    pub end_offset: AtomicU64,
+    /// Timestamp of the first record (0 = empty).
+    pub first_ts: AtomicU64,
+    /// Timestamp of the last (= largest) record (0 = empty).
+    pub max_ts: AtomicU64,
+    pub sealed: AtomicBool,
+    /// Removed by retention or rollback: lazily reopening must fail.
+    pub deleted: AtomicBool,
+    pub index: RwLock<Vec<IndexEntry>>,
+    pub w: Mutex<SegWriter>,
+}
+
+impl Segment {
+    pub fn new(dir: &Path, base: u64) -> Segment {
+        Segment {
+            base,
+            log_path: dir.join(log_file_name(base)),
+            index_path: dir.join(index_file_name(base)),
+            file: RwLock::new(None),
+            size: AtomicU64::new(0),
+            readable: AtomicU64::new(0),
+            end_offset: AtomicU64::new(base),
+            first_ts: AtomicU64::new(0),
+            max_ts: AtomicU64::new(0),
+            sealed: AtomicBool::new(false),
+            deleted: AtomicBool::new(false),
+            index: RwLock::new(Vec::new()),
+            w: Mutex::new(SegWriter::default()),
+        }
+    }
+
+    /// Creates a new, empty segment file (the caller fsyncs the directory).
+    pub fn create(dir: &Path, base: u64) -> io::Result<Segment> {
+        let seg = Segment::new(dir, base);
+        let f = OpenOptions::new().read(true).write(true).create_new(true).open(&seg.log_path)?;
+        *seg.file.write() = Some(Arc::new(f));
+        Ok(seg)
+    }
+
+    /// The data file, opened lazily (read + write; never `O_APPEND`: writes are positional).
+    pub fn file(&self) -> io::Result<Arc<File>> {
+        if let Some(f) = self.file.read().as_ref() {
+            return Ok(f.clone());
+        }
+        let mut g = self.file.write();
+        if let Some(f) = g.as_ref() {
+            return Ok(f.clone());
+        }
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "segment deleted"));
+        }
+        let f = Arc::new(OpenOptions::new().read(true).write(true).open(&self.log_path)?);
+        *g = Some(f.clone());
+        Ok(f)
+    }
+
+    pub fn set_file(&self, f: Arc<File>) {
+        *self.file.write() = Some(f);
+    }
+
+    /// Drops the open handles (readers holding a clone finish undisturbed).
+    pub fn close_files(&self) {
+        *self.file.write() = None;
+        self.w.lock().index_file = None;
+    }
+
+    pub fn lookup(&self, offset: u64) -> (u64, u64) {
+        index::lookup(&self.index.read(), self.base, offset)
+    }
+
+    /// Writer: records a frame start in the sparse index when due.
+    pub fn note_frame(&self, w: &mut SegWriter, pos: u64, base_offset: u64, interval: u32) {
+        if pos > 0 && pos - w.last_index_pos >= interval.max(1) as u64 {
+            self.index.write().push(IndexEntry { rel: (base_offset - self.base) as u32, pos: pos as u32 });
+            w.last_index_pos = pos;
+        }
+    }
+
+    /// The index header describing the segment as it stands (all of it committed).
+    pub fn index_header(&self, sealed: bool) -> IndexHeader {
+        IndexHeader {
+            sealed,
+            base_offset: self.base,
+            end_offset: self.end_offset.load(Ordering::Acquire),
+            data_size: self.size.load(Ordering::Acquire),
+            first_ts: self.first_ts.load(Ordering::Acquire),
+            max_ts: self.max_ts.load(Ordering::Acquire),
+        }
+    }
+
+    fn index_file<'a>(&self, w: &'a mut SegWriter) -> io::Result<&'a File> {
+        if w.index_file.is_none() {
+            w.index_file = Some(OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.index_path)?);
+        }
+        Ok(w.index_file.as_ref().unwrap())
+    }
+
+    /// Writes the index file: the whole file when `full`, else only the entries added since
+    /// the last write plus the header. `sync` fsyncs it (sealing).
+    pub fn persist_index(&self, w: &mut SegWriter, full: bool, sync: bool) -> io::Result<()> {
+        let header = self.index_header(self.sealed.load(Ordering::Acquire));
+        let entries = self.index.read().clone();
+        let f = self.index_file(w)?;
+        if full || w.persisted_entries > entries.len() {
+            let img = index::encode_file(&header, &entries);
+            f.write_all_at(&img, 0)?;
+            f.set_len(img.len() as u64)?;
+        } else {
+            if entries.len() > w.persisted_entries {
+                let mut buf = Vec::new();
+                index::encode_entries(self.base, &entries[w.persisted_entries..], &mut buf);
+                f.write_all_at(&buf, (INDEX_HEADER_LEN + w.persisted_entries * INDEX_ENTRY_LEN) as u64)?;
+            }
+            f.write_all_at(&index::encode_header(&header), 0)?;
+        }
+        if sync {
+            f.sync_data()?;
+        }
+        w.persisted_entries = entries.len();
+        Ok(())
+    }
+}
+
+/// Reads as much of `buf` as the file holds at `pos` (short only at end of file).
+pub(crate) fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], pos + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Drops the clean page-cache pages of a range so that the next read comes from the device
+/// (commit verification re-reads what was fsynced from disk, not from memory).
+pub(crate) fn drop_cache(file: &File, pos: u64, len: u64) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain syscall on an open descriptor; failure is harmless (advice only).
+        unsafe {
+            libc::posix_fadvise(file.as_raw_fd(), pos as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (file, pos, len);
+}
+
+/// A positional reader with read-ahead over `[0, end)` of a file.
+pub(crate) struct ChunkReader {
+    file: Arc<File>,
+    end: u64,
+    chunk: usize,
+    buf: Bytes,
+    buf_pos: u64,
+}
+
+impl ChunkReader {
+    pub fn new(file: Arc<File>, end: u64, chunk: usize) -> Self {
+        ChunkReader { file, end, chunk, buf: Bytes::new(), buf_pos: 0 }
+    }
+
+    pub fn end(&self) -> u64 {
+        self.end
+    }
+
+    fn fill(&mut self, pos: u64, want: usize) -> io::Result<()> {
+        let n = (want.max(self.chunk) as u64).min(self.end.saturating_sub(pos)) as usize;
+        let mut v = vec![0u8; n];
+        let got = read_full_at(&self.file, &mut v, pos)?;
+        v.truncate(got);
+        self.buf = Bytes::from(v);
+        self.buf_pos = pos;
+        Ok(())
+    }
+
+    /// Bytes `[pos, pos + len)`, or `None` if they do not all lie below `end` in the file.
+    pub fn get(&mut self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
+        if pos.checked_add(len as u64).is_none_or(|e| e > self.end) {
+            return Ok(None);
+        }
+        let in_buf = pos >= self.buf_pos && pos + len as u64 <= self.buf_pos + self.buf.len() as u64;
+        if !in_buf {
+            self.fill(pos, len)?;
+            if (self.buf.len()) < len {
+                return Ok(None);
+            }
+        }
+        let at = (pos - self.buf_pos) as usize;
+        Ok(Some(self.buf.slice(at..at + len)))
+    }
+
+    /// Up to `max` bytes from `pos` (fewer near `end`).
+    pub fn get_upto(&mut self, pos: u64, max: usize) -> io::Result<Bytes> {
+        let len = (max as u64).min(self.end.saturating_sub(pos)) as usize;
+        Ok(self.get(pos, len)?.unwrap_or_default())
+    }
+}
+
+/// The outcome of looking at the bytes at one position.
+pub(crate) enum Probe {
+    /// A complete, CRC-valid, well-formed frame (the bytes are exactly the frame).
+    Valid(FrameHeader, Bytes),
+    Invalid(String),
+}
+
+pub(crate) fn probe(rd: &mut ChunkReader, pos: u64) -> io::Result<Probe> {
+    let Some(h) = rd.get(pos, FRAME_HEADER_LEN)? else {
+        return Ok(Probe::Invalid("frame header past the end of the data".into()));
+    };
+    let header = match frame::parse_header(&h) {
+        Ok(h) => h,
+        Err(e) => return Ok(Probe::Invalid(e)),
+    };
+    let Some(f) = rd.get(pos, header.len as usize)? else {
+        return Ok(Probe::Invalid(format!("frame length {} past the end of the data", header.len)));
+    };
+    Ok(match frame::check_frame(&f) {
+        Ok(h) => Probe::Valid(h, f),
+        Err(e) => Probe::Invalid(e),
+    })
+}
+
+/// Searches `[from, end)` for the first valid frame whose base offset is at least
+/// `min_offset` (used to step over a damaged region).
+pub(crate) fn resync(rd: &mut ChunkReader, from: u64, min_offset: u64) -> io::Result<Option<(u64, FrameHeader)>> {
+    let mut p = from;
+    while p + FRAME_HEADER_LEN as u64 <= rd.end() {
+        let chunk = rd.get_upto(p, READ_CHUNK)?;
+        if chunk.len() < FRAME_MAGIC.len() {
+            break;
+        }
+        let mut i = 0;
+        while let Some(j) = chunk[i..].windows(FRAME_MAGIC.len()).position(|w| w == FRAME_MAGIC) {
+            let q = p + (i + j) as u64;
+            if let Probe::Valid(h, _) = probe(rd, q)? {
+                if h.base_offset >= min_offset {
+                    return Ok(Some((q, h)));
+                }
+            }
+            i += j + 1;
+        }
+        p += (chunk.len() - (FRAME_MAGIC.len() - 1)) as u64;
+    }
+    Ok(None)
+}
+
+/// What a reader finds while walking a segment: a frame, or a range of offsets that cannot
+/// be read (damaged frame, gap).
+#[derive(Debug, Clone)]
+pub(crate) enum Entry {
+    Frame(Arc<DecodedFrame>),
+    Corrupt { start: u64, end: u64, reason: Arc<str> },
+}
+
+impl Entry {
+    pub fn start(&self) -> u64 {
+        match self {
+            Entry::Frame(f) => f.base_offset(),
+            Entry::Corrupt { start, .. } => *start,
+        }
+    }
+    pub fn end(&self) -> u64 {
+        match self {
+            Entry::Frame(f) => f.end_offset(),
+            Entry::Corrupt { end, .. } => *end,
+        }
+    }
+    pub fn contains(&self, offset: u64) -> bool {
+        offset >= self.start() && offset < self.end()
+    }
+}
+
+/// Walks the committed frames of one segment from an index point on.
+pub(crate) struct Cursor {
+    pub seg: Arc<Segment>,
+    rd: ChunkReader,
+    pos: u64,
+    expected: u64,
+    /// Stop at this offset (segment end or high watermark).
+    limit: u64,
+}
+
+impl Cursor {
+    /// Positions at the last index point at or below `offset`; walks up to `hwm`.
+    pub fn seek(seg: Arc<Segment>, offset: u64, hwm: u64) -> io::Result<Cursor> {
+        let file = seg.file()?;
+        let (pos, expected) = seg.lookup(offset);
+        let limit = seg.end_offset.load(Ordering::Acquire).min(hwm);
+        let rd = ChunkReader::new(file, seg.readable.load(Ordering::Acquire), READ_CHUNK);
+        Ok(Cursor { seg, rd, pos, expected, limit })
+    }
+
+    /// The next frame or damaged range; `None` at the end of the segment (or the limit).
+    pub fn next_entry(&mut self) -> io::Result<Option<Entry>> {
+        loop {
+            if self.expected >= self.limit {
+                return Ok(None);
+            }
+            let path = self.seg.log_path.display();
+            if self.pos >= self.rd.end() {
+                let e = Entry::Corrupt {
+                    start: self.expected,
+                    end: self.limit,
+                    reason: format!("{path}: data ends at byte {} before offset {}", self.pos, self.expected).into(),
+                };
+                self.expected = self.limit;
+                return Ok(Some(e));
+            }
+            let reason = match probe(&mut self.rd, self.pos)? {
+                Probe::Valid(h, buf) if h.base_offset == self.expected => {
+                    self.pos += h.len as u64;
+                    self.expected = h.end_offset();
+                    let f = DecodedFrame::decode(buf).map_err(|e| io::Error::other(format!("decode of a checked frame: {e}")))?;
+                    return Ok(Some(Entry::Frame(Arc::new(f))));
+                }
+                Probe::Valid(h, _) if h.base_offset > self.expected => {
+                    let e = Entry::Corrupt {
+                        start: self.expected,
+                        end: h.base_offset.min(self.limit),
+                        reason: format!("{path}: offsets missing before byte {}", self.pos).into(),
+                    };
+                    self.expected = h.base_offset.min(self.limit);
+                    return Ok(Some(e));
+                }
+                Probe::Valid(h, _) => format!("offset discontinuity (frame says {})", h.base_offset),
+                Probe::Invalid(r) => r,
+            };
+            let bad_pos = self.pos;
+            let (resume_pos, resume_offset) = match resync(&mut self.rd, bad_pos + 1, self.expected)? {
+                Some((q, h)) => (q, h.base_offset.min(self.limit)),
+                None => (self.rd.end(), self.limit),
+            };
+            self.pos = resume_pos;
+            if resume_offset > self.expected {
+                let e = Entry::Corrupt {
+                    start: self.expected,
+                    end: resume_offset,
+                    reason: format!("{path}: damaged frame at byte {bad_pos}: {reason}").into(),
+                };
+                self.expected = resume_offset;
+                return Ok(Some(e));
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Multi-node cluster and fault tests (filled by the cluster work).
