@@ -192,7 +192,7 @@ impl Client {
         })
     }
 
-    /// Sets the per-request timeout of ordinary calls (default 30 s). Long polls get
+    /// Sets the per-request timeout of ordinary calls (default 30 s). Long-poll consumes get
     /// `wait + 10 s`; control-plane writes at least 90 s.
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
         self.timeout = timeout;
@@ -231,9 +231,8 @@ impl Client {
         if let Some((u, p)) = &self.auth {
             req = req.basic_auth(u, Some(p));
         }
-        match body {
-            Some((b, ct)) => req = req.header(CONTENT_TYPE, ct).body(b),
-            None => {}
+        if let Some((b, ct)) = body {
+            req = req.header(CONTENT_TYPE, ct).body(b);
         }
         let resp = req
             .send()
@@ -455,9 +454,9 @@ impl Client {
         format!("{}/consume{}", Self::topic_path(topic), q.0)
     }
 
+    /// A long poll's timeout: its `wait` plus [`LONG_POLL_MARGIN`].
     fn poll_timeout(&self, wait: Option<Duration>) -> Duration {
-        self.timeout
-            .max(wait.unwrap_or_default() + LONG_POLL_MARGIN)
+        wait.unwrap_or_default() + LONG_POLL_MARGIN
     }
 
     /// Queue consume of one message (takes a lease): `Some` on `200`, `None` on `204`.

@@ -291,8 +291,8 @@ mod tests {
     #[test]
     fn deep_nesting_is_json() {
         let mut p = Vec::new();
-        p.extend(std::iter::repeat(b'[').take(5000));
-        p.extend(std::iter::repeat(b']').take(5000));
+        p.extend(std::iter::repeat_n(b'[', 5000));
+        p.extend(std::iter::repeat_n(b']', 5000));
         assert!(matches!(render_payload(&p), RenderedPayload::Json(_)));
     }
 

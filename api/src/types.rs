@@ -123,6 +123,7 @@ pub struct PartitionStats {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TopicList {
     pub topics: Vec<TopicRecord>,
+    #[serde(default)]
     pub next_page_token: String,
 }
 

@@ -94,6 +94,7 @@ pub struct Metrics {
     pub consume_empty: Family<TopicLabels, Counter>,
     pub consumer_lag: Family<PartitionLabels, Gauge>,
     pub consumer_dropped: Family<PartitionLabels, Counter>,
+    pub oldest_unconsumed_age: Family<PartitionLabels, Gauge>,
     pub inflight: Family<PartitionLabels, Gauge>,
     pub acked_ahead: Family<PartitionLabels, Gauge>,
     pub corrupt_skipped: Family<PartitionLabels, Counter>,
@@ -110,6 +111,7 @@ pub struct Metrics {
     pub data_dir_size: Gauge,
     pub data_dir_available: Gauge,
     pub open_partition_logs: Gauge,
+    pub idle_logs_evicted: Counter,
     pub topics_total: Gauge,
     pub partitions_total: Gauge,
     pub boot_duration: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -222,6 +224,12 @@ impl Metrics {
                 "Unacked messages removed by retention",
                 Family::default()
             ),
+            oldest_unconsumed_age: reg!(
+                r,
+                "oldest_unconsumed_message_age_seconds",
+                "Age of the oldest unsettled message",
+                Family::default()
+            ),
             inflight: reg!(r, "inflight_size", "Leased messages", Family::default()),
             acked_ahead: reg!(
                 r,
@@ -297,6 +305,12 @@ impl Metrics {
                 "open_partition_logs",
                 "Partition logs this node holds",
                 Gauge::default()
+            ),
+            idle_logs_evicted: reg!(
+                r,
+                "idle_logs_evicted",
+                "Partition logs closed for idleness",
+                Counter::default()
             ),
             topics_total: reg!(
                 r,

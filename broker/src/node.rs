@@ -229,6 +229,7 @@ impl Node {
             .get_or_create(&StatusLabels { status: "dead" })
             .set(view.members.len() as i64 - alive);
         let mut open = 0;
+        let now = now_ms();
         for rt in self.registry.all() {
             let mut topic_bytes = 0u64;
             for p in rt.partitions() {
@@ -242,6 +243,9 @@ impl Node {
                 };
                 m.consumer_lag.get_or_create(&l).set(lag as i64);
                 m.inflight.get_or_create(&l).set(inflight as i64);
+                m.oldest_unconsumed_age
+                    .get_or_create(&l)
+                    .set(p.oldest_unconsumed_age_secs(now) as i64);
                 m.acked_ahead.get_or_create(&l).set(acked_ahead as i64);
                 m.partition_size.get_or_create(&l).set(s.size_bytes as i64);
                 m.segments.get_or_create(&l).set(s.segments as i64);
@@ -439,6 +443,27 @@ fn spawn_background(node: Arc<Node>) {
             let _ = tokio::task::spawn_blocking(move || run_retention(&n2)).await;
         }
     });
+    // Idle partition logs close their files; an unused topic costs only metadata.
+    let idle_ms = node.config.storage.idle_log_eviction_ms;
+    if idle_ms > 0 {
+        let n = node.clone();
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval(Duration::from_millis((idle_ms / 4).clamp(1_000, 60_000)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !n.is_shutting_down() {
+                tick.tick().await;
+                let now = now_ms();
+                for rt in n.registry.all() {
+                    for p in rt.partitions() {
+                        if p.evict_if_idle(idle_ms, now) {
+                            n.metrics.idle_logs_evicted.inc();
+                        }
+                    }
+                }
+            }
+        });
+    }
     // Metadata changes reach the local partitions even without a local request.
     let n = node;
     tokio::spawn(async move {

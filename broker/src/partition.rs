@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,6 +58,8 @@ pub enum Leased {
     Message(StoredRecord, Delivery),
     /// Nothing deliverable now (empty, capped, or all leased).
     Nothing,
+    /// The record could not be read now (I/O error): the delivery was handed back.
+    Failed(String),
 }
 
 /// One locally owned partition.
@@ -68,6 +70,8 @@ pub struct Partition {
     pub log: PartitionLog,
     queue: Mutex<LeaseTable>,
     frontier_dirty: AtomicBool,
+    /// Last lease, commit or read (Unix ms), for idle-log eviction.
+    last_used_ms: AtomicU64,
     pub metrics: PartitionMetrics,
 }
 
@@ -91,6 +95,7 @@ impl Partition {
             log,
             queue: Mutex::new(table),
             frontier_dirty: AtomicBool::new(false),
+            last_used_ms: AtomicU64::new(now_ms()),
             metrics,
         })
     }
@@ -98,6 +103,7 @@ impl Partition {
     /// Leases the next deliverable record, skipping records that retention removed or that
     /// cannot be read (loudly).
     pub fn lease(&self, policy: QueuePolicy) -> Leased {
+        self.touch();
         loop {
             let delivery = {
                 let mut q = self.queue.lock();
@@ -131,12 +137,20 @@ impl Partition {
                     q.dropped += 1;
                     self.frontier_dirty.store(true, Ordering::Release);
                 }
-                Err(e) => {
+                Err(e @ StorageError::Unreadable { .. }) => {
                     tracing::error!(topic_id = self.topic_id, partition = self.index, offset = delivery.offset, error = %e,
                         "skipping an unreadable record");
                     self.metrics.corrupt_skipped.inc();
                     self.queue.lock().settle_unreadable(delivery.offset);
                     self.frontier_dirty.store(true, Ordering::Release);
+                }
+                Err(e) => {
+                    // A transient read failure: hand the delivery back and report it.
+                    let _ = self
+                        .queue
+                        .lock()
+                        .nack(delivery.offset, delivery.nonce, Instant::now());
+                    return Leased::Failed(e.to_string());
                 }
             }
         }
@@ -161,6 +175,33 @@ impl Partition {
 
     pub fn nack(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
         self.queue.lock().nack(offset, nonce, Instant::now())
+    }
+
+    /// Marks the partition as in use (idle logs are closed after a while).
+    pub fn touch(&self) {
+        self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Closes the log's files if unused for `idle_ms`; they reopen on next use.
+    pub fn evict_if_idle(&self, idle_ms: u64, now_ms: u64) -> bool {
+        let idle = now_ms.saturating_sub(self.last_used_ms.load(Ordering::Relaxed)) >= idle_ms;
+        if idle && self.queue.lock().inflight_len() == 0 {
+            self.log.close();
+            return true;
+        }
+        false
+    }
+
+    /// Age of the oldest unsettled message, seconds (0 when none).
+    pub fn oldest_unconsumed_age_secs(&self, now_ms: u64) -> u64 {
+        let frontier = self.queue.lock().frontier();
+        if frontier >= self.log.high_watermark() {
+            return 0;
+        }
+        match self.log.read(frontier.max(self.log.oldest_offset())) {
+            Ok(Some(r)) => now_ms.saturating_sub(r.timestamp_ms) / 1000,
+            _ => 0,
+        }
     }
 
     /// The earliest lease deadline (a waiter wakes then to pick up an expired lease).

@@ -274,3 +274,46 @@ impl Resp {
             .map(str::to_string)
     }
 }
+
+/// One HTTP/1.1 exchange on a raw, caller-owned connection (for keep-alive checks that a
+/// pooled client would hide): writes `request` (write errors are returned, since a server
+/// may close early), then reads one response head and its `Content-Length` body. Returns
+/// the head (status line + headers, lower-cased) and the body.
+pub async fn raw_exchange(
+    stream: &mut tokio::net::TcpStream,
+    request: &[u8],
+) -> std::io::Result<(String, Vec<u8>)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(request).await?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed before a response",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    body.truncate(len);
+    Ok((head, body))
+}

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use tokio::task::JoinHandle;
@@ -19,7 +19,6 @@ use tokio::task::JoinHandle;
 use crate::api::{topic_path, Msg};
 use crate::http::Http;
 use crate::payload;
-use crate::wait::try_eventually;
 
 /// Long-poll used by consumer loops.
 const CONSUME_WAIT: &str = "1s";
@@ -105,6 +104,21 @@ impl Ledger {
 
     pub fn acked_count(&self) -> usize {
         self.lock().acked.len()
+    }
+
+    /// A one-line progress summary for long runs.
+    pub fn progress(&self) -> String {
+        let g = self.lock();
+        format!(
+            "acked={} ambiguous={} consumed={} not-yet-consumed={}",
+            g.acked.len(),
+            g.ambiguous.len(),
+            g.consumed.len(),
+            g.acked
+                .iter()
+                .filter(|id| !g.consumed.contains_key(*id))
+                .count()
+        )
     }
 
     pub fn report(&self) -> Report {
@@ -357,19 +371,34 @@ async fn consume_loop(http: Http, topic: String, ledger: Arc<Ledger>, stop: Arc<
     }
 }
 
-/// Waits until every acked id has been consumed, for at most `timeout`.
+/// Give up draining early when the set of unconsumed acked ids has not shrunk for this
+/// long: longer than any lease the durability tests use, so redeliveries had their chance.
+const DRAIN_STALL: Duration = Duration::from_secs(15);
+
+/// Waits until every acked id has been consumed, for at most `timeout` (or until no
+/// progress was made for [`DRAIN_STALL`]).
 pub async fn wait_all_consumed(ledger: &Ledger, timeout: Duration) -> anyhow::Result<()> {
-    try_eventually(timeout, Duration::from_millis(100), || async {
+    let start = Instant::now();
+    let mut best = usize::MAX;
+    let mut last_progress = Instant::now();
+    loop {
         let missing = ledger.missing();
         if missing.is_empty() {
-            Ok(())
-        } else {
-            anyhow::bail!(
-                "{} acked messages not consumed yet, e.g. {:?}",
-                missing.len(),
-                &missing[..missing.len().min(5)]
-            )
+            return Ok(());
         }
-    })
-    .await
+        if missing.len() < best {
+            best = missing.len();
+            last_progress = Instant::now();
+        }
+        if start.elapsed() >= timeout || last_progress.elapsed() >= DRAIN_STALL {
+            anyhow::bail!(
+                "{} acked messages still not consumed after {:?} (last progress {:?} ago), e.g. {:?}",
+                missing.len(),
+                start.elapsed(),
+                last_progress.elapsed(),
+                &missing[..missing.len().min(5)]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

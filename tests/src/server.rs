@@ -285,7 +285,7 @@ impl Server {
     /// The last `n` lines of the server log (all starts).
     pub fn log_tail(&self, n: usize) -> String {
         let text = fs::read(&self.log_path)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .map(|b| strip_ansi(&String::from_utf8_lossy(&b)))
             .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
@@ -389,6 +389,24 @@ impl Server {
 
 async fn probe_ok(c: &reqwest::Client, base: &str, path: &str) -> bool {
     matches!(c.get(format!("{base}{path}")).send().await, Ok(r) if r.status().as_u16() == 200)
+}
+
+/// Removes terminal colour sequences (`ESC [ … m`) from text-format logs.
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn read_from(path: &Path, offset: u64) -> String {

@@ -12,7 +12,13 @@ pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7942";
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConnArgs {
     /// Server URL [env: NARAD_ADDR] [default: http://127.0.0.1:7942]
-    #[arg(long, short = 's', global = true, value_name = "URL", help_heading = "Connection")]
+    #[arg(
+        long,
+        short = 's',
+        global = true,
+        value_name = "URL",
+        help_heading = "Connection"
+    )]
     pub server: Option<String>,
     /// Username [env: NARAD_USER]
     #[arg(long, short = 'u', global = true, help_heading = "Connection")]
@@ -113,7 +119,12 @@ mod tests {
     }
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        }
     }
 
     #[test]
@@ -134,7 +145,11 @@ mod tests {
         assert_eq!(c.user.as_deref(), Some("ctxuser"));
         assert_eq!(c.password.as_deref(), Some("ctxpass"));
 
-        let env = env_of(&[("NARAD_ADDR", "http://env:2"), ("NARAD_PASS", "envpass"), ("NARAD_USER", "")]);
+        let env = env_of(&[
+            ("NARAD_ADDR", "http://env:2"),
+            ("NARAD_PASS", "envpass"),
+            ("NARAD_USER", ""),
+        ]);
         let c = resolve(&ConnArgs::default(), &env, &ctxs(true));
         assert_eq!(c.server, "http://env:2");
         assert_eq!(c.user.as_deref(), Some("ctxuser"), "empty env is unset");

@@ -98,7 +98,10 @@ fn create_dir_private(dir: &Path) -> std::io::Result<()> {
     if dir.is_dir() {
         return Ok(());
     }
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
 }
 
 #[cfg(not(unix))]
@@ -194,7 +197,10 @@ pub fn run_at(cmd: CtxCmd, path: &Path, out: &mut dyn Write) -> anyhow::Result<(
             if file.current.as_deref() == Some(name.as_str()) {
                 writeln!(out, "{verb} context {name} (selected)")?;
             } else {
-                writeln!(out, "{verb} context {name}; select it with: narad ctx select {name}")?;
+                writeln!(
+                    out,
+                    "{verb} context {name}; select it with: narad ctx select {name}"
+                )?;
             }
         }
         CtxCmd::Select { name } => {
@@ -207,12 +213,19 @@ pub fn run_at(cmd: CtxCmd, path: &Path, out: &mut dyn Write) -> anyhow::Result<(
         }
         CtxCmd::Ls => {
             if file.contexts.is_empty() {
-                writeln!(out, "no contexts (add one with: narad ctx add NAME --server URL)")?;
+                writeln!(
+                    out,
+                    "no contexts (add one with: narad ctx add NAME --server URL)"
+                )?;
                 return Ok(());
             }
             let mut t = Table::new(["CURRENT", "NAME", "SERVER", "USER"]);
             for (name, c) in &file.contexts {
-                let cur = if file.current.as_deref() == Some(name.as_str()) { "*" } else { "" };
+                let cur = if file.current.as_deref() == Some(name.as_str()) {
+                    "*"
+                } else {
+                    ""
+                };
                 t.row([
                     cur.to_string(),
                     name.clone(),
@@ -269,18 +282,42 @@ mod tests {
         let f = load(&path).unwrap();
         assert_eq!(f.current, None);
         assert_eq!(f.contexts["prod"].server, "http://narad.example.com:7942");
-        assert!(run_s(CtxCmd::Select { name: "nope".into() }, &path).is_err());
-        run_s(CtxCmd::Select { name: "prod".into() }, &path).unwrap();
+        assert!(run_s(
+            CtxCmd::Select {
+                name: "nope".into()
+            },
+            &path
+        )
+        .is_err());
+        run_s(
+            CtxCmd::Select {
+                name: "prod".into(),
+            },
+            &path,
+        )
+        .unwrap();
         let ls = run_s(CtxCmd::Ls, &path).unwrap();
         assert!(ls.contains("* "), "{ls}");
         assert!(ls.contains("http://narad.example.com:7942"));
         assert!(!ls.contains("s3cret"));
         assert_eq!(load(&path).unwrap().selected().unwrap().0, "prod");
-        run_s(CtxCmd::Rm { name: "prod".into() }, &path).unwrap();
+        run_s(
+            CtxCmd::Rm {
+                name: "prod".into(),
+            },
+            &path,
+        )
+        .unwrap();
         let f = load(&path).unwrap();
         assert!(f.contexts.is_empty());
         assert_eq!(f.current, None);
-        assert!(run_s(CtxCmd::Rm { name: "prod".into() }, &path).is_err());
+        assert!(run_s(
+            CtxCmd::Rm {
+                name: "prod".into()
+            },
+            &path
+        )
+        .is_err());
         assert!(run_s(
             CtxCmd::Add {
                 name: "bad".into(),
@@ -310,13 +347,18 @@ mod tests {
         save(&nested, &ContextFile::default()).unwrap();
         let mode = std::fs::metadata(&nested).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        let dmode = std::fs::metadata(dir.path().join("a")).unwrap().permissions().mode() & 0o777;
+        let dmode = std::fs::metadata(dir.path().join("a"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
         assert_eq!(dmode, 0o700);
     }
 
     #[test]
     fn config_dir_env() {
-        let d = config_dir_from(&|k| (k == "NARAD_CONFIG_DIR").then(|| "/x/y".to_string())).unwrap();
+        let d =
+            config_dir_from(&|k| (k == "NARAD_CONFIG_DIR").then(|| "/x/y".to_string())).unwrap();
         assert_eq!(d, PathBuf::from("/x/y"));
         // Empty means unset.
         if let Ok(d) = config_dir_from(&|_| Some(String::new())) {

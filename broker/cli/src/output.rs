@@ -224,7 +224,10 @@ mod tests {
     #[test]
     fn payloads_print_as_themselves() {
         let m = raw_msg(r#"{"order_id":"ord_123", "amount":4999}"#);
-        assert_eq!(display_payload(&m), r#"{"order_id":"ord_123", "amount":4999}"#);
+        assert_eq!(
+            display_payload(&m),
+            r#"{"order_id":"ord_123", "amount":4999}"#
+        );
         let m = msg(r#""hello world""#, None, None);
         assert_eq!(display_payload(&m), "hello world");
         let m = msg(r#""AAEC/w==""#, Some("base64"), None);
@@ -236,9 +239,15 @@ mod tests {
     #[test]
     fn message_lines() {
         let m = msg(r#""hi""#, None, Some(("customer-42", None)));
-        assert_eq!(format_message(&m), "orders/1@42 2026-01-01T00:00:01Z key=customer-42 hi");
+        assert_eq!(
+            format_message(&m),
+            "orders/1@42 2026-01-01T00:00:01Z key=customer-42 hi"
+        );
         let m = msg(r#"{"a":1}"#, None, Some(("/w==", Some("base64"))));
-        assert_eq!(format_message(&m), r#"orders/1@42 2026-01-01T00:00:01Z key=hex:ff {"a":1}"#);
+        assert_eq!(
+            format_message(&m),
+            r#"orders/1@42 2026-01-01T00:00:01Z key=hex:ff {"a":1}"#
+        );
         let m = raw_msg("[1]");
         assert_eq!(format_message(&m), "t/0@1 [1]");
     }
@@ -275,6 +284,9 @@ mod tests {
         t.row(["a".to_string(), "108".to_string()]);
         let mut out = Vec::new();
         t.write(&mut out).unwrap();
-        assert_eq!(String::from_utf8(out).unwrap(), "NAME    N\norders  3\na       108\n");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "NAME    N\norders  3\na       108\n"
+        );
     }
 }

@@ -56,7 +56,10 @@ pub fn read_message(a: &PubArgs) -> anyhow::Result<Vec<u8>> {
                     eprintln!("reading the message from stdin (end with Ctrl-D)");
                 }
                 let mut b = Vec::new();
-                stdin.lock().read_to_end(&mut b).context("cannot read stdin")?;
+                stdin
+                    .lock()
+                    .read_to_end(&mut b)
+                    .context("cannot read stdin")?;
                 b
             }
         }
@@ -111,7 +114,12 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let workers = count.min(MAX_WORKERS);
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (client, topic, payload, key) = (client.clone(), a.topic.clone(), payload.clone(), key.clone());
+        let (client, topic, payload, key) = (
+            client.clone(),
+            a.topic.clone(),
+            payload.clone(),
+            key.clone(),
+        );
         let (next, done, stop, bar) = (next.clone(), done.clone(), stop.clone(), bar.clone());
         let (rate, partition) = (a.rate, a.partition);
         set.spawn(async move {
@@ -127,7 +135,10 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
                     let due = start + Duration::from_secs_f64(i as f64 / r);
                     tokio::time::sleep_until(due.into()).await;
                 }
-                if let Err(e) = client.produce(&topic, payload.clone(), key.as_deref(), partition).await {
+                if let Err(e) = client
+                    .produce(&topic, payload.clone(), key.as_deref(), partition)
+                    .await
+                {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e);
                 }

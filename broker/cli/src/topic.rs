@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context as _};
-use narad_api::{AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, RemoteTarget, TopicRecord};
+use narad_api::{
+    AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, RemoteTarget, TopicRecord,
+};
 use serde_json::value::RawValue;
 
 use crate::conn::{connect, ConnArgs};
@@ -145,13 +147,15 @@ pub fn retention_ms(s: &str) -> anyhow::Result<i64> {
     if s.eq_ignore_ascii_case("forever") {
         return Ok(0);
     }
-    duration_ms(s, "retention")
-        .map_err(|_| anyhow::anyhow!("invalid retention {s:?}: use a duration like 12h or 7d, or \"forever\""))
+    duration_ms(s, "retention").map_err(|_| {
+        anyhow::anyhow!("invalid retention {s:?}: use a duration like 12h or 7d, or \"forever\"")
+    })
 }
 
 fn schema_arg(s: &str) -> anyhow::Result<Box<RawValue>> {
     let text = match s.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read schema file {path}"))?,
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read schema file {path}"))?,
         None => s.to_string(),
     };
     let v: serde_json::Value = serde_json::from_str(&text).context("schema is not valid JSON")?;
@@ -168,12 +172,20 @@ pub fn create_request(a: &AddArgs) -> anyhow::Result<CreateTopicRequest> {
         name: a.name.clone(),
         partitions: a.partitions.map(i64::from),
         retention_ms: a.retention.as_deref().map(retention_ms).transpose()?,
-        visibility_timeout_ms: a.visibility.as_deref().map(|v| duration_ms(v, "visibility")).transpose()?,
+        visibility_timeout_ms: a
+            .visibility
+            .as_deref()
+            .map(|v| duration_ms(v, "visibility"))
+            .transpose()?,
         max_in_flight_per_partition: a.max_in_flight.map(to_i64).transpose()?,
         max_acked_ahead_per_partition: a.max_acked_ahead.map(to_i64).transpose()?,
         schema: a.schema.as_deref().map(schema_arg).transpose()?,
         parent: a.parent.clone(),
-        fanout_delay_ms: a.delay.as_deref().map(|d| duration_ms(d, "delay")).transpose()?,
+        fanout_delay_ms: a
+            .delay
+            .as_deref()
+            .map(|d| duration_ms(d, "delay"))
+            .transpose()?,
         owner: None,
     })
 }
@@ -183,7 +195,11 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
     let r = AlterTopicRequest {
         partitions: a.partitions.map(i64::from),
         retention_ms: a.retention.as_deref().map(retention_ms).transpose()?,
-        visibility_timeout_ms: a.visibility.as_deref().map(|v| duration_ms(v, "visibility")).transpose()?,
+        visibility_timeout_ms: a
+            .visibility
+            .as_deref()
+            .map(|v| duration_ms(v, "visibility"))
+            .transpose()?,
         max_in_flight_per_partition: a.max_in_flight.map(to_i64).transpose()?,
         max_acked_ahead_per_partition: a.max_acked_ahead.map(to_i64).transpose()?,
         schema: a.schema.as_deref().map(schema_arg).transpose()?,
@@ -212,13 +228,20 @@ fn attach_request(a: &AttachArgs) -> anyhow::Result<AttachChildRequest> {
             ca_pem: a
                 .remote_ca
                 .as_ref()
-                .map(|p| std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display())))
+                .map(|p| {
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))
+                })
                 .transpose()?,
         }),
     };
     Ok(AttachChildRequest {
         child: a.child.clone(),
-        delay_ms: a.delay.as_deref().map(|d| duration_ms(d, "delay")).transpose()?,
+        delay_ms: a
+            .delay
+            .as_deref()
+            .map(|d| duration_ms(d, "delay"))
+            .transpose()?,
         remote,
     })
 }
@@ -245,7 +268,15 @@ pub fn summary(t: &TopicRecord) -> String {
 
 /// The `topic ls` table.
 pub fn list_table(topics: &[TopicRecord]) -> Table {
-    let mut t = Table::new(["NAME", "PARTITIONS", "RETENTION", "VISIBILITY", "ROLE", "PARENT", "OWNER"]);
+    let mut t = Table::new([
+        "NAME",
+        "PARTITIONS",
+        "RETENTION",
+        "VISIBILITY",
+        "ROLE",
+        "PARENT",
+        "OWNER",
+    ]);
     for r in topics {
         let parent = match (&r.parent, r.fanout_delay_ms) {
             (Some(p), 0) => p.clone(),
@@ -259,7 +290,10 @@ pub fn list_table(topics: &[TopicRecord]) -> Table {
             human_ms(r.visibility_timeout_ms),
             r.role.clone(),
             parent,
-            r.owner.clone().filter(|o| !o.is_empty()).unwrap_or_else(|| "-".into()),
+            r.owner
+                .clone()
+                .filter(|o| !o.is_empty())
+                .unwrap_or_else(|| "-".into()),
         ]);
     }
     t
@@ -273,8 +307,14 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
         ("partitions", t.partitions.to_string()),
         ("retention", human_retention(t.retention_ms)),
         ("visibility timeout", human_ms(t.visibility_timeout_ms)),
-        ("max in flight", format!("{} per partition", t.max_in_flight_per_partition)),
-        ("max acked ahead", format!("{} per partition", t.max_acked_ahead_per_partition)),
+        (
+            "max in flight",
+            format!("{} per partition", t.max_in_flight_per_partition),
+        ),
+        (
+            "max acked ahead",
+            format!("{} per partition", t.max_acked_ahead_per_partition),
+        ),
     ];
     if t.created_at > 0 {
         kv.push(("created", utc_ms(t.created_at)));
@@ -295,7 +335,10 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
         kv.push(("remote children", t.remote_children.join(", ")));
     }
     if let Some(s) = &t.schema {
-        kv.push(("schema", format!("version {} {}", t.schema_version, s.get())));
+        kv.push((
+            "schema",
+            format!("version {} {}", t.schema_version, s.get()),
+        ));
     }
     let w = kv.iter().map(|(k, _)| k.len()).max().unwrap_or(0) + 1;
     for (k, v) in &kv {
@@ -304,7 +347,15 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
     if let Some(stats) = &t.partition_stats {
         writeln!(out)?;
         let mut tab = Table::new([
-            "PARTITION", "OWNER", "STATUS", "OLDEST", "NEXT", "HIGH WATERMARK", "MESSAGES", "SEGMENTS", "SIZE",
+            "PARTITION",
+            "OWNER",
+            "STATUS",
+            "OLDEST",
+            "NEXT",
+            "HIGH WATERMARK",
+            "MESSAGES",
+            "SEGMENTS",
+            "SIZE",
             "OLDEST SEGMENT",
         ]);
         let mut total_msgs = 0u64;
@@ -325,7 +376,11 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
             let dash = |v: String| if ok { v } else { "-".to_string() };
             tab.row([
                 p.index.to_string(),
-                if p.owner_node.is_empty() { "-".into() } else { p.owner_node.clone() },
+                if p.owner_node.is_empty() {
+                    "-".into()
+                } else {
+                    p.owner_node.clone()
+                },
                 status,
                 dash(p.oldest_offset.to_string()),
                 dash(p.next_offset.to_string()),
@@ -333,7 +388,10 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
                 dash(msgs.to_string()),
                 dash(p.segments.to_string()),
                 dash(human_bytes(p.size_bytes)),
-                p.oldest_segment_at.filter(|&s| s > 0).map(utc_secs).unwrap_or_else(|| "-".into()),
+                p.oldest_segment_at
+                    .filter(|&s| s > 0)
+                    .map(utc_secs)
+                    .unwrap_or_else(|| "-".into()),
             ]);
         }
         tab.write(out)?;
@@ -342,7 +400,11 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
             "\n{} retained messages, {} on disk{}",
             total_msgs,
             human_bytes(total_size),
-            if t.partial { " (partial: some owners did not answer)" } else { "" }
+            if t.partial {
+                " (partial: some owners did not answer)"
+            } else {
+                ""
+            }
         )?;
     }
     Ok(())
@@ -353,7 +415,10 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
     std::io::stderr().flush().ok();
     let mut line = String::new();
     std::io::stdin().read_line(&mut line)?;
-    Ok(matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes"))
+    Ok(matches!(
+        line.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
 }
 
 /// Runs a `topic` command.
@@ -381,7 +446,11 @@ async fn run_with(cmd: TopicCmd, client: &Client) -> anyhow::Result<()> {
                 list_table(&topics).write(&mut out)?;
             }
         }
-        TopicCmd::Info { name, partition, json } => {
+        TopicCmd::Info {
+            name,
+            partition,
+            json,
+        } => {
             let t = client.get_topic(&name, partition).await?;
             if json {
                 serde_json::to_writer_pretty(&mut out, &t)?;
@@ -438,7 +507,15 @@ async fn run_with(cmd: TopicCmd, client: &Client) -> anyhow::Result<()> {
 
 /// The `topic children` table.
 pub fn children_table(list: &narad_api::ChildList) -> Table {
-    let mut t = Table::new(["CHILD", "KIND", "DELAY", "LAG", "TARGET", "STATE", "LAST ERROR"]);
+    let mut t = Table::new([
+        "CHILD",
+        "KIND",
+        "DELAY",
+        "LAG",
+        "TARGET",
+        "STATE",
+        "LAST ERROR",
+    ]);
     for c in &list.children {
         let kind = if c.kind.is_empty() {
             if c.delay_ms > 0 { "delay" } else { "fanout" }.to_string()
@@ -448,8 +525,16 @@ pub fn children_table(list: &narad_api::ChildList) -> Table {
         t.row([
             c.name.clone(),
             kind,
-            if c.delay_ms > 0 { human_ms(c.delay_ms) } else { "-".into() },
-            if c.lag_complete { c.lag_messages.to_string() } else { format!(">={}", c.lag_messages) },
+            if c.delay_ms > 0 {
+                human_ms(c.delay_ms)
+            } else {
+                "-".into()
+            },
+            if c.lag_complete {
+                c.lag_messages.to_string()
+            } else {
+                format!(">={}", c.lag_messages)
+            },
             c.remote
                 .as_ref()
                 .map(|r| format!("{}/{}", r.url, r.topic))
@@ -465,10 +550,17 @@ pub fn children_table(list: &narad_api::ChildList) -> Table {
 pub fn owner_spread(t: &TopicRecord) -> String {
     let mut m: BTreeMap<&str, u32> = BTreeMap::new();
     for p in t.partition_stats.iter().flatten() {
-        let o = if p.owner_node.is_empty() { "?" } else { p.owner_node.as_str() };
+        let o = if p.owner_node.is_empty() {
+            "?"
+        } else {
+            p.owner_node.as_str()
+        };
         *m.entry(o).or_default() += 1;
     }
-    m.iter().map(|(k, v)| format!("{k}:{v}")).collect::<Vec<_>>().join(" ")
+    m.iter()
+        .map(|(k, v)| format!("{k}:{v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]
@@ -513,7 +605,10 @@ mod tests {
         );
         let mut a = add("x");
         a.retention = Some("7days".into());
-        assert!(create_request(&a).unwrap_err().to_string().contains("invalid retention"));
+        assert!(create_request(&a)
+            .unwrap_err()
+            .to_string()
+            .contains("invalid retention"));
         let mut a = add("x");
         a.schema = Some("{nope".into());
         assert!(create_request(&a).is_err());
@@ -543,7 +638,10 @@ mod tests {
             max_acked_ahead: None,
             schema: None,
         };
-        assert!(alter_request(&none).unwrap_err().to_string().contains("nothing to change"));
+        assert!(alter_request(&none)
+            .unwrap_err()
+            .to_string()
+            .contains("nothing to change"));
     }
 
     fn record(json: &str) -> TopicRecord {
@@ -563,9 +661,14 @@ mod tests {
               "owner_node":"narad-2","status":"owner_unavailable","owner_liveness":"dead"}],"partial":true}"#,
         );
         let mut out = Vec::new();
-        list_table(std::slice::from_ref(&t)).write(&mut out).unwrap();
+        list_table(std::slice::from_ref(&t))
+            .write(&mut out)
+            .unwrap();
         let s = String::from_utf8(out).unwrap();
-        assert!(s.contains("orders  3           7d         30s         parent  -       svc"), "{s}");
+        assert!(
+            s.contains("orders  3           7d         30s         parent  -       svc"),
+            "{s}"
+        );
         let mut out = Vec::new();
         write_info(&mut out, &t).unwrap();
         let s = String::from_utf8(out).unwrap();
@@ -573,7 +676,10 @@ mod tests {
         assert!(s.contains("7d"));
         assert!(s.contains("2026-01-01T00:00:00Z"));
         assert!(s.contains("owner_unavailable (dead)"));
-        assert!(s.contains("4392 retained messages, 1.0 MiB on disk (partial"), "{s}");
+        assert!(
+            s.contains("4392 retained messages, 1.0 MiB on disk (partial"),
+            "{s}"
+        );
         assert_eq!(owner_spread(&t), "narad-1:1 narad-2:1");
         assert_eq!(
             summary(&t),

@@ -569,7 +569,7 @@ mod tests {
 
     #[test]
     fn apply_is_deterministic() {
-        let cmds = vec![
+        let cmds = [
             register("n2", 1),
             create("x", 3),
             register("n1", 2),

@@ -67,11 +67,11 @@ fn try_lease(
     only: Option<u32>,
     max: usize,
     out: &mut Vec<(Arc<Partition>, StoredRecord, u64)>,
-) {
+) -> ApiResult<()> {
     let policy = QueuePolicy::of(topic);
     let parts = rt.partitions();
     if parts.is_empty() {
-        return;
+        return Ok(());
     }
     let n = parts.len();
     let start = rt.next_consume_start() as usize;
@@ -88,6 +88,13 @@ fn try_lease(
                     out.push((part.clone(), rec, d.nonce));
                 }
                 Leased::Nothing => break,
+                Leased::Failed(e) if out.is_empty() => {
+                    return Err(ApiError::unavailable(
+                        format!("partition {} cannot be read now: {e}", part.index),
+                        1,
+                    ));
+                }
+                Leased::Failed(_) => break,
             }
         }
         if out.len() >= max {
@@ -95,6 +102,7 @@ fn try_lease(
         }
     }
     let _ = node;
+    Ok(())
 }
 
 pub async fn consume(
@@ -145,7 +153,7 @@ pub async fn consume(
         let notified = rt.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        try_lease(&node, &topic, &rt, partition, want, &mut got);
+        try_lease(&node, &topic, &rt, partition, want, &mut got)?;
         if !got.is_empty() {
             break;
         }
@@ -215,6 +223,7 @@ fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<
     let part = rt.partition(partition).ok_or_else(|| {
         ApiError::unavailable(format!("partition {partition} is not open on this node"), 1)
     })?;
+    part.touch();
     match part.log.read(offset) {
         Ok(Some(rec)) => {
             let mut out = Vec::with_capacity(rec.payload.len() + 128);

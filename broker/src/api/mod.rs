@@ -4,6 +4,7 @@
 mod consume;
 mod produce;
 mod query;
+pub mod server;
 mod system;
 mod topics;
 

@@ -206,6 +206,7 @@ impl Dispatcher {
 
 /// Appends and commits one batch to a local partition (blocking: fsync).
 fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
+    part.touch();
     let batch: Vec<NewRecord> = records
         .iter()
         .map(|r| NewRecord {

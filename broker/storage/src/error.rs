@@ -6,13 +6,25 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("io error on {path}: {source}")]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// Corruption before valid data (not a torn tail): the open fails loudly.
     #[error("corrupt log {path} at byte {position}: {reason}")]
-    Corrupt { path: PathBuf, position: u64, reason: String },
+    Corrupt {
+        path: PathBuf,
+        position: u64,
+        reason: String,
+    },
     /// A committed record failed its read-back check (CRC) after fsync.
     #[error("verification failed for {path} at offset {offset}: {reason}")]
-    VerifyFailed { path: PathBuf, offset: u64, reason: String },
+    VerifyFailed {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
     /// The offset is below the oldest retained offset.
     #[error("offset {offset} is gone (oldest retained is {oldest})")]
     Gone { offset: u64, oldest: u64 },
@@ -27,5 +39,8 @@ pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
 /// `map_err` helper: attaches the path to an io error.
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> StorageError + '_ {
-    move |source| StorageError::Io { path: path.to_path_buf(), source }
+    move |source| StorageError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }

@@ -131,10 +131,14 @@ fn parse_records(frame: &[u8], count: u32, out: Option<&mut Vec<RecLoc>>) -> Res
         p += RECORD_HEADER_LEN;
         let key_start = p;
         if key_len != NO_KEY {
-            p = p.checked_add(key_len as usize).ok_or("key length overflow")?;
+            p = p
+                .checked_add(key_len as usize)
+                .ok_or("key length overflow")?;
         }
         let payload_start = p;
-        p = p.checked_add(payload_len as usize).ok_or("payload length overflow")?;
+        p = p
+            .checked_add(payload_len as usize)
+            .ok_or("payload length overflow")?;
         if p > frame.len() {
             return Err(format!("record {i} past the frame end"));
         }
@@ -161,7 +165,10 @@ pub fn check_frame(frame: &[u8]) -> Result<FrameHeader, String> {
     }
     let crc = crc32c::crc32c(&frame[12..]);
     if crc != h.crc {
-        return Err(format!("CRC32C mismatch (stored {:08x}, computed {crc:08x})", h.crc));
+        return Err(format!(
+            "CRC32C mismatch (stored {:08x}, computed {crc:08x})",
+            h.crc
+        ));
     }
     if h.flags & !CODEC_MASK != 0 || frame[14] != 0 || frame[15] != 0 {
         return Err(format!("unknown flags {:#04x}", h.flags));
@@ -174,7 +181,13 @@ pub fn check_frame(frame: &[u8]) -> Result<FrameHeader, String> {
 }
 
 /// Appends one encoded frame holding `records` to `out`.
-pub fn encode_frame(out: &mut Vec<u8>, base_offset: u64, timestamp_ms: u64, attested: u64, records: &[NewRecord]) {
+pub fn encode_frame(
+    out: &mut Vec<u8>,
+    base_offset: u64,
+    timestamp_ms: u64,
+    attested: u64,
+    records: &[NewRecord],
+) {
     debug_assert!(!records.is_empty());
     let start = out.len();
     out.extend_from_slice(&FRAME_MAGIC);
@@ -229,17 +242,30 @@ impl DecodedFrame {
     /// Key + payload bytes of the record at `offset` (must be contained).
     pub fn record_size(&self, offset: u64) -> usize {
         let r = &self.recs[(offset - self.base_offset()) as usize];
-        let k = if r.key_len == NO_KEY { 0 } else { r.key_len as usize };
+        let k = if r.key_len == NO_KEY {
+            0
+        } else {
+            r.key_len as usize
+        };
         k + r.payload_len as usize
     }
 
     /// The record at `offset` (must be contained).
     pub fn record(&self, offset: u64) -> StoredRecord {
         let r = &self.recs[(offset - self.base_offset()) as usize];
-        let key = (r.key_len != NO_KEY)
-            .then(|| self.buf.slice(r.key_start as usize..r.key_start as usize + r.key_len as usize));
-        let payload = self.buf.slice(r.payload_start as usize..r.payload_start as usize + r.payload_len as usize);
-        StoredRecord { offset, timestamp_ms: self.header.timestamp_ms, key, payload }
+        let key = (r.key_len != NO_KEY).then(|| {
+            self.buf
+                .slice(r.key_start as usize..r.key_start as usize + r.key_len as usize)
+        });
+        let payload = self
+            .buf
+            .slice(r.payload_start as usize..r.payload_start as usize + r.payload_len as usize);
+        StoredRecord {
+            offset,
+            timestamp_ms: self.header.timestamp_ms,
+            key,
+            payload,
+        }
     }
 }
 
@@ -248,12 +274,19 @@ mod tests {
     use super::*;
 
     fn rec(key: Option<&[u8]>, payload: &[u8]) -> NewRecord {
-        NewRecord { key: key.map(Bytes::copy_from_slice), payload: Bytes::copy_from_slice(payload) }
+        NewRecord {
+            key: key.map(Bytes::copy_from_slice),
+            payload: Bytes::copy_from_slice(payload),
+        }
     }
 
     #[test]
     fn round_trip_keys_and_payloads() {
-        let recs = vec![rec(None, b"a"), rec(Some(b""), b""), rec(Some(b"k\x00\xff"), &[0, 1, 2, 255])];
+        let recs = vec![
+            rec(None, b"a"),
+            rec(Some(b""), b""),
+            rec(Some(b"k\x00\xff"), &[0, 1, 2, 255]),
+        ];
         let mut buf = Vec::new();
         encode_frame(&mut buf, 42, 1000, 40, &recs);
         let f = DecodedFrame::decode(Bytes::from(buf)).unwrap();
@@ -282,7 +315,10 @@ mod tests {
             for bit in [0x01u8, 0x80] {
                 let mut b = buf.clone();
                 b[i] ^= bit;
-                assert!(check_frame(&b).is_err(), "flip of byte {i} bit {bit:#x} not detected");
+                assert!(
+                    check_frame(&b).is_err(),
+                    "flip of byte {i} bit {bit:#x} not detected"
+                );
             }
         }
     }

@@ -120,13 +120,17 @@ pub fn parse_file(b: &[u8], base_offset: u64) -> Result<ParsedIndex, String> {
         max_ts: u64_at(40),
     };
     if header.base_offset != base_offset {
-        return Err(format!("index is for base offset {}, not {base_offset}", header.base_offset));
+        return Err(format!(
+            "index is for base offset {}, not {base_offset}",
+            header.base_offset
+        ));
     }
     if header.end_offset < base_offset {
         return Err("index end offset below its base".into());
     }
     let body = &b[INDEX_HEADER_LEN..];
     let mut entries: Vec<IndexEntry> = Vec::with_capacity(body.len() / INDEX_ENTRY_LEN);
+    #[allow(clippy::manual_is_multiple_of)] // rust-version 1.85
     let mut clean = body.len() % INDEX_ENTRY_LEN == 0;
     for chunk in body.chunks_exact(INDEX_ENTRY_LEN) {
         let e = IndexEntry {
@@ -144,7 +148,11 @@ pub fn parse_file(b: &[u8], base_offset: u64) -> Result<ParsedIndex, String> {
         }
         entries.push(e);
     }
-    Ok(ParsedIndex { header, entries, clean })
+    Ok(ParsedIndex {
+        header,
+        entries,
+        clean,
+    })
 }
 
 /// Position and base offset of the frame to start scanning from to find `offset`
@@ -165,8 +173,18 @@ mod tests {
 
     #[test]
     fn round_trip_and_garbage() {
-        let h = IndexHeader { sealed: true, base_offset: 100, end_offset: 200, data_size: 9000, first_ts: 1, max_ts: 2 };
-        let entries = vec![IndexEntry { rel: 10, pos: 4100 }, IndexEntry { rel: 50, pos: 8200 }];
+        let h = IndexHeader {
+            sealed: true,
+            base_offset: 100,
+            end_offset: 200,
+            data_size: 9000,
+            first_ts: 1,
+            max_ts: 2,
+        };
+        let entries = vec![
+            IndexEntry { rel: 10, pos: 4100 },
+            IndexEntry { rel: 50, pos: 8200 },
+        ];
         let img = encode_file(&h, &entries);
         let p = parse_file(&img, 100).unwrap();
         assert_eq!(p.header, h);
@@ -192,7 +210,10 @@ mod tests {
 
     #[test]
     fn lookup_picks_last_entry_at_or_below() {
-        let e = vec![IndexEntry { rel: 10, pos: 100 }, IndexEntry { rel: 20, pos: 200 }];
+        let e = vec![
+            IndexEntry { rel: 10, pos: 100 },
+            IndexEntry { rel: 20, pos: 200 },
+        ];
         assert_eq!(lookup(&e, 1000, 1000), (0, 1000));
         assert_eq!(lookup(&e, 1000, 1009), (0, 1000));
         assert_eq!(lookup(&e, 1000, 1010), (100, 1010));

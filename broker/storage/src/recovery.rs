@@ -26,7 +26,10 @@ use std::sync::Arc;
 
 use crate::error::{io_err, Result, StorageError};
 use crate::index::{self, IndexEntry};
-use crate::segment::{index_file_name, log_file_name, probe, resync, ChunkReader, Probe, Segment, SCAN_CHUNK};
+use crate::segment::{
+    index_file_name, log_file_name, probe, resync, ChunkReader, Probe, Segment, READ_CHUNK,
+    SCAN_CHUNK,
+};
 use crate::LogConfig;
 
 pub(crate) struct Recovered {
@@ -82,7 +85,11 @@ pub(crate) fn recover(dir: &Path, cfg: &LogConfig) -> Result<Recovered> {
     if bases.is_empty() {
         let seg = Segment::create(dir, 0).map_err(io_err(&dir.join(log_file_name(0))))?;
         sync_dir(dir).map_err(io_err(dir))?;
-        return Ok(Recovered { segments: vec![Arc::new(seg)], next_offset: 0, last_ts: 0 });
+        return Ok(Recovered {
+            segments: vec![Arc::new(seg)],
+            next_offset: 0,
+            last_ts: 0,
+        });
     }
     let mut segments = Vec::with_capacity(bases.len());
     for w in bases.windows(2) {
@@ -91,12 +98,25 @@ pub(crate) fn recover(dir: &Path, cfg: &LogConfig) -> Result<Recovered> {
     let active = Arc::new(recover_active(dir, *bases.last().unwrap(), cfg)?);
     let next_offset = active.end_offset.load(Ordering::Acquire);
     segments.push(active);
-    let last_ts = segments.iter().rev().map(|s| s.max_ts.load(Ordering::Acquire)).find(|&t| t > 0).unwrap_or(0);
-    Ok(Recovered { segments, next_offset, last_ts })
+    let last_ts = segments
+        .iter()
+        .rev()
+        .map(|s| s.max_ts.load(Ordering::Acquire))
+        .find(|&t| t > 0)
+        .unwrap_or(0);
+    Ok(Recovered {
+        segments,
+        next_offset,
+        last_ts,
+    })
 }
 
 fn open_rw(path: &Path) -> Result<(Arc<File>, u64)> {
-    let f = OpenOptions::new().read(true).write(true).open(path).map_err(io_err(path))?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(io_err(path))?;
     let len = f.metadata().map_err(io_err(path))?.len();
     Ok((Arc::new(f), len))
 }
@@ -112,19 +132,29 @@ fn install(seg: &Segment, file: Arc<File>, entries: Vec<IndexEntry>) {
 fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result<Segment> {
     let seg = Segment::new(dir, base);
     let (file, len) = open_rw(&seg.log_path)?;
-    let mut rd = ChunkReader::new(file.clone(), len, SCAN_CHUNK);
+    // small reads for the spot check of a trusted index; large ones for a rebuild scan
+    let mut rd = ChunkReader::new(file.clone(), len, READ_CHUNK);
     let why = match fs::read(&seg.index_path) {
         Err(e) => format!("index unreadable: {e}"),
         Ok(bytes) => match index::parse_file(&bytes, base) {
             Err(e) => e,
             Ok(p) if !p.clean || !p.header.sealed => "index not complete".to_string(),
-            Ok(p) if p.header.data_size != len => format!("index says {} bytes, file has {len}", p.header.data_size),
+            Ok(p) if p.header.data_size != len => {
+                format!("index says {} bytes, file has {len}", p.header.data_size)
+            }
             Ok(p) if p.header.end_offset != next_base => {
-                format!("index says end offset {}, next segment starts at {next_base}", p.header.end_offset)
+                format!(
+                    "index says end offset {}, next segment starts at {next_base}",
+                    p.header.end_offset
+                )
             }
             Ok(p) => {
-                let (pos, want) = p.entries.last().map_or((0, base), |e| (e.pos as u64, base + e.rel as u64));
-                let spot_ok = len == 0 || matches!(probe(&mut rd, pos).map_err(io_err(&seg.log_path))?,
+                let (pos, want) = p
+                    .entries
+                    .last()
+                    .map_or((0, base), |e| (e.pos as u64, base + e.rel as u64));
+                let spot_ok = len == 0
+                    || matches!(probe(&mut rd, pos).map_err(io_err(&seg.log_path))?,
                     Probe::Valid(h, _) if h.base_offset == want);
                 if spot_ok {
                     seg.size.store(len, Ordering::Release);
@@ -144,6 +174,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
     tracing::info!(path = %seg.index_path.display(), reason = %why, "rebuilding the index of a sealed segment");
 
     let path = seg.log_path.clone();
+    rd.set_chunk(SCAN_CHUNK);
     let interval = cfg.index_interval_bytes.max(1) as u64;
     let (mut pos, mut expected) = (0u64, base);
     let (mut first_ts, mut max_ts, mut last_index_pos) = (0u64, 0u64, 0u64);
@@ -152,7 +183,10 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
         let reason = match probe(&mut rd, pos).map_err(io_err(&path))? {
             Probe::Valid(h, _) if h.base_offset == expected => {
                 if pos > 0 && pos - last_index_pos >= interval {
-                    entries.push(IndexEntry { rel: (expected - base) as u32, pos: pos as u32 });
+                    entries.push(IndexEntry {
+                        rel: (expected - base) as u32,
+                        pos: pos as u32,
+                    });
                     last_index_pos = pos;
                 }
                 if first_ts == 0 {
@@ -163,16 +197,22 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
                 expected = h.end_offset();
                 continue;
             }
-            Probe::Valid(h, _) => format!("offset discontinuity: expected {expected}, frame says {}", h.base_offset),
+            Probe::Valid(h, _) => format!(
+                "offset discontinuity: expected {expected}, frame says {}",
+                h.base_offset
+            ),
             Probe::Invalid(r) => r,
         };
-        match resync(&mut rd, pos, expected).map_err(io_err(&path))? {
+        match resync(&mut rd, pos, pos, expected).map_err(io_err(&path))? {
             Some((q, h)) => {
                 tracing::error!(path = %path.display(), position = pos, resumes_at = q, offset = expected,
                     next_valid_offset = h.base_offset, %reason,
                     "corrupt frame in a sealed segment; its records are unreadable");
                 if q > 0 {
-                    entries.push(IndexEntry { rel: (h.base_offset - base) as u32, pos: q as u32 });
+                    entries.push(IndexEntry {
+                        rel: (h.base_offset - base) as u32,
+                        pos: q as u32,
+                    });
                     last_index_pos = q;
                 }
                 pos = q;
@@ -189,7 +229,9 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
         return Err(StorageError::Corrupt {
             path,
             position: pos,
-            reason: format!("segment holds offsets up to {expected}, past the next segment's base {next_base}"),
+            reason: format!(
+                "segment holds offsets up to {expected}, past the next segment's base {next_base}"
+            ),
         });
     }
     if expected < next_base {
@@ -213,10 +255,14 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
 
 /// Frames after a damaged position: the first plausible one (offset >= `expected`) and the
 /// highest committed offset any of them attests.
-fn later_frames(rd: &mut ChunkReader, from: u64, expected: u64) -> io::Result<(Option<(u64, u64)>, u64)> {
+fn later_frames(
+    rd: &mut ChunkReader,
+    from: u64,
+    expected: u64,
+) -> io::Result<(Option<(u64, u64)>, u64)> {
     let (mut first, mut attested) = (None, 0u64);
     let mut p = from;
-    while let Some((q, h)) = resync(rd, p, expected)? {
+    while let Some((q, h)) = resync(rd, p, from, expected)? {
         first.get_or_insert((q, h.base_offset));
         attested = attested.max(h.attested_committed);
         p = q + h.len as u64;
@@ -231,7 +277,9 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
     let path = seg.log_path.clone();
     let (file, mut len) = open_rw(&path)?;
     let mut rd = ChunkReader::new(file.clone(), len, SCAN_CHUNK);
-    let parsed = fs::read(&seg.index_path).ok().and_then(|b| index::parse_file(&b, base).ok());
+    let parsed = fs::read(&seg.index_path)
+        .ok()
+        .and_then(|b| index::parse_file(&b, base).ok());
     // Offsets below `marker` were fsynced (and, unless sealed by a time roll, verified).
     let marker = parsed.as_ref().map_or(base, |p| p.header.end_offset);
     let mut entries: Vec<IndexEntry> = parsed.map(|p| p.entries).unwrap_or_default();
@@ -268,7 +316,10 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
         let reason = match probe(&mut rd, pos).map_err(io_err(&path))? {
             Probe::Valid(h, _) if h.base_offset == expected => {
                 if pos > 0 && pos - last_index_pos >= interval {
-                    entries.push(IndexEntry { rel: (expected - base) as u32, pos: pos as u32 });
+                    entries.push(IndexEntry {
+                        rel: (expected - base) as u32,
+                        pos: pos as u32,
+                    });
                     last_index_pos = pos;
                 }
                 if first_ts == 0 {
@@ -279,10 +330,14 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
                 expected = h.end_offset();
                 continue;
             }
-            Probe::Valid(h, _) => format!("offset discontinuity: expected {expected}, frame says {}", h.base_offset),
+            Probe::Valid(h, _) => format!(
+                "offset discontinuity: expected {expected}, frame says {}",
+                h.base_offset
+            ),
             Probe::Invalid(r) => r,
         };
-        let (first_later, attested) = later_frames(&mut rd, pos, expected).map_err(io_err(&path))?;
+        let (first_later, attested) =
+            later_frames(&mut rd, pos, expected).map_err(io_err(&path))?;
         if let Some((q, later_offset)) = first_later {
             let committed = marker.max(attested);
             if committed > expected {
@@ -316,7 +371,10 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
     seg.readable.store(len, Ordering::Release);
     seg.end_offset.store(expected, Ordering::Release);
     seg.first_ts.store(first_ts, Ordering::Release);
-    seg.max_ts.store(max_ts.max(if expected > base { first_ts } else { 0 }), Ordering::Release);
+    seg.max_ts.store(
+        max_ts.max(if expected > base { first_ts } else { 0 }),
+        Ordering::Release,
+    );
     install(&seg, file, entries);
     let mut w = seg.w.lock();
     if let Err(e) = seg.persist_index(&mut w, true, false) {

@@ -11,11 +11,18 @@ use std::sync::Arc;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
-use crate::frame::{self, DecodedFrame, FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC};
+use crate::frame::{
+    self, DecodedFrame, FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC, RECORD_HEADER_LEN,
+};
 use crate::index::{self, IndexEntry, IndexHeader, INDEX_ENTRY_LEN, INDEX_HEADER_LEN};
 
-/// Read-ahead of readers (one `pread` usually covers the index gap and the wanted frame).
-pub(crate) const READ_CHUNK: usize = 64 * 1024;
+/// Read-ahead of single-record reads (one `pread` usually covers the gap from the index
+/// point to the wanted frame; a larger frame costs one more `pread` of its exact size).
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
+/// Read-ahead once a reader walks on sequentially (`read_from`).
+pub(crate) const BATCH_CHUNK: usize = 256 * 1024;
+/// Window of the search for the next valid frame after damage.
+const RESYNC_WINDOW: usize = 64 * 1024;
 /// Read-ahead of sequential scans (recovery, verification, rebuild).
 pub(crate) const SCAN_CHUNK: usize = 1024 * 1024;
 
@@ -81,7 +88,11 @@ impl Segment {
     /// Creates a new, empty segment file (the caller fsyncs the directory).
     pub fn create(dir: &Path, base: u64) -> io::Result<Segment> {
         let seg = Segment::new(dir, base);
-        let f = OpenOptions::new().read(true).write(true).create_new(true).open(&seg.log_path)?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&seg.log_path)?;
         *seg.file.write() = Some(Arc::new(f));
         Ok(seg)
     }
@@ -98,7 +109,12 @@ impl Segment {
         if self.deleted.load(Ordering::Acquire) {
             return Err(io::Error::new(io::ErrorKind::NotFound, "segment deleted"));
         }
-        let f = Arc::new(OpenOptions::new().read(true).write(true).open(&self.log_path)?);
+        let f = Arc::new(
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&self.log_path)?,
+        );
         *g = Some(f.clone());
         Ok(f)
     }
@@ -120,7 +136,10 @@ impl Segment {
     /// Writer: records a frame start in the sparse index when due.
     pub fn note_frame(&self, w: &mut SegWriter, pos: u64, base_offset: u64, interval: u32) {
         if pos > 0 && pos - w.last_index_pos >= interval.max(1) as u64 {
-            self.index.write().push(IndexEntry { rel: (base_offset - self.base) as u32, pos: pos as u32 });
+            self.index.write().push(IndexEntry {
+                rel: (base_offset - self.base) as u32,
+                pos: pos as u32,
+            });
             w.last_index_pos = pos;
         }
     }
@@ -139,7 +158,14 @@ impl Segment {
 
     fn index_file<'a>(&self, w: &'a mut SegWriter) -> io::Result<&'a File> {
         if w.index_file.is_none() {
-            w.index_file = Some(OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&self.index_path)?);
+            w.index_file = Some(
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&self.index_path)?,
+            );
         }
         Ok(w.index_file.as_ref().unwrap())
     }
@@ -149,16 +175,20 @@ impl Segment {
     pub fn persist_index(&self, w: &mut SegWriter, full: bool, sync: bool) -> io::Result<()> {
         let header = self.index_header(self.sealed.load(Ordering::Acquire));
         let entries = self.index.read().clone();
+        let persisted = w.persisted_entries;
         let f = self.index_file(w)?;
-        if full || w.persisted_entries > entries.len() {
+        if full || persisted > entries.len() {
             let img = index::encode_file(&header, &entries);
             f.write_all_at(&img, 0)?;
             f.set_len(img.len() as u64)?;
         } else {
-            if entries.len() > w.persisted_entries {
+            if entries.len() > persisted {
                 let mut buf = Vec::new();
-                index::encode_entries(self.base, &entries[w.persisted_entries..], &mut buf);
-                f.write_all_at(&buf, (INDEX_HEADER_LEN + w.persisted_entries * INDEX_ENTRY_LEN) as u64)?;
+                index::encode_entries(self.base, &entries[persisted..], &mut buf);
+                f.write_all_at(
+                    &buf,
+                    (INDEX_HEADER_LEN + persisted * INDEX_ENTRY_LEN) as u64,
+                )?;
             }
             f.write_all_at(&index::encode_header(&header), 0)?;
         }
@@ -192,7 +222,12 @@ pub(crate) fn drop_cache(file: &File, pos: u64, len: u64) {
         use std::os::fd::AsRawFd;
         // SAFETY: plain syscall on an open descriptor; failure is harmless (advice only).
         unsafe {
-            libc::posix_fadvise(file.as_raw_fd(), pos as libc::off_t, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
+            libc::posix_fadvise(
+                file.as_raw_fd(),
+                pos as libc::off_t,
+                len as libc::off_t,
+                libc::POSIX_FADV_DONTNEED,
+            );
         }
     }
     #[cfg(not(target_os = "linux"))]
@@ -210,11 +245,21 @@ pub(crate) struct ChunkReader {
 
 impl ChunkReader {
     pub fn new(file: Arc<File>, end: u64, chunk: usize) -> Self {
-        ChunkReader { file, end, chunk, buf: Bytes::new(), buf_pos: 0 }
+        ChunkReader {
+            file,
+            end,
+            chunk,
+            buf: Bytes::new(),
+            buf_pos: 0,
+        }
     }
 
     pub fn end(&self) -> u64 {
         self.end
+    }
+
+    pub fn set_chunk(&mut self, chunk: usize) {
+        self.chunk = chunk;
     }
 
     fn fill(&mut self, pos: u64, want: usize) -> io::Result<()> {
@@ -232,7 +277,8 @@ impl ChunkReader {
         if pos.checked_add(len as u64).is_none_or(|e| e > self.end) {
             return Ok(None);
         }
-        let in_buf = pos >= self.buf_pos && pos + len as u64 <= self.buf_pos + self.buf.len() as u64;
+        let in_buf =
+            pos >= self.buf_pos && pos + len as u64 <= self.buf_pos + self.buf.len() as u64;
         if !in_buf {
             self.fill(pos, len)?;
             if (self.buf.len()) < len {
@@ -259,14 +305,19 @@ pub(crate) enum Probe {
 
 pub(crate) fn probe(rd: &mut ChunkReader, pos: u64) -> io::Result<Probe> {
     let Some(h) = rd.get(pos, FRAME_HEADER_LEN)? else {
-        return Ok(Probe::Invalid("frame header past the end of the data".into()));
+        return Ok(Probe::Invalid(
+            "frame header past the end of the data".into(),
+        ));
     };
     let header = match frame::parse_header(&h) {
         Ok(h) => h,
         Err(e) => return Ok(Probe::Invalid(e)),
     };
     let Some(f) = rd.get(pos, header.len as usize)? else {
-        return Ok(Probe::Invalid(format!("frame length {} past the end of the data", header.len)));
+        return Ok(Probe::Invalid(format!(
+            "frame length {} past the end of the data",
+            header.len
+        )));
     };
     Ok(match frame::check_frame(&f) {
         Ok(h) => Probe::Valid(h, f),
@@ -274,20 +325,35 @@ pub(crate) fn probe(rd: &mut ChunkReader, pos: u64) -> io::Result<Probe> {
     })
 }
 
-/// Searches `[from, end)` for the first valid frame whose base offset is at least
-/// `min_offset` (used to step over a damaged region).
-pub(crate) fn resync(rd: &mut ChunkReader, from: u64, min_offset: u64) -> io::Result<Option<(u64, FrameHeader)>> {
+/// Searches `[from, end)` for the first plausible valid frame after damage that starts at
+/// byte `bad_pos` where offset `expected` was due (used to step over a damaged region).
+/// Plausible: offset >= `expected`, no more offsets skipped than the bytes skipped can hold
+/// (a record takes at least 8 bytes), and an attested high watermark not above its own
+/// offset (so a frame image inside a payload is not mistaken for one).
+pub(crate) fn resync(
+    rd: &mut ChunkReader,
+    from: u64,
+    bad_pos: u64,
+    expected: u64,
+) -> io::Result<Option<(u64, FrameHeader)>> {
     let mut p = from;
     while p + FRAME_HEADER_LEN as u64 <= rd.end() {
-        let chunk = rd.get_upto(p, READ_CHUNK)?;
+        let chunk = rd.get_upto(p, RESYNC_WINDOW)?;
         if chunk.len() < FRAME_MAGIC.len() {
             break;
         }
         let mut i = 0;
-        while let Some(j) = chunk[i..].windows(FRAME_MAGIC.len()).position(|w| w == FRAME_MAGIC) {
+        while let Some(j) = chunk[i..]
+            .windows(FRAME_MAGIC.len())
+            .position(|w| w == FRAME_MAGIC)
+        {
             let q = p + (i + j) as u64;
             if let Probe::Valid(h, _) = probe(rd, q)? {
-                if h.base_offset >= min_offset {
+                let plausible = h.base_offset >= expected
+                    && (h.base_offset - expected).saturating_mul(RECORD_HEADER_LEN as u64)
+                        <= q - bad_pos
+                    && h.attested_committed <= h.base_offset;
+                if plausible {
                     return Ok(Some((q, h)));
                 }
             }
@@ -303,7 +369,11 @@ pub(crate) fn resync(rd: &mut ChunkReader, from: u64, min_offset: u64) -> io::Re
 #[derive(Debug, Clone)]
 pub(crate) enum Entry {
     Frame(Arc<DecodedFrame>),
-    Corrupt { start: u64, end: u64, reason: Arc<str> },
+    Corrupt {
+        start: u64,
+        end: u64,
+        reason: Arc<str>,
+    },
 }
 
 impl Entry {
@@ -341,7 +411,18 @@ impl Cursor {
         let (pos, expected) = seg.lookup(offset);
         let limit = seg.end_offset.load(Ordering::Acquire).min(hwm);
         let rd = ChunkReader::new(file, seg.readable.load(Ordering::Acquire), READ_CHUNK);
-        Ok(Cursor { seg, rd, pos, expected, limit })
+        Ok(Cursor {
+            seg,
+            rd,
+            pos,
+            expected,
+            limit,
+        })
+    }
+
+    /// Reads ahead more per `pread` (for sequential walks).
+    pub fn sequential(&mut self) {
+        self.rd.set_chunk(BATCH_CHUNK);
     }
 
     /// The next frame or damaged range; `None` at the end of the segment (or the limit).
@@ -355,7 +436,11 @@ impl Cursor {
                 let e = Entry::Corrupt {
                     start: self.expected,
                     end: self.limit,
-                    reason: format!("{path}: data ends at byte {} before offset {}", self.pos, self.expected).into(),
+                    reason: format!(
+                        "{path}: data ends at byte {} before offset {}",
+                        self.pos, self.expected
+                    )
+                    .into(),
                 };
                 self.expected = self.limit;
                 return Ok(Some(e));
@@ -364,7 +449,8 @@ impl Cursor {
                 Probe::Valid(h, buf) if h.base_offset == self.expected => {
                     self.pos += h.len as u64;
                     self.expected = h.end_offset();
-                    let f = DecodedFrame::decode(buf).map_err(|e| io::Error::other(format!("decode of a checked frame: {e}")))?;
+                    let f = DecodedFrame::decode(buf)
+                        .map_err(|e| io::Error::other(format!("decode of a checked frame: {e}")))?;
                     return Ok(Some(Entry::Frame(Arc::new(f))));
                 }
                 Probe::Valid(h, _) if h.base_offset > self.expected => {
@@ -376,14 +462,17 @@ impl Cursor {
                     self.expected = h.base_offset.min(self.limit);
                     return Ok(Some(e));
                 }
-                Probe::Valid(h, _) => format!("offset discontinuity (frame says {})", h.base_offset),
+                Probe::Valid(h, _) => {
+                    format!("offset discontinuity (frame says {})", h.base_offset)
+                }
                 Probe::Invalid(r) => r,
             };
             let bad_pos = self.pos;
-            let (resume_pos, resume_offset) = match resync(&mut self.rd, bad_pos + 1, self.expected)? {
-                Some((q, h)) => (q, h.base_offset.min(self.limit)),
-                None => (self.rd.end(), self.limit),
-            };
+            let (resume_pos, resume_offset) =
+                match resync(&mut self.rd, bad_pos + 1, bad_pos, self.expected)? {
+                    Some((q, h)) => (q, h.base_offset.min(self.limit)),
+                    None => (self.rd.end(), self.limit),
+                };
             self.pos = resume_pos;
             if resume_offset > self.expected {
                 let e = Entry::Corrupt {
@@ -395,5 +484,84 @@ impl Cursor {
                 return Ok(Some(e));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NewRecord;
+
+    fn frame(base: u64, attested: u64, n: usize) -> Vec<u8> {
+        let recs: Vec<NewRecord> = (0..n)
+            .map(|i| NewRecord {
+                key: None,
+                payload: bytes::Bytes::from(vec![i as u8; 10]),
+            })
+            .collect();
+        let mut v = Vec::new();
+        frame::encode_frame(&mut v, base, 1, attested, &recs);
+        v
+    }
+
+    fn reader(bytes: &[u8]) -> (tempfile::TempDir, ChunkReader) {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, bytes).unwrap();
+        let f = Arc::new(File::open(&p).unwrap());
+        (dir, ChunkReader::new(f, bytes.len() as u64, 7))
+    }
+
+    #[test]
+    fn resync_finds_the_next_plausible_frame() {
+        let mut img = vec![0xEEu8; 40];
+        img.extend(frame(3, 0, 2)); // 40 bytes can hold 5 records: plausible
+        let (_d, mut rd) = reader(&img);
+        assert_eq!(
+            resync(&mut rd, 1, 0, 0)
+                .unwrap()
+                .map(|(q, h)| (q, h.base_offset)),
+            Some((40, 3))
+        );
+        // below the expected offset: not plausible
+        assert!(resync(&mut rd, 1, 0, 4).unwrap().is_none());
+    }
+
+    #[test]
+    fn resync_rejects_implausible_frames() {
+        // too many offsets skipped for the bytes skipped
+        let mut img = vec![0u8; 16];
+        img.extend(frame(100, 0, 1));
+        let (_d, mut rd) = reader(&img);
+        assert!(resync(&mut rd, 1, 0, 0).unwrap().is_none());
+        // a frame attesting a high watermark above its own offset cannot have been written
+        let mut img = vec![0u8; 16];
+        img.extend(frame(1, 2, 1));
+        let (_d, mut rd) = reader(&img);
+        assert!(resync(&mut rd, 1, 0, 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn chunk_reader_reads_across_chunks_and_stops_at_end() {
+        let img: Vec<u8> = (0..100u8).collect();
+        let (_d, mut rd) = reader(&img);
+        assert_eq!(&rd.get(5, 20).unwrap().unwrap()[..], &img[5..25]);
+        assert_eq!(&rd.get(90, 10).unwrap().unwrap()[..], &img[90..100]);
+        assert!(rd.get(95, 10).unwrap().is_none());
+        assert_eq!(rd.get_upto(98, 10).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn probe_classifies_frames() {
+        let mut img = frame(0, 0, 3);
+        let len = img.len();
+        img.extend_from_slice(&frame(3, 0, 1)[..20]); // torn second frame
+        let (_d, mut rd) = reader(&img);
+        assert!(matches!(probe(&mut rd, 0).unwrap(), Probe::Valid(h, _) if h.count == 3));
+        assert!(matches!(
+            probe(&mut rd, len as u64).unwrap(),
+            Probe::Invalid(_)
+        ));
+        assert!(matches!(probe(&mut rd, 1).unwrap(), Probe::Invalid(_)));
     }
 }

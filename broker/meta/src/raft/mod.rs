@@ -11,8 +11,9 @@ mod store;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use network::NetworkFactory;
 pub use network::{BoxFuture, NoTransport, RaftReply, RaftRequest, RaftTransport, TransportError};
-pub use store::{LogStore, StateMachine, Store};
+pub use store::{LogStore, Published, SnapshotBuilder, StateMachine, Store, DB_FILE};
 
 use crate::types::{ApplyError, MetaCommand, MetaResponse};
 
@@ -80,6 +81,9 @@ mod tests {
         // Reference vectors of FNV-1a 64.
         assert_eq!(super::raft_node_id(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(super::raft_node_id("a"), 0xaf63_dc4c_8601_ec8c);
-        assert_ne!(super::raft_node_id("narad-0"), super::raft_node_id("narad-1"));
+        assert_ne!(
+            super::raft_node_id("narad-0"),
+            super::raft_node_id("narad-1")
+        );
     }
 }

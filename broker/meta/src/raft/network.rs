@@ -45,11 +45,13 @@ impl RaftRequest {
 }
 
 /// The peer's answer to a [`RaftRequest`] (same variant), including its Raft-level refusal.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub enum RaftReply {
     AppendEntries(Result<AppendEntriesResponse<RaftNodeId>, RaftError<RaftNodeId>>),
     Vote(Result<VoteResponse<RaftNodeId>, RaftError<RaftNodeId>>),
-    InstallSnapshot(Result<InstallSnapshotResponse<RaftNodeId>, RaftError<RaftNodeId, InstallSnapshotError>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<RaftNodeId>, RaftError<RaftNodeId, InstallSnapshotError>>,
+    ),
 }
 
 /// Why a transport could not deliver a request or bring back its reply.
@@ -150,10 +152,17 @@ impl PeerClient {
     }
 
     fn remote<E: std::error::Error>(&self, e: E) -> RPCError<RaftNodeId, MetaNode, E> {
-        RPCError::RemoteError(RemoteError::new_with_node(self.target, self.node.clone(), e))
+        RPCError::RemoteError(RemoteError::new_with_node(
+            self.target,
+            self.node.clone(),
+            e,
+        ))
     }
 
-    fn mismatch<E: std::error::Error>(&self, reply: &RaftReply) -> RPCError<RaftNodeId, MetaNode, E> {
+    fn mismatch<E: std::error::Error>(
+        &self,
+        reply: &RaftReply,
+    ) -> RPCError<RaftNodeId, MetaNode, E> {
         let e = TransportError::Network(format!("mismatched raft reply {reply:?}"));
         RPCError::Network(NetworkError::new(&e))
     }
@@ -166,7 +175,11 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<RaftNodeId>, RpcErr<RaftError<RaftNodeId>>> {
         match self
-            .call(RPCTypes::AppendEntries, RaftRequest::AppendEntries(rpc), &option)
+            .call(
+                RPCTypes::AppendEntries,
+                RaftRequest::AppendEntries(rpc),
+                &option,
+            )
             .await?
         {
             RaftReply::AppendEntries(r) => r.map_err(|e| self.remote(e)),
@@ -178,9 +191,16 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<RaftNodeId>, RpcErr<RaftError<RaftNodeId, InstallSnapshotError>>> {
+    ) -> Result<
+        InstallSnapshotResponse<RaftNodeId>,
+        RpcErr<RaftError<RaftNodeId, InstallSnapshotError>>,
+    > {
         match self
-            .call(RPCTypes::InstallSnapshot, RaftRequest::InstallSnapshot(rpc), &option)
+            .call(
+                RPCTypes::InstallSnapshot,
+                RaftRequest::InstallSnapshot(rpc),
+                &option,
+            )
             .await?
         {
             RaftReply::InstallSnapshot(r) => r.map_err(|e| self.remote(e)),
@@ -193,7 +213,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<RaftNodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<RaftNodeId>, RpcErr<RaftError<RaftNodeId>>> {
-        match self.call(RPCTypes::Vote, RaftRequest::Vote(rpc), &option).await? {
+        match self
+            .call(RPCTypes::Vote, RaftRequest::Vote(rpc), &option)
+            .await?
+        {
             RaftReply::Vote(r) => r.map_err(|e| self.remote(e)),
             other => Err(self.mismatch(&other)),
         }

@@ -1,0 +1,212 @@
+//! `narad user add|grant|passwd|ls|rm`.
+
+use std::io::Write;
+
+use anyhow::bail;
+use narad_api::{CreateUserRequest, Grant, User};
+
+use crate::conn::{connect, ConnArgs};
+use crate::output::{utc_ms, Table};
+
+/// `narad user …`
+#[derive(Debug, clap::Subcommand)]
+pub enum UserCmd {
+    /// Create a user
+    Add {
+        /// Username
+        name: String,
+        /// The new user's password
+        #[arg(long, value_name = "P")]
+        user_password: String,
+        /// A grant: ACTION:PATTERN[,PATTERN…] (produce, consume, create) or admin; repeatable
+        #[arg(long = "grant", short = 'g', value_name = "ACTION:PATTERNS", value_parser = parse_grant)]
+        grants: Vec<Grant>,
+    },
+    /// Replace all of a user's grants
+    Grant {
+        /// Username
+        name: String,
+        /// A grant: ACTION:PATTERN[,PATTERN…] or admin; repeatable
+        #[arg(long = "grant", short = 'g', value_name = "ACTION:PATTERNS", value_parser = parse_grant,
+              required_unless_present = "none")]
+        grants: Vec<Grant>,
+        /// Remove all grants
+        #[arg(long, conflicts_with = "grants")]
+        none: bool,
+    },
+    /// Change a password (your own needs --current)
+    Passwd {
+        /// Username
+        name: String,
+        /// The current password (when changing your own)
+        #[arg(long, value_name = "P")]
+        current: Option<String>,
+        /// The new password
+        #[arg(long, value_name = "P")]
+        new: String,
+    },
+    /// List users
+    Ls {
+        /// Print the users as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a user
+    Rm {
+        /// Username
+        name: String,
+    },
+}
+
+/// Parses `action:pat,pat` (or a bare action, e.g. `admin`).
+pub fn parse_grant(s: &str) -> Result<Grant, String> {
+    let (action, pats) = match s.split_once(':') {
+        Some((a, p)) => (a, p),
+        None => (s, ""),
+    };
+    let action = action.trim();
+    if action.is_empty() {
+        return Err(format!(
+            "invalid grant {s:?}: expected ACTION:PATTERN[,PATTERN…]"
+        ));
+    }
+    let patterns: Vec<String> = pats
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect();
+    Ok(Grant {
+        action: action.to_string(),
+        patterns,
+    })
+}
+
+/// `produce:orders-*,x consume:*`
+pub fn format_grants(grants: &[Grant]) -> String {
+    if grants.is_empty() {
+        return "-".into();
+    }
+    grants
+        .iter()
+        .map(|g| {
+            if g.patterns.is_empty() {
+                g.action.clone()
+            } else {
+                format!("{}:{}", g.action, g.patterns.join(","))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The `user ls` table.
+pub fn users_table(users: &[User]) -> Table {
+    let mut t = Table::new(["USERNAME", "ROOT", "GRANTS", "CREATED", "UPDATED"]);
+    for u in users {
+        t.row([
+            u.username.clone(),
+            if u.root { "yes" } else { "" }.to_string(),
+            format_grants(&u.grants),
+            if u.created_at_ms > 0 {
+                utc_ms(u.created_at_ms)
+            } else {
+                "-".into()
+            },
+            if u.updated_at_ms > 0 {
+                utc_ms(u.updated_at_ms)
+            } else {
+                "-".into()
+            },
+        ]);
+    }
+    t
+}
+
+/// Runs a `user` command.
+pub async fn run(cmd: UserCmd, conn: &ConnArgs) -> anyhow::Result<()> {
+    let client = connect(conn)?;
+    let mut out = std::io::stdout().lock();
+    match cmd {
+        UserCmd::Add {
+            name,
+            user_password,
+            grants,
+        } => {
+            if user_password.is_empty() {
+                bail!("--user-password must not be empty");
+            }
+            let u = client
+                .create_user(&CreateUserRequest {
+                    username: name,
+                    password: user_password,
+                    grants,
+                })
+                .await?;
+            writeln!(
+                out,
+                "created user {} ({})",
+                u.username,
+                format_grants(&u.grants)
+            )?;
+        }
+        UserCmd::Grant { name, grants, none } => {
+            let grants = if none { Vec::new() } else { grants };
+            let u = client.put_grants(&name, &grants).await?;
+            writeln!(
+                out,
+                "grants of {}: {}",
+                u.username,
+                format_grants(&u.grants)
+            )?;
+        }
+        UserCmd::Passwd { name, current, new } => {
+            if new.is_empty() {
+                bail!("--new must not be empty");
+            }
+            client.set_password(&name, current.as_deref(), &new).await?;
+            writeln!(out, "changed the password of {name}")?;
+        }
+        UserCmd::Ls { json } => {
+            let users = client.list_users().await?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &users)?;
+                writeln!(out)?;
+            } else {
+                users_table(&users).write(&mut out)?;
+            }
+        }
+        UserCmd::Rm { name } => {
+            client.delete_user(&name).await?;
+            writeln!(out, "deleted user {name}")?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants() {
+        assert_eq!(
+            parse_grant("produce:orders-*,audit").unwrap(),
+            Grant {
+                action: "produce".into(),
+                patterns: vec!["orders-*".into(), "audit".into()]
+            }
+        );
+        assert_eq!(parse_grant("admin").unwrap().patterns, Vec::<String>::new());
+        assert_eq!(
+            parse_grant("consume:").unwrap().patterns,
+            Vec::<String>::new()
+        );
+        assert!(parse_grant(":x").is_err());
+        let gs = vec![
+            parse_grant("admin").unwrap(),
+            parse_grant("consume:*").unwrap(),
+        ];
+        assert_eq!(format_grants(&gs), "admin consume:*");
+    }
+}

@@ -1,0 +1,193 @@
+//! Probes, metrics and graceful shutdown (SPEC §3.10, §6.2, §9).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use narad_tests::*;
+
+/// SPEC §8: `http.shutdown_grace` default.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// Slack on top of the grace for process teardown on a loaded CI machine.
+const EXIT_SLACK: Duration = Duration::from_secs(3);
+
+/// Sums every sample of metric `name` (any labels) in Prometheus/OpenMetrics text.
+fn metric_sum(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let metric = line.split(['{', ' ']).next().unwrap_or("");
+        if metric == name {
+            let value = line
+                .rsplit_once('}')
+                .map(|(_, v)| v)
+                .unwrap_or_else(|| line.split_once(' ').map(|(_, v)| v).unwrap_or(""));
+            let v: f64 = value
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())?;
+            *found.get_or_insert(0.0) += v;
+        }
+    }
+    found
+}
+
+/// The label names used on samples of `name`.
+fn metric_labels(text: &str, name: &str) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| l.starts_with(&format!("{name}{{"))) {
+        let inner = &line[name.len() + 1..line.find('}').unwrap_or(line.len())];
+        for pair in inner.split(',') {
+            if let Some((k, _)) = pair.split_once('=') {
+                *out.entry(k.trim().to_string()).or_default() += 1;
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn probes_answer_ok_and_ready() {
+    let server = Server::start_default().await;
+    let http = Http::new(server.url());
+    assert_eq!(
+        http.get("/healthz").await.expect_json(200),
+        json!({"status": "ok"})
+    );
+    assert_eq!(
+        http.get("/readyz").await.expect_json(200),
+        json!({"status": "ready"})
+    );
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_messages() {
+    let server = Server::start_default().await;
+    let http = Http::new(server.url());
+    http.create_topic_named("metered").await;
+    for i in 0..5 {
+        http.produce_ok("metered", "", format!("m{i}")).await;
+    }
+    http.wait_total_visible("metered", 5).await;
+    for _ in 0..3 {
+        let m = http.consume_msg("metered", "wait=0").await;
+        http.ack_ok("metered", m.handle()).await;
+    }
+
+    let text = eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async {
+            let r = http.get("/metrics").await;
+            anyhow::ensure!(r.status == 200, "{}", r.describe());
+            let text = r.text();
+            for (name, at_least) in [
+                ("narad_http_requests_total", 10.0),
+                ("narad_messages_produced_total", 5.0),
+                ("narad_messages_consumed_total", 3.0),
+            ] {
+                let v = metric_sum(&text, name);
+                anyhow::ensure!(
+                    v.is_some_and(|v| v >= at_least),
+                    "{name} = {v:?}, want >= {at_least}"
+                );
+            }
+            Ok(text)
+        },
+    )
+    .await;
+    let labels = metric_labels(&text, "narad_http_requests_total");
+    for l in ["route", "method", "status"] {
+        assert!(
+            labels.contains_key(l),
+            "narad_http_requests_total lacks label {l}: {labels:?}"
+        );
+    }
+    let labels = metric_labels(&text, "narad_messages_produced_total");
+    for l in ["topic", "partition"] {
+        assert!(
+            labels.contains_key(l),
+            "narad_messages_produced_total lacks label {l}: {labels:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_and_exits_zero() {
+    let mut server = Server::start_default().await;
+    let http = Http::new(server.url());
+    http.create_topic_named("idle").await;
+
+    // A long poll is in flight when SIGTERM arrives; it must get a real answer. The poll
+    // is known to be in flight once the server's in-flight gauge rises (no sleep needed).
+    let in_flight = |http: Http| async move {
+        let r = http.get("/metrics").await;
+        metric_sum(&r.text(), "narad_http_requests_in_flight").unwrap_or(0.0)
+    };
+    let baseline = in_flight(http.clone()).await;
+    let poll = {
+        let http = http.clone();
+        tokio::spawn(async move {
+            http.request(
+                Method::GET,
+                format!("{}/consume?wait=3s", topic_path("idle")),
+            )
+            .try_send()
+            .await
+        })
+    };
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async {
+            let n = in_flight(http.clone()).await;
+            anyhow::ensure!(
+                n >= baseline + 1.0,
+                "narad_http_requests_in_flight = {n}, baseline {baseline}"
+            );
+            Ok(())
+        },
+    )
+    .await;
+    let t = tokio::time::Instant::now();
+    server.terminate();
+
+    // Health turns 503 (or the listener closes) soon after SIGTERM.
+    eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        || async {
+            match http
+                .request(Method::GET, "/healthz")
+                .timeout(Duration::from_secs(1))
+                .try_send()
+                .await
+            {
+                Err(_) => Ok(()),
+                Ok(r) if r.status == 503 => {
+                    anyhow::ensure!(
+                        r.json() == json!({"status": "shutting down"}),
+                        "{}",
+                        r.describe()
+                    );
+                    Ok(())
+                }
+                Ok(r) => anyhow::bail!("/healthz after SIGTERM: {}", r.describe()),
+            }
+        },
+    )
+    .await;
+
+    let status = server.wait_exit(SHUTDOWN_GRACE + EXIT_SLACK).await;
+    let took = t.elapsed();
+    let status = status.unwrap_or_else(|| panic!("narad still running {took:?} after SIGTERM"));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+
+    let r = poll.await.unwrap();
+    match r {
+        Ok(r) => assert!(
+            matches!(r.status, 200 | 204 | 503),
+            "in-flight long poll: {}",
+            r.describe()
+        ),
+        Err(e) => panic!("the in-flight long poll was cut off instead of answered: {e:?}"),
+    }
+}
