@@ -9,6 +9,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub retry_after: Option<u64>,
+    /// Answer with `Connection: close` (the request body was left unread).
+    pub close: bool,
 }
 
 impl ApiError {
@@ -17,6 +19,7 @@ impl ApiError {
             status,
             message: message.into(),
             retry_after: None,
+            close: false,
         }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -42,6 +45,7 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
             retry_after: Some(retry_after),
+            close: false,
         }
     }
     pub fn internal(message: impl Into<String>) -> Self {
@@ -79,6 +83,9 @@ impl IntoResponse for ApiError {
         );
         if let Some(secs) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }

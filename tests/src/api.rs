@@ -172,17 +172,23 @@ impl Http {
         r
     }
 
-    /// Batch consume (`max` in `query`) expecting `200 {"messages":[…]}`.
+    /// Batch consume (`max` in `query`) expecting `200 {"messages":[…]}`. Each message keeps
+    /// the exact bytes of its payload.
     pub async fn consume_batch(&self, topic: &str, query: &str) -> Vec<Msg> {
+        #[derive(serde::Deserialize)]
+        struct Batch<'a> {
+            #[serde(borrow)]
+            messages: Vec<&'a RawValue>,
+        }
         let r = self.consume(topic, query).await;
-        let v = r.expect_json(200);
-        let Some(arr) = v.get("messages").and_then(Value::as_array) else {
-            panic!("{}: no \"messages\" array", r.describe());
-        };
-        arr.iter()
+        r.expect_json(200);
+        let batch: Batch = serde_json::from_slice(&r.body)
+            .unwrap_or_else(|e| panic!("{}: not {{\"messages\":[…]}}: {e}", r.describe()));
+        batch
+            .messages
+            .iter()
             .map(|m| {
-                Msg::parse(m.to_string().as_bytes())
-                    .unwrap_or_else(|e| panic!("{}: {e:#}", r.describe()))
+                Msg::parse(m.get().as_bytes()).unwrap_or_else(|e| panic!("{}: {e:#}", r.describe()))
             })
             .collect()
     }

@@ -276,15 +276,25 @@ impl Resp {
 }
 
 /// One HTTP/1.1 exchange on a raw, caller-owned connection (for keep-alive checks that a
-/// pooled client would hide): writes `request` (write errors are returned, since a server
-/// may close early), then reads one response head and its `Content-Length` body. Returns
-/// the head (status line + headers, lower-cased) and the body.
+/// pooled client would hide): writes `request`, then reads one response head and its
+/// `Content-Length` body — even if the write failed part-way (a server may answer early and
+/// close); the write error is returned only when no response can be read. Returns the head
+/// (status line + headers, lower-cased) and the body.
 pub async fn raw_exchange(
     stream: &mut tokio::net::TcpStream,
     request: &[u8],
 ) -> std::io::Result<(String, Vec<u8>)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    stream.write_all(request).await?;
+    use tokio::io::AsyncWriteExt;
+    let write_err = stream.write_all(request).await.err();
+    let read = read_response(stream).await;
+    match (read, write_err) {
+        (Err(_), Some(w)) => Err(w),
+        (r, _) => r,
+    }
+}
+
+async fn read_response(stream: &mut tokio::net::TcpStream) -> std::io::Result<(String, Vec<u8>)> {
+    use tokio::io::AsyncReadExt;
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     let head_end = loop {

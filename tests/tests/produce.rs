@@ -232,6 +232,9 @@ async fn key_parameter_is_percent_decoded_bytes() {
     c.finish();
 }
 
+/// (partition, stored payload bytes, key bytes).
+type Stored = (u64, &'static [u8], Option<&'static [u8]>);
+
 #[tokio::test]
 async fn batch_produce_stores_each_element_exactly() {
     let server = Server::start_default().await;
@@ -256,7 +259,7 @@ async fn batch_produce_stores_each_element_exactly() {
         .await;
     assert_eq!(r.expect_json(202), json!({"accepted": 5}));
 
-    let expect: [(u64, &[u8], Option<&[u8]>); 5] = [
+    let expect: [Stored; 5] = [
         (0, br#"{"a" : [1, 2],  "b":{}}"#, None),
         (1, &[0x00, 0x01, 0x02, 0xff], None),
         (2, b"hello world", Some(b"k2")),

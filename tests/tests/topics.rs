@@ -476,6 +476,10 @@ async fn list_default_limit_is_100() {
     assert_eq!(v["topics"].as_array().unwrap().len(), 1);
     assert_eq!(v["topics"][0]["name"], json!("t100"));
     assert_eq!(v["next_page_token"], json!(""));
+    // limit is clamped to 1000, not to the default: one page holds all 101.
+    let v = http.get("/v1/topics?limit=5000").await.expect_json(200);
+    assert_eq!(v["topics"].as_array().unwrap().len(), 101);
+    assert_eq!(v["next_page_token"], json!(""));
 }
 
 #[tokio::test]

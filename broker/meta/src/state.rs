@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::types::{
-    ApplyError, Assignment, Member, MetaCommand, MetaResponse, MetaState, NodeId, SchemaVersion,
-    Topic, TopicPatch,
+    Action, ApplyError, Assignment, Grant, Member, MetaCommand, MetaResponse, MetaState, NodeId,
+    SchemaVersion, Topic, TopicPatch, User, ROOT_USERNAME,
 };
 
 impl MetaState {
@@ -100,6 +100,11 @@ impl MetaState {
                 self.assign_unassigned();
                 Ok(MetaResponse::Ok)
             }
+            MetaCommand::CreateUser { .. }
+            | MetaCommand::SetGrants { .. }
+            | MetaCommand::SetPassword { .. }
+            | MetaCommand::DeleteUser { .. }
+            | MetaCommand::SeedRoot { .. } => self.apply_user(cmd),
         }
     }
 
@@ -183,6 +188,132 @@ impl MetaState {
                     a.owner = Some(live[p % live.len()].clone());
                 }
             }
+        }
+    }
+}
+
+// Users and grants (SPEC §4). The proposer validates names, grants and who may do what
+// (`narad::security::authz`) and hashes passwords; apply only keeps the invariants that must
+// hold whoever proposes: names unique, exactly one root, root neither deleted nor regranted.
+impl MetaState {
+    /// Looks a user up by exact name.
+    pub fn user(&self, username: &str) -> Option<&Arc<User>> {
+        self.users.get(username)
+    }
+
+    /// The root user, once seeded.
+    pub fn root_user(&self) -> Option<&Arc<User>> {
+        self.users.values().find(|u| u.root)
+    }
+
+    fn bump_user_version(&mut self) -> u64 {
+        let v = self.next_user_version;
+        self.next_user_version += 1;
+        v
+    }
+
+    fn existing_user(&self, username: &str) -> Result<&Arc<User>, ApplyError> {
+        self.users
+            .get(username)
+            .ok_or_else(|| ApplyError::NotFound(format!("user {username} not found")))
+    }
+
+    fn apply_user(&mut self, cmd: &MetaCommand) -> Result<MetaResponse, ApplyError> {
+        match cmd {
+            MetaCommand::CreateUser {
+                username,
+                password_hash,
+                grants,
+                root,
+                now_ms,
+            } => {
+                if self.users.contains_key(username) {
+                    return Err(ApplyError::Conflict(format!(
+                        "user {username} already exists"
+                    )));
+                }
+                if *root && self.root_user().is_some() {
+                    return Err(ApplyError::Conflict("a root user already exists".into()));
+                }
+                let user = Arc::new(User {
+                    username: username.clone(),
+                    password_hash: password_hash.clone(),
+                    grants: grants.clone(),
+                    root: *root,
+                    created_at_ms: *now_ms,
+                    updated_at_ms: *now_ms,
+                    version: self.bump_user_version(),
+                });
+                self.users.insert(username.clone(), user.clone());
+                Ok(MetaResponse::User(user))
+            }
+            MetaCommand::SetGrants {
+                username,
+                grants,
+                now_ms,
+            } => {
+                let current = self.existing_user(username)?;
+                if current.root {
+                    return Err(ApplyError::Conflict(format!(
+                        "the grants of root user {username} are fixed"
+                    )));
+                }
+                let mut user = User::clone(current);
+                user.grants = grants.clone();
+                user.updated_at_ms = *now_ms;
+                user.version = self.bump_user_version();
+                let user = Arc::new(user);
+                self.users.insert(username.clone(), user.clone());
+                Ok(MetaResponse::User(user))
+            }
+            MetaCommand::SetPassword {
+                username,
+                password_hash,
+                now_ms,
+            } => {
+                let mut user = User::clone(self.existing_user(username)?);
+                user.password_hash = password_hash.clone();
+                user.updated_at_ms = *now_ms;
+                user.version = self.bump_user_version();
+                let user = Arc::new(user);
+                self.users.insert(username.clone(), user.clone());
+                Ok(MetaResponse::User(user))
+            }
+            MetaCommand::DeleteUser { username } => {
+                if self.existing_user(username)?.root {
+                    return Err(ApplyError::Conflict(format!(
+                        "root user {username} cannot be deleted"
+                    )));
+                }
+                let user = self
+                    .users
+                    .remove(username)
+                    .expect("invariant: checked to exist above");
+                Ok(MetaResponse::UserDeleted(user))
+            }
+            MetaCommand::SeedRoot {
+                password_hash,
+                now_ms,
+            } => {
+                if !self.users.is_empty() {
+                    return Ok(MetaResponse::Ok);
+                }
+                let user = Arc::new(User {
+                    username: ROOT_USERNAME.to_string(),
+                    password_hash: password_hash.clone(),
+                    grants: vec![Grant {
+                        action: Action::Admin,
+                        patterns: vec![],
+                    }],
+                    root: true,
+                    created_at_ms: *now_ms,
+                    updated_at_ms: *now_ms,
+                    version: self.bump_user_version(),
+                });
+                self.users.insert(ROOT_USERNAME.to_string(), user.clone());
+                Ok(MetaResponse::User(user))
+            }
+            other => unreachable!("apply_user called with a non-user command: {other:?}"),
         }
     }
 }
@@ -594,5 +725,304 @@ mod tests {
         let (s, _) = run();
         let back: MetaState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
         assert_eq!(back, s);
+    }
+}
+
+#[cfg(test)]
+mod user_tests {
+    use super::*;
+
+    fn grant(action: Action, patterns: &[&str]) -> Grant {
+        Grant {
+            action,
+            patterns: patterns.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    fn create_user(name: &str, hash: &str, now_ms: u64) -> MetaCommand {
+        MetaCommand::CreateUser {
+            username: name.into(),
+            password_hash: hash.into(),
+            grants: vec![grant(Action::Produce, &["orders-*"])],
+            root: false,
+            now_ms,
+        }
+    }
+
+    fn seed(hash: &str, now_ms: u64) -> MetaCommand {
+        MetaCommand::SeedRoot {
+            password_hash: hash.into(),
+            now_ms,
+        }
+    }
+
+    fn user(resp: MetaResponse) -> Arc<User> {
+        match resp {
+            MetaResponse::User(u) => u,
+            other => panic!("expected a user, got {other:?}"),
+        }
+    }
+
+    fn refused(s: &mut MetaState, cmd: MetaCommand) -> ApplyError {
+        let before = s.clone();
+        let e = s.apply(&cmd).expect_err("must be refused");
+        assert_eq!(*s, before, "a refused command changes nothing");
+        e
+    }
+
+    #[test]
+    fn seed_root_only_when_no_user_exists_and_never_overwrites() {
+        let mut s = MetaState::default();
+        let root = user(s.apply(&seed("h1", 10)).unwrap());
+        assert_eq!(root.username, ROOT_USERNAME);
+        assert!(root.root && root.is_admin());
+        assert_eq!(root.grants, vec![grant(Action::Admin, &[])]);
+        assert_eq!((root.created_at_ms, root.updated_at_ms), (10, 10));
+        assert_eq!(s.root_user(), Some(&root));
+        // Idempotent: a later seed (another node, a restart) changes nothing.
+        let before = s.clone();
+        assert_eq!(s.apply(&seed("h2", 20)).unwrap(), MetaResponse::Ok);
+        assert_eq!(s, before);
+        assert_eq!(s.user("admin").unwrap().password_hash, "h1");
+
+        // Users exist but none is root (e.g. created while security was off): no seeding.
+        let mut s = MetaState::default();
+        s.apply(&create_user("billing", "h", 1)).unwrap();
+        assert_eq!(s.apply(&seed("h2", 20)).unwrap(), MetaResponse::Ok);
+        assert!(s.root_user().is_none());
+        assert_eq!(s.users.len(), 1);
+    }
+
+    #[test]
+    fn create_user_and_conflicts() {
+        let mut s = MetaState::default();
+        s.apply(&seed("root", 1)).unwrap();
+        let u = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        assert_eq!(u.username, "billing");
+        assert_eq!(u.password_hash, "h");
+        assert!(!u.root && !u.is_admin());
+        assert_eq!((u.created_at_ms, u.updated_at_ms), (5, 5));
+        assert_eq!(s.user("billing"), Some(&u));
+        assert!(s.user("Billing").is_none(), "names are case-sensitive");
+        match refused(&mut s, create_user("billing", "other", 6)) {
+            ApplyError::Conflict(m) => assert_eq!(m, "user billing already exists"),
+            other => panic!("{other:?}"),
+        }
+        match refused(&mut s, create_user("admin", "other", 6)) {
+            ApplyError::Conflict(m) => assert_eq!(m, "user admin already exists"),
+            other => panic!("{other:?}"),
+        }
+        // Exactly one root.
+        let second_root = MetaCommand::CreateUser {
+            username: "root2".into(),
+            password_hash: "h".into(),
+            grants: vec![],
+            root: true,
+            now_ms: 7,
+        };
+        assert!(matches!(
+            refused(&mut s, second_root),
+            ApplyError::Conflict(_)
+        ));
+    }
+
+    #[test]
+    fn set_grants() {
+        let mut s = MetaState::default();
+        s.apply(&seed("root", 1)).unwrap();
+        let u0 = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        let new = vec![
+            grant(Action::Consume, &["orders", "pay-*"]),
+            grant(Action::Create, &["*"]),
+        ];
+        let u = user(
+            s.apply(&MetaCommand::SetGrants {
+                username: "billing".into(),
+                grants: new.clone(),
+                now_ms: 9,
+            })
+            .unwrap(),
+        );
+        assert_eq!(u.grants, new);
+        assert_eq!((u.created_at_ms, u.updated_at_ms), (5, 9));
+        assert_eq!(u.password_hash, "h");
+        assert!(u.version > u0.version);
+        // Empty grants are allowed (a user with no rights).
+        let u = user(
+            s.apply(&MetaCommand::SetGrants {
+                username: "billing".into(),
+                grants: vec![],
+                now_ms: 10,
+            })
+            .unwrap(),
+        );
+        assert!(u.grants.is_empty());
+        match refused(
+            &mut s,
+            MetaCommand::SetGrants {
+                username: "nobody".into(),
+                grants: vec![],
+                now_ms: 9,
+            },
+        ) {
+            ApplyError::NotFound(m) => assert_eq!(m, "user nobody not found"),
+            other => panic!("{other:?}"),
+        }
+        // Root's grants are fixed, whoever proposes.
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::SetGrants {
+                    username: "admin".into(),
+                    grants: vec![],
+                    now_ms: 9,
+                }
+            ),
+            ApplyError::Conflict(_)
+        ));
+    }
+
+    #[test]
+    fn set_password_changes_hash_and_version() {
+        let mut s = MetaState::default();
+        s.apply(&seed("root", 1)).unwrap();
+        let u0 = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        let u = user(
+            s.apply(&MetaCommand::SetPassword {
+                username: "billing".into(),
+                password_hash: "h2".into(),
+                now_ms: 5, // same millisecond: the version still changes
+            })
+            .unwrap(),
+        );
+        assert_eq!(u.password_hash, "h2");
+        assert_eq!(u.grants, u0.grants);
+        assert_ne!(u.version, u0.version);
+        // Root may have its password changed (authz decides who may ask).
+        let r = user(
+            s.apply(&MetaCommand::SetPassword {
+                username: "admin".into(),
+                password_hash: "r2".into(),
+                now_ms: 6,
+            })
+            .unwrap(),
+        );
+        assert!(r.root);
+        assert_eq!(r.password_hash, "r2");
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::SetPassword {
+                    username: "nobody".into(),
+                    password_hash: "x".into(),
+                    now_ms: 7,
+                }
+            ),
+            ApplyError::NotFound(_)
+        ));
+    }
+
+    #[test]
+    fn delete_user_and_recreate_gets_a_new_version() {
+        let mut s = MetaState::default();
+        s.apply(&seed("root", 1)).unwrap();
+        let u0 = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        match s
+            .apply(&MetaCommand::DeleteUser {
+                username: "billing".into(),
+            })
+            .unwrap()
+        {
+            MetaResponse::UserDeleted(d) => assert_eq!(d, u0),
+            other => panic!("{other:?}"),
+        }
+        assert!(s.user("billing").is_none());
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::DeleteUser {
+                    username: "billing".into()
+                }
+            ),
+            ApplyError::NotFound(_)
+        ));
+        match refused(
+            &mut s,
+            MetaCommand::DeleteUser {
+                username: "admin".into(),
+            },
+        ) {
+            ApplyError::Conflict(m) => assert_eq!(m, "root user admin cannot be deleted"),
+            other => panic!("{other:?}"),
+        }
+        // Same name, same hash, same millisecond: still a different version.
+        let u1 = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        assert_ne!(u1.version, u0.version);
+    }
+
+    #[test]
+    fn users_are_deterministic_and_survive_snapshots() {
+        let cmds = [
+            seed("root", 1),
+            create_user("a", "ha", 2),
+            create_user("b", "hb", 3),
+            MetaCommand::SetGrants {
+                username: "a".into(),
+                grants: vec![grant(Action::Admin, &[])],
+                now_ms: 4,
+            },
+            MetaCommand::DeleteUser {
+                username: "b".into(),
+            },
+            MetaCommand::SetPassword {
+                username: "a".into(),
+                password_hash: "ha2".into(),
+                now_ms: 5,
+            },
+        ];
+        let run = || {
+            let mut s = MetaState::default();
+            let rs: Vec<_> = cmds.iter().map(|c| s.apply(c)).collect();
+            (s, rs)
+        };
+        assert_eq!(run(), run());
+        let (s, _) = run();
+        let back: MetaState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert!(back.user("a").unwrap().is_admin());
+    }
+
+    #[test]
+    fn old_snapshots_without_users_still_load() {
+        let mut s = MetaState::default();
+        s.apply(&MetaCommand::CreateTopic {
+            name: "t".into(),
+            config: crate::types::TopicConfig {
+                partitions: 3,
+                retention_ms: 0,
+                visibility_timeout_ms: 30_000,
+                max_in_flight_per_partition: 1024,
+                max_acked_ahead_per_partition: 1024,
+            },
+            owner: None,
+            schema: None,
+            created_at_ms: 1,
+        })
+        .unwrap();
+        let mut v: serde_json::Value = serde_json::to_value(&s).unwrap();
+        let obj = v.as_object_mut().unwrap();
+        obj.remove("users");
+        obj.remove("next_user_version");
+        let back: MetaState = serde_json::from_value(v).unwrap();
+        assert_eq!(back, s);
+        assert!(back.users.is_empty());
+    }
+
+    #[test]
+    fn debug_never_shows_the_hash() {
+        let mut s = MetaState::default();
+        let u = user(s.apply(&seed("$argon2id$secret", 1)).unwrap());
+        let dbg = format!("{u:?} {s:?}");
+        assert!(!dbg.contains("secret"), "{dbg}");
     }
 }

@@ -112,6 +112,133 @@ pub enum MetaCommand {
         version: String,
         now_ms: u64,
     },
+    /// Creates a user. `password_hash` is a PHC string computed by the proposer (hashing is
+    /// random and slow, so it never happens in apply). 409 when the name is taken; 409 when
+    /// `root` is set and a root user already exists (there is exactly one root).
+    CreateUser {
+        username: String,
+        password_hash: String,
+        grants: Vec<Grant>,
+        root: bool,
+        now_ms: u64,
+    },
+    /// Replaces all grants of a user. 404 unknown user; 409 for root (its grants are fixed).
+    SetGrants {
+        username: String,
+        grants: Vec<Grant>,
+        now_ms: u64,
+    },
+    /// Replaces a user's password hash (PHC string, computed by the proposer). 404 unknown user.
+    SetPassword {
+        username: String,
+        password_hash: String,
+        now_ms: u64,
+    },
+    /// Deletes a user. 404 unknown user; 409 for root (root cannot be deleted).
+    DeleteUser {
+        username: String,
+    },
+    /// Creates the root user [`ROOT_USERNAME`] with an `admin` grant, only if no user exists
+    /// at all (SPEC §4.4). Idempotent and never overwrites: answers [`MetaResponse::User`]
+    /// when it created root (so only the seeding node logs a generated password), and
+    /// [`MetaResponse::Ok`] when it did nothing.
+    SeedRoot {
+        password_hash: String,
+        now_ms: u64,
+    },
+}
+
+/// The name of the root user seeded on first start (SPEC §4.4).
+pub const ROOT_USERNAME: &str = "admin";
+
+/// What a grant allows (SPEC §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Action {
+    /// produce, batch produce
+    Produce,
+    /// consume, replay, ack, extend, nack
+    Consume,
+    /// creating topics with matching names; the creator becomes owner
+    Create,
+    /// everything, incl. users and cluster operations; takes no patterns
+    Admin,
+}
+
+impl Action {
+    /// The wire name: `produce`, `consume`, `create`, `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Produce => "produce",
+            Action::Consume => "consume",
+            Action::Create => "create",
+            Action::Admin => "admin",
+        }
+    }
+
+    /// Parses a wire name (exact, lower case).
+    pub fn parse(s: &str) -> Option<Action> {
+        match s {
+            "produce" => Some(Action::Produce),
+            "consume" => Some(Action::Consume),
+            "create" => Some(Action::Create),
+            "admin" => Some(Action::Admin),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An action plus topic-name patterns (exact name or prefix with one trailing `*`); `Admin`
+/// has none. Validated by the proposer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub action: Action,
+    #[serde(default)]
+    pub patterns: Vec<String>,
+}
+
+/// A user as stored in the metadata.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    pub username: String,
+    /// argon2id PHC string (`$argon2id$v=19$m=…,t=…,p=…$salt$hash`). Never returned or logged.
+    pub password_hash: String,
+    pub grants: Vec<Grant>,
+    /// The seeded root admin: cannot be deleted, grants fixed, only it changes its password.
+    pub root: bool,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// Changes on every change of this record (create, grants, password) and is never reused
+    /// across users or re-creations (drawn from `MetaState::next_user_version`), so caches
+    /// keyed by it (verified credentials) are invalidated by any change, even within one
+    /// millisecond or with a proposer whose clock went backwards.
+    pub version: u64,
+}
+
+impl std::fmt::Debug for User {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("User")
+            .field("username", &self.username)
+            .field("password_hash", &"<redacted>")
+            .field("grants", &self.grants)
+            .field("root", &self.root)
+            .field("created_at_ms", &self.created_at_ms)
+            .field("updated_at_ms", &self.updated_at_ms)
+            .field("version", &self.version)
+            .finish()
+    }
+}
+
+impl User {
+    /// Root or holding an `admin` grant.
+    pub fn is_admin(&self) -> bool {
+        self.root || self.grants.iter().any(|g| g.action == Action::Admin)
+    }
 }
 
 /// The result of applying a command.
@@ -121,6 +248,11 @@ pub enum MetaResponse {
     /// The deleted topic (so its data can be purged).
     Deleted(Arc<Topic>),
     Ok,
+    /// The user as created or changed (`CreateUser`, `SetGrants`, `SetPassword`, and
+    /// `SeedRoot` when it seeded).
+    User(Arc<User>),
+    /// The deleted user.
+    UserDeleted(Arc<User>),
 }
 
 /// A refusal by the state machine (deterministic; the same on every replica).
@@ -145,4 +277,10 @@ pub struct MetaState {
     pub topic_names_folded: BTreeMap<String, String>,
     pub next_topic_id: u64,
     pub members: BTreeMap<NodeId, Member>,
+    /// Users by exact (case-sensitive) name.
+    #[serde(default)]
+    pub users: BTreeMap<String, Arc<User>>,
+    /// The next `User::version`; only grows.
+    #[serde(default)]
+    pub next_user_version: u64,
 }

@@ -133,33 +133,46 @@ async fn observe(State(node): State<AppState>, req: Request, next: Next) -> Resp
     resp
 }
 
+/// Most bytes of an oversized body read and discarded so that the connection stays usable;
+/// beyond this the `413` closes the connection.
+const MAX_DRAIN: u64 = 16 * 1024 * 1024;
+
 /// Reads a request body of at most `MAX_BODY` bytes (`413` beyond).
 pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult<Bytes> {
-    if let Some(len) = headers
+    use futures::StreamExt;
+    let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        if len > MAX_BODY as u64 {
-            return Err(ApiError::too_large(format!(
-                "request body of {len} bytes exceeds the limit of {MAX_BODY} bytes"
-            )));
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = |close: bool| ApiError {
+        close,
+        ..ApiError::too_large(format!(
+            "request body exceeds the limit of {MAX_BODY} bytes"
+        ))
+    };
+    if declared.is_some_and(|len| len > MAX_DRAIN) {
+        return Err(too_large(true));
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf =
+        bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(MAX_BODY as u64) as usize);
+    let mut total: u64 = 0;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        total += chunk.len() as u64;
+        if total > MAX_DRAIN {
+            return Err(too_large(true));
+        }
+        if total <= MAX_BODY as u64 {
+            buf.extend_from_slice(&chunk);
         }
     }
-    axum::body::to_bytes(body, MAX_BODY).await.map_err(|e| {
-        // A length-limit error is the only one for a well-formed body stream.
-        let over = std::error::Error::source(&e)
-            .map(|s| s.to_string().contains("length limit"))
-            .unwrap_or(false)
-            || e.to_string().contains("length limit");
-        if over {
-            ApiError::too_large(format!(
-                "request body exceeds the limit of {MAX_BODY} bytes"
-            ))
-        } else {
-            ApiError::bad_request(format!("could not read the request body: {e}"))
-        }
-    })
+    if total > MAX_BODY as u64 {
+        // Read to the end: the connection can carry the next request.
+        return Err(too_large(false));
+    }
+    Ok(buf.freeze())
 }
 
 /// Parses a strict JSON body: unknown fields, trailing data and a second value are `400`.

@@ -8,8 +8,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::Bytes;
-use narad_api::{BatchProduceRequest, BatchProduceResponse};
+use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
+use serde_json::value::RawValue;
 
 use super::{json, parse_json, path_error, read_body, AppState, Query, MAX_BODY};
 use crate::error::{ApiError, ApiResult};
@@ -102,6 +103,13 @@ pub async fn produce(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
+/// A batch body whose elements are parsed one by one, so that an error names its element.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBatch {
+    messages: Vec<Box<RawValue>>,
+}
+
 fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
     base64::engine::general_purpose::STANDARD
         .decode(s)
@@ -117,7 +125,7 @@ pub async fn produce_batch(
     let Path(name) = path.map_err(path_error)?;
     let topic = node.topic(&name)?;
     let body = read_body(&headers, body).await?;
-    let req: BatchProduceRequest = parse_json(&body)?;
+    let req: RawBatch = parse_json(&body)?;
     if req.messages.is_empty() || req.messages.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
             "a batch holds 1 to {MAX_BATCH} messages, got {}",
@@ -127,8 +135,9 @@ pub async fn produce_batch(
     let rt = node.runtime(&topic)?;
     let n = topic.config.partitions;
     let mut records = Vec::with_capacity(req.messages.len());
-    for (i, m) in req.messages.iter().enumerate() {
+    for (i, raw) in req.messages.iter().enumerate() {
         let fail = |msg: String| ApiError::bad_request(format!("message {i}: {msg}"));
+        let m: BatchMessage = serde_json::from_str(raw.get()).map_err(|e| fail(format!("{e}")))?;
         let payload: Bytes = match m.payload_encoding.as_deref() {
             None | Some("") => Bytes::copy_from_slice(m.payload.get().as_bytes()),
             Some("base64") => {

@@ -1,0 +1,758 @@
+//! The cluster-port wire format (SPEC §6.6): frames, frame types, opcodes, request and reply
+//! payloads. Pure encoding and decoding plus two small async helpers; no connection state.
+//!
+//! # Frame
+//!
+//! | offset | size | field | notes |
+//! |---|---|---|---|
+//! | 0 | 4 | magic | ASCII `NRD1` |
+//! | 4 | 1 | protocol version | [`PROTOCOL_VERSION`] (= 1); any other value is a protocol error |
+//! | 5 | 1 | frame type | [`FrameType`] |
+//! | 6 | 8 | request id | u64 big-endian; `0` for connection-level frames (auth, connection errors) |
+//! | 14 | 4 | payload length | u32 big-endian, ≤ [`MAX_PAYLOAD`] (16 MiB); larger → protocol error, connection closed |
+//! | 18 | n | payload | depends on the frame type |
+//!
+//! # Payloads
+//!
+//! | frame type | direction | payload |
+//! |---|---|---|
+//! | 1 AuthChallenge | server → client | 32-byte nonce ‖ server node id (UTF-8, rest of payload) |
+//! | 2 AuthResponse | client → server | u16 node-id length ‖ node id (UTF-8) ‖ 32-byte HMAC-SHA256 proof |
+//! | 3 AuthOk | server → client | empty: the proof was accepted |
+//! | 4 Error | either | UTF-8 message. Request id 0: the connection is about to close; otherwise the request with that id failed below the RPC layer |
+//! | 5 Ping | either | opaque (≤ 64 bytes by convention), echoed by Pong |
+//! | 6 Pong | either | the Ping's payload, same request id |
+//! | 7 Request | client → server | opcode u8 ‖ opcode body |
+//! | 8 Reply | server → client | status u16 ‖ u16 content-type length ‖ content type (UTF-8) ‖ body (rest) |
+//! | 9 Raft | client → server | a Raft RPC (see `raft_net`: JSON of `narad_meta::RaftRequest`) |
+//! | 10 RaftReply | server → client | the Raft RPC's answer (JSON of `narad_meta::RaftReply`) |
+//!
+//! Frame-type numbers and opcodes are append-only: never renumbered, never reused.
+
+use std::fmt;
+use std::io;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The 4-byte magic every frame starts with.
+pub const MAGIC: [u8; 4] = *b"NRD1";
+/// The only protocol version this build speaks.
+pub const PROTOCOL_VERSION: u8 = 1;
+/// Bytes before the payload: magic, version, type, request id, length.
+pub const HEADER_LEN: usize = 4 + 1 + 1 + 8 + 4;
+/// Largest payload of one frame (SPEC §11: frame ≤ 16 MiB).
+pub const MAX_PAYLOAD: usize = 16 * 1024 * 1024;
+
+/// What a frame carries. Stable numbers, append-only.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FrameType {
+    /// Server → client on connect: nonce and the server's node id.
+    AuthChallenge = 1,
+    /// Client → server: its node id and the HMAC proof.
+    AuthResponse = 2,
+    /// Server → client: the proof was accepted; requests may flow.
+    AuthOk = 3,
+    /// A failure below the RPC layer (request id 0: the whole connection, about to close).
+    Error = 4,
+    /// Liveness probe; answered by a `Pong` with the same id and payload.
+    Ping = 5,
+    /// Answer to a `Ping`.
+    Pong = 6,
+    /// An RPC request: opcode and body.
+    Request = 7,
+    /// An RPC reply: status, content type, body.
+    Reply = 8,
+    /// A Raft RPC to the receiving node's metadata Raft.
+    Raft = 9,
+    /// The answer to a `Raft` frame.
+    RaftReply = 10,
+}
+
+impl FrameType {
+    pub fn from_u8(v: u8) -> Option<FrameType> {
+        Some(match v {
+            1 => FrameType::AuthChallenge,
+            2 => FrameType::AuthResponse,
+            3 => FrameType::AuthOk,
+            4 => FrameType::Error,
+            5 => FrameType::Ping,
+            6 => FrameType::Pong,
+            7 => FrameType::Request,
+            8 => FrameType::Reply,
+            9 => FrameType::Raft,
+            10 => FrameType::RaftReply,
+            _ => return None,
+        })
+    }
+}
+
+/// Why bytes on the cluster port could not be read as a frame. Every variant closes the
+/// connection (the stream can no longer be trusted to be in sync), except where noted.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtoError {
+    #[error("bad frame magic {0:02x?}")]
+    BadMagic([u8; 4]),
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u8),
+    /// The payload was consumed, so the stream is still in sync; the receiver may answer an
+    /// `Error` frame for `request_id` and go on.
+    #[error("unknown frame type {kind}")]
+    UnknownFrameType { kind: u8, request_id: u64 },
+    #[error("frame payload of {0} bytes exceeds the 16 MiB limit")]
+    Oversize(u64),
+    /// The stream ended inside a frame.
+    #[error("truncated frame")]
+    Truncated,
+    /// A payload that does not parse for its frame type.
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// One frame.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: FrameType,
+    pub request_id: u64,
+    pub payload: Bytes,
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the payload: it may be an auth proof or a message body.
+        f.debug_struct("Frame")
+            .field("kind", &self.kind)
+            .field("request_id", &self.request_id)
+            .field("payload_len", &self.payload.len())
+            .finish()
+    }
+}
+
+/// A parsed frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub kind: u8,
+    pub request_id: u64,
+    pub len: usize,
+}
+
+impl Frame {
+    pub fn new(kind: FrameType, request_id: u64, payload: impl Into<Bytes>) -> Frame {
+        Frame {
+            kind,
+            request_id,
+            payload: payload.into(),
+        }
+    }
+
+    /// A connection-level or per-request `Error` frame.
+    pub fn error(request_id: u64, message: &str) -> Frame {
+        Frame::new(
+            FrameType::Error,
+            request_id,
+            Bytes::copy_from_slice(message.as_bytes()),
+        )
+    }
+
+    /// Appends the encoded frame to `buf`. Fails (writing nothing) if the payload is too big.
+    pub fn encode_into(&self, buf: &mut BytesMut) -> Result<(), ProtoError> {
+        if self.payload.len() > MAX_PAYLOAD {
+            return Err(ProtoError::Oversize(self.payload.len() as u64));
+        }
+        buf.reserve(HEADER_LEN + self.payload.len());
+        buf.put_slice(&MAGIC);
+        buf.put_u8(PROTOCOL_VERSION);
+        buf.put_u8(self.kind as u8);
+        buf.put_u64(self.request_id);
+        buf.put_u32(self.payload.len() as u32);
+        buf.put_slice(&self.payload);
+        Ok(())
+    }
+
+    pub fn encode(&self) -> Result<Bytes, ProtoError> {
+        let mut buf = BytesMut::with_capacity(HEADER_LEN + self.payload.len());
+        self.encode_into(&mut buf)?;
+        Ok(buf.freeze())
+    }
+
+    /// Decodes one frame from the front of `buf`, consuming it. `Ok(None)`: more bytes are
+    /// needed (nothing consumed). Header errors are reported as soon as the header is complete,
+    /// before waiting for (or allocating) the payload.
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<Frame>, ProtoError> {
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let header = parse_header(buf[..HEADER_LEN].try_into().expect("header length"))?;
+        if buf.len() < HEADER_LEN + header.len {
+            return Ok(None);
+        }
+        buf.advance(HEADER_LEN);
+        let payload = buf.split_to(header.len).freeze();
+        finish(header, payload).map(Some)
+    }
+}
+
+/// Validates magic, version and length of an 18-byte header.
+pub fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, ProtoError> {
+    let magic: [u8; 4] = h[0..4].try_into().expect("4 bytes");
+    if magic != MAGIC {
+        return Err(ProtoError::BadMagic(magic));
+    }
+    if h[4] != PROTOCOL_VERSION {
+        return Err(ProtoError::BadVersion(h[4]));
+    }
+    let kind = h[5];
+    let request_id = u64::from_be_bytes(h[6..14].try_into().expect("8 bytes"));
+    let len = u32::from_be_bytes(h[14..18].try_into().expect("4 bytes"));
+    if len as usize > MAX_PAYLOAD {
+        return Err(ProtoError::Oversize(u64::from(len)));
+    }
+    Ok(Header {
+        kind,
+        request_id,
+        len: len as usize,
+    })
+}
+
+fn finish(header: Header, payload: Bytes) -> Result<Frame, ProtoError> {
+    match FrameType::from_u8(header.kind) {
+        Some(kind) => Ok(Frame {
+            kind,
+            request_id: header.request_id,
+            payload,
+        }),
+        None => Err(ProtoError::UnknownFrameType {
+            kind: header.kind,
+            request_id: header.request_id,
+        }),
+    }
+}
+
+/// Reads frames from a byte stream through a buffer. [`FrameReader::next`] is cancel-safe
+/// (it can sit in a `select!`): partial frames stay in the buffer.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    pub fn new(inner: R) -> FrameReader<R> {
+        FrameReader {
+            inner,
+            buf: BytesMut::with_capacity(64 * 1024),
+        }
+    }
+
+    /// The next frame. `Ok(None)`: clean end of stream at a frame boundary; end of stream
+    /// inside a frame is [`ProtoError::Truncated`]. Header errors (bad magic, version,
+    /// oversize) are reported as soon as the 18 header bytes are in, before the payload.
+    pub async fn next(&mut self) -> Result<Option<Frame>, ProtoError> {
+        loop {
+            if let Some(frame) = Frame::decode(&mut self.buf)? {
+                return Ok(Some(frame));
+            }
+            if self.buf.len() >= HEADER_LEN {
+                // The header is valid (decode checked it): make room for the whole frame.
+                let len = u32::from_be_bytes(self.buf[14..18].try_into().expect("4 bytes"));
+                let want = HEADER_LEN + len as usize;
+                self.buf.reserve(want.saturating_sub(self.buf.len()));
+            } else {
+                self.buf.reserve(HEADER_LEN);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ProtoError::Truncated)
+                };
+            }
+        }
+    }
+
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+}
+
+/// Reads one frame from an unbuffered stream (bytes past the frame may be consumed: use a
+/// [`FrameReader`] for a stream of frames).
+pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, ProtoError> {
+    FrameReader::new(r).next().await
+}
+
+/// Writes one frame (no flush).
+pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtoError> {
+    let bytes = frame.encode()?;
+    w.write_all(&bytes).await?;
+    Ok(())
+}
+
+/// The node RPC operations (SPEC §6.6). **Append-only**: a number is never reused and an
+/// opcode's body never changes meaning; a new shape of an operation gets a new opcode. A node
+/// that does not know an opcode answers `400` `unsupported rpc operation <n>`
+/// ([`RpcReply::unsupported`]), which callers read as "peer too old".
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Opcode {
+    /// Produce one message through the receiving node (a forwarded `POST …/produce`).
+    Produce = 1,
+    /// Consume from partitions the receiving node owns (forwarded or probing consume).
+    Consume = 2,
+    /// Ack a receipt handle at the partition owner.
+    Ack = 3,
+    /// Create a topic (metadata write, sent to the Raft leader).
+    CreateTopic = 4,
+    /// Alter a topic (metadata write, sent to the leader).
+    AlterTopic = 5,
+    /// Delete a topic (metadata write, sent to the leader).
+    DeleteTopic = 6,
+    /// Purge a topic's messages.
+    PurgeTopic = 7,
+    /// Stats of the partitions the receiving node owns.
+    TopicPartitionStats = 8,
+    /// Member heartbeat / registration (sent to the leader).
+    RegisterMember = 9,
+    /// Commit one WAL record into a partition the receiving node owns (dispatcher; 30 s).
+    CommitProduce = 10,
+    /// Commit a batch of WAL records into one owned partition (dispatcher; 30 s).
+    CommitProduceBatch = 11,
+    /// Create a user (metadata write, sent to the leader).
+    CreateUser = 12,
+    /// Update a user's password or grants (sent to the leader).
+    UpdateUser = 13,
+    /// Delete a user (sent to the leader).
+    DeleteUser = 14,
+    /// Attach a child topic (sent to the leader).
+    AttachChild = 15,
+    /// Detach a child topic (sent to the leader).
+    DetachChild = 16,
+    /// Fan-out cursor state of partitions the receiving node owns.
+    FanoutCursors = 17,
+    /// Extend a lease at the partition owner.
+    ExtendAck = 18,
+    /// Nack (release) a lease at the partition owner.
+    Nack = 19,
+    /// Read a topic as the leader sees it (catch-up before a `404`).
+    GetTopic = 20,
+    /// Ask the leader to admit a node as a voter (join-only start).
+    JoinCluster = 21,
+    /// List a partition's segments (move / rebalance copy).
+    ListPartitionSegments = 22,
+    /// Fetch a chunk of a segment file (move / rebalance copy).
+    FetchSegmentChunk = 23,
+    /// Ask the owner to freeze a partition before the final copy of a move.
+    PrepareHandoff = 24,
+    /// Mark a member draining (sent to the leader).
+    DecommissionMember = 25,
+    /// Compare-and-swap flip `owner := target` (sent to the leader).
+    CompleteMove = 26,
+    /// Abandon a move (sent to the leader).
+    AbortMove = 27,
+    /// Read one partition's assignment as the leader sees it.
+    GetAssignment = 28,
+    /// Attach a remote (other cluster) child topic (sent to the leader).
+    AttachRemoteChild = 29,
+    /// Consume up to N messages at the partition owner.
+    ConsumeBatch = 30,
+    /// Ack several receipt handles at the partition owner.
+    AckBatch = 31,
+}
+
+impl Opcode {
+    /// Every opcode, in numeric order.
+    pub const ALL: [Opcode; 31] = [
+        Opcode::Produce,
+        Opcode::Consume,
+        Opcode::Ack,
+        Opcode::CreateTopic,
+        Opcode::AlterTopic,
+        Opcode::DeleteTopic,
+        Opcode::PurgeTopic,
+        Opcode::TopicPartitionStats,
+        Opcode::RegisterMember,
+        Opcode::CommitProduce,
+        Opcode::CommitProduceBatch,
+        Opcode::CreateUser,
+        Opcode::UpdateUser,
+        Opcode::DeleteUser,
+        Opcode::AttachChild,
+        Opcode::DetachChild,
+        Opcode::FanoutCursors,
+        Opcode::ExtendAck,
+        Opcode::Nack,
+        Opcode::GetTopic,
+        Opcode::JoinCluster,
+        Opcode::ListPartitionSegments,
+        Opcode::FetchSegmentChunk,
+        Opcode::PrepareHandoff,
+        Opcode::DecommissionMember,
+        Opcode::CompleteMove,
+        Opcode::AbortMove,
+        Opcode::GetAssignment,
+        Opcode::AttachRemoteChild,
+        Opcode::ConsumeBatch,
+        Opcode::AckBatch,
+    ];
+
+    pub fn from_u8(v: u8) -> Option<Opcode> {
+        match v {
+            1..=31 => Some(Opcode::ALL[usize::from(v) - 1]),
+            _ => None,
+        }
+    }
+
+    /// The number on the wire.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+impl From<Opcode> for u8 {
+    fn from(op: Opcode) -> u8 {
+        op as u8
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}({})", self, *self as u8)
+    }
+}
+
+/// A `Request` payload: opcode byte then body.
+pub fn encode_request(op: u8, body: &[u8]) -> Bytes {
+    let mut buf = BytesMut::with_capacity(1 + body.len());
+    buf.put_u8(op);
+    buf.put_slice(body);
+    buf.freeze()
+}
+
+/// Splits a `Request` payload into opcode and body (zero-copy).
+pub fn decode_request(mut payload: Bytes) -> Result<(u8, Bytes), ProtoError> {
+    if payload.is_empty() {
+        return Err(ProtoError::Malformed("request: no opcode"));
+    }
+    let op = payload.get_u8();
+    Ok((op, payload))
+}
+
+/// `application/json`, the usual reply content type.
+pub const JSON: &str = "application/json";
+
+/// An RPC reply: an HTTP-vocabulary status, a content type and a body, so the forwarding node
+/// can answer its HTTP client 1:1.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcReply {
+    pub status: u16,
+    pub content_type: String,
+    pub body: Bytes,
+}
+
+impl RpcReply {
+    pub fn new(status: u16, content_type: impl Into<String>, body: impl Into<Bytes>) -> RpcReply {
+        RpcReply {
+            status,
+            content_type: content_type.into(),
+            body: body.into(),
+        }
+    }
+
+    /// A JSON reply.
+    pub fn json<T: serde::Serialize + ?Sized>(status: u16, value: &T) -> RpcReply {
+        match serde_json::to_vec(value) {
+            Ok(body) => RpcReply::new(status, JSON, body),
+            Err(e) => RpcReply::error(500, &format!("reply not serialisable: {e}")),
+        }
+    }
+
+    /// `{"error": message}` with `status` (the HTTP API's error shape).
+    pub fn error(status: u16, message: &str) -> RpcReply {
+        RpcReply::new(
+            status,
+            JSON,
+            serde_json::to_vec(&serde_json::json!({ "error": message }))
+                .expect("invariant: a string map serialises"),
+        )
+    }
+
+    /// The message every node answers for an opcode it does not know.
+    pub fn unsupported_message(op: u8) -> String {
+        format!("unsupported rpc operation {op}")
+    }
+
+    /// `400` `{"error":"unsupported rpc operation <op>"}`: what an older node answers for an
+    /// opcode it does not know (the caller's `RpcError::PeerTooOld`).
+    pub fn unsupported(op: u8) -> RpcReply {
+        RpcReply::error(400, &RpcReply::unsupported_message(op))
+    }
+
+    /// Whether this is the "unsupported rpc operation `op`" answer.
+    pub fn is_unsupported(&self, op: u8) -> bool {
+        if self.status != 400 {
+            return false;
+        }
+        #[derive(serde::Deserialize)]
+        struct E {
+            error: String,
+        }
+        serde_json::from_slice::<E>(&self.body)
+            .is_ok_and(|e| e.error == RpcReply::unsupported_message(op))
+    }
+
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The `Reply` payload. Fails if the content type is longer than 65535 bytes.
+    pub fn encode(&self) -> Result<Bytes, ProtoError> {
+        let ct = self.content_type.as_bytes();
+        let ct_len =
+            u16::try_from(ct.len()).map_err(|_| ProtoError::Malformed("reply: content type too long"))?;
+        let mut buf = BytesMut::with_capacity(2 + 2 + ct.len() + self.body.len());
+        buf.put_u16(self.status);
+        buf.put_u16(ct_len);
+        buf.put_slice(ct);
+        buf.put_slice(&self.body);
+        Ok(buf.freeze())
+    }
+
+    /// Parses a `Reply` payload (the body is zero-copy).
+    pub fn decode(mut payload: Bytes) -> Result<RpcReply, ProtoError> {
+        if payload.len() < 4 {
+            return Err(ProtoError::Malformed("reply: short header"));
+        }
+        let status = payload.get_u16();
+        let ct_len = usize::from(payload.get_u16());
+        if payload.len() < ct_len {
+            return Err(ProtoError::Malformed("reply: truncated content type"));
+        }
+        let ct = payload.split_to(ct_len);
+        let content_type = std::str::from_utf8(&ct)
+            .map_err(|_| ProtoError::Malformed("reply: content type not UTF-8"))?
+            .to_owned();
+        Ok(RpcReply {
+            status,
+            content_type,
+            body: payload,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: FrameType, id: u64, payload: &[u8]) -> Frame {
+        Frame::new(kind, id, Bytes::copy_from_slice(payload))
+    }
+
+    #[test]
+    fn header_layout_is_big_endian_and_fixed() {
+        let f = frame(FrameType::Request, 0x0102_0304_0506_0708, b"\x01xyz");
+        let b = f.encode().unwrap();
+        assert_eq!(&b[0..4], b"NRD1");
+        assert_eq!(b[4], 1);
+        assert_eq!(b[5], 7);
+        assert_eq!(&b[6..14], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(&b[14..18], &[0, 0, 0, 4]);
+        assert_eq!(&b[18..], b"\x01xyz");
+        assert_eq!(b.len(), HEADER_LEN + 4);
+    }
+
+    #[test]
+    fn frame_type_numbers_are_stable() {
+        let expected = [
+            (FrameType::AuthChallenge, 1),
+            (FrameType::AuthResponse, 2),
+            (FrameType::AuthOk, 3),
+            (FrameType::Error, 4),
+            (FrameType::Ping, 5),
+            (FrameType::Pong, 6),
+            (FrameType::Request, 7),
+            (FrameType::Reply, 8),
+            (FrameType::Raft, 9),
+            (FrameType::RaftReply, 10),
+        ];
+        for (t, n) in expected {
+            assert_eq!(t as u8, n);
+            assert_eq!(FrameType::from_u8(n), Some(t));
+        }
+        assert_eq!(FrameType::from_u8(0), None);
+        assert_eq!(FrameType::from_u8(11), None);
+    }
+
+    #[test]
+    fn opcode_registry_matches_the_spec() {
+        let spec = "1 Produce, 2 Consume, 3 Ack, 4 CreateTopic, 5 AlterTopic, 6 DeleteTopic, \
+            7 PurgeTopic, 8 TopicPartitionStats, 9 RegisterMember, 10 CommitProduce, \
+            11 CommitProduceBatch, 12 CreateUser, 13 UpdateUser, 14 DeleteUser, 15 AttachChild, \
+            16 DetachChild, 17 FanoutCursors, 18 ExtendAck, 19 Nack, 20 GetTopic, \
+            21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
+            25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
+            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch";
+        let entries: Vec<(u8, &str)> = spec
+            .split(',')
+            .map(|e| {
+                let (n, name) = e.trim().split_once(' ').unwrap();
+                (n.parse().unwrap(), name)
+            })
+            .collect();
+        assert_eq!(entries.len(), Opcode::ALL.len());
+        for (n, name) in entries {
+            let op = Opcode::from_u8(n).unwrap();
+            assert_eq!(op as u8, n);
+            assert_eq!(format!("{op:?}"), name);
+            assert_eq!(op.to_string(), format!("{name}({n})"));
+        }
+        assert_eq!(Opcode::from_u8(0), None);
+        assert_eq!(Opcode::from_u8(32), None);
+        assert_eq!(Opcode::from_u8(255), None);
+    }
+
+    #[test]
+    fn round_trips_every_type_and_sizes() {
+        let mut buf = BytesMut::new();
+        let mut frames = Vec::new();
+        for (i, n) in (1..=10u8).enumerate() {
+            let kind = FrameType::from_u8(n).unwrap();
+            let payload: Vec<u8> = (0..(i * 37)).map(|b| b as u8).collect();
+            let f = frame(kind, u64::MAX - i as u64, &payload);
+            f.encode_into(&mut buf).unwrap();
+            frames.push(f);
+        }
+        // An empty payload and one at exactly the limit.
+        let max = Frame::new(FrameType::Request, 7, vec![0xAB; MAX_PAYLOAD]);
+        max.encode_into(&mut buf).unwrap();
+        frames.push(max);
+        let empty = frame(FrameType::AuthOk, 0, b"");
+        empty.encode_into(&mut buf).unwrap();
+        frames.push(empty);
+        for f in frames {
+            assert_eq!(Frame::decode(&mut buf).unwrap(), Some(f));
+        }
+        assert!(buf.is_empty());
+        assert_eq!(Frame::decode(&mut buf).unwrap(), None);
+    }
+
+    #[test]
+    fn truncated_frames_wait_for_more_bytes() {
+        let f = frame(FrameType::Reply, 42, b"hello world");
+        let full = f.encode().unwrap();
+        for cut in 0..full.len() {
+            let mut buf = BytesMut::from(&full[..cut]);
+            assert_eq!(Frame::decode(&mut buf).unwrap(), None, "cut at {cut}");
+            assert_eq!(buf.len(), cut, "nothing consumed at {cut}");
+        }
+        let mut buf = BytesMut::from(&full[..]);
+        assert_eq!(Frame::decode(&mut buf).unwrap(), Some(f));
+    }
+
+    #[tokio::test]
+    async fn async_reader_distinguishes_clean_eof_from_truncation() {
+        let f = frame(FrameType::Request, 9, b"\x04{}");
+        let full = f.encode().unwrap();
+        let mut r: &[u8] = &full;
+        assert_eq!(read_frame(&mut r).await.unwrap(), Some(f));
+        assert!(read_frame(&mut r).await.unwrap().is_none());
+        for cut in 1..full.len() {
+            let mut r: &[u8] = &full[..cut];
+            assert!(
+                matches!(read_frame(&mut r).await, Err(ProtoError::Truncated)),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_magic_version_and_oversize_are_refused() {
+        let good = frame(FrameType::Ping, 1, b"p").encode().unwrap();
+
+        let mut bad = BytesMut::from(&good[..]);
+        bad[0] = b'X';
+        assert!(matches!(Frame::decode(&mut bad), Err(ProtoError::BadMagic(m)) if &m == b"XRD1"));
+        let mut r: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
+        assert!(matches!(read_frame(&mut r).await, Err(ProtoError::BadMagic(_))));
+
+        let mut bad = BytesMut::from(&good[..]);
+        bad[4] = 2;
+        assert!(matches!(Frame::decode(&mut bad), Err(ProtoError::BadVersion(2))));
+
+        // Oversize is refused from the header alone: no payload needed, nothing allocated.
+        let mut h = BytesMut::from(&good[..HEADER_LEN]);
+        h[14..18].copy_from_slice(&((MAX_PAYLOAD as u32) + 1).to_be_bytes());
+        assert!(matches!(
+            Frame::decode(&mut h.clone()),
+            Err(ProtoError::Oversize(n)) if n == MAX_PAYLOAD as u64 + 1
+        ));
+        let mut r: &[u8] = &h;
+        assert!(matches!(read_frame(&mut r).await, Err(ProtoError::Oversize(_))));
+        h[14..18].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(Frame::decode(&mut h), Err(ProtoError::Oversize(_))));
+
+        // And never encoded.
+        let big = Frame::new(FrameType::Request, 1, vec![0u8; MAX_PAYLOAD + 1]);
+        assert!(matches!(big.encode(), Err(ProtoError::Oversize(_))));
+        let mut buf = BytesMut::new();
+        assert!(big.encode_into(&mut buf).is_err());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn unknown_frame_type_consumes_the_frame_and_keeps_sync() {
+        let mut buf = BytesMut::new();
+        frame(FrameType::Ping, 5, b"a").encode_into(&mut buf).unwrap();
+        buf[5] = 200;
+        frame(FrameType::Ping, 6, b"b").encode_into(&mut buf).unwrap();
+        assert!(matches!(
+            Frame::decode(&mut buf),
+            Err(ProtoError::UnknownFrameType { kind: 200, request_id: 5 })
+        ));
+        assert_eq!(Frame::decode(&mut buf).unwrap(), Some(frame(FrameType::Ping, 6, b"b")));
+    }
+
+    #[test]
+    fn request_payload_round_trip() {
+        let p = encode_request(Opcode::CommitProduceBatch.into(), b"{\"x\":1}");
+        assert_eq!(p[0], 11);
+        let (op, body) = decode_request(p).unwrap();
+        assert_eq!((op, &body[..]), (11, &b"{\"x\":1}"[..]));
+        let (op, body) = decode_request(Bytes::from_static(&[31])).unwrap();
+        assert_eq!((op, body.len()), (31, 0));
+        assert!(decode_request(Bytes::new()).is_err());
+    }
+
+    #[test]
+    fn reply_payload_round_trip_and_truncation() {
+        let r = RpcReply::new(202, "application/octet-stream", &b"\x00\x01binary"[..]);
+        let enc = r.encode().unwrap();
+        assert_eq!(&enc[0..2], &202u16.to_be_bytes());
+        assert_eq!(&enc[2..4], &24u16.to_be_bytes());
+        assert_eq!(RpcReply::decode(enc.clone()).unwrap(), r);
+        for cut in 0..(4 + 24) {
+            assert!(RpcReply::decode(enc.slice(..cut)).is_err(), "cut at {cut}");
+        }
+        // Empty content type and body.
+        let r = RpcReply::new(204, "", Bytes::new());
+        assert_eq!(RpcReply::decode(r.encode().unwrap()).unwrap(), r);
+        let mut bad = BytesMut::from(&RpcReply::new(200, "ab", Bytes::new()).encode().unwrap()[..]);
+        bad[4] = 0xff;
+        assert!(RpcReply::decode(bad.freeze()).is_err());
+        let long = RpcReply::new(200, "x".repeat(70_000), Bytes::new());
+        assert!(long.encode().is_err());
+    }
+
+    #[test]
+    fn unsupported_reply_shape() {
+        let r = RpcReply::unsupported(42);
+        assert_eq!(r.status, 400);
+        assert_eq!(r.content_type, JSON);
+        assert_eq!(&r.body[..], br#"{"error":"unsupported rpc operation 42"}"#);
+        assert!(r.is_unsupported(42));
+        assert!(!r.is_unsupported(41));
+        assert!(!RpcReply::error(404, "unsupported rpc operation 42").is_unsupported(42));
+        assert!(!RpcReply::error(400, "bad body").is_unsupported(42));
+    }
+}

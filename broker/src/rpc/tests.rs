@@ -1,0 +1,693 @@
+//! The RPC layer end to end over real TCP on 127.0.0.1 (port 0): handshake, multiplexing,
+//! timeouts, reconnects, version skew, frame limits, shutdown, and a 3-node metadata Raft
+//! cluster whose traffic goes through `RpcRaftTransport`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_meta::{Meta, MetaCommand, MetaError, MetaOptions, MetaResponse, TopicConfig};
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+
+use super::auth::{self, AUTH_FAILED};
+use super::proto::{
+    encode_request, Frame, FrameReader, FrameType, HEADER_LEN, MAGIC, MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+};
+use super::*;
+
+fn secret() -> ClusterSecret {
+    ClusterSecret::new("correct horse battery staple")
+}
+
+/// Replies `200 {"from", "op", "body"}`; a body of digits is first slept on (ms).
+fn echo() -> Arc<dyn RpcHandler> {
+    handler_fn(|from, op, body| async move {
+        let text = String::from_utf8_lossy(&body).into_owned();
+        if let Ok(ms) = text.parse::<u64>() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        RpcReply::json(200, &serde_json::json!({ "from": from, "op": op, "body": text }))
+    })
+}
+
+/// An older build: serves opcodes 1–10 only.
+fn old_peer() -> Arc<dyn RpcHandler> {
+    handler_fn(|_from, op, body| async move {
+        if op > 10 {
+            return RpcReply::unsupported(op);
+        }
+        RpcReply::new(202, "text/plain", format!("old:{op}:{}", String::from_utf8_lossy(&body)))
+    })
+}
+
+async fn serve(id: &str, handler: Arc<dyn RpcHandler>) -> RpcServer {
+    RpcServer::bind("127.0.0.1:0", id, secret(), handler)
+        .await
+        .unwrap()
+}
+
+fn client_of(srv: &RpcServer) -> PeerClient {
+    PeerClient::new("cli", "srv", srv.local_addr().to_string(), secret())
+}
+
+fn json(r: &RpcReply) -> serde_json::Value {
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// A hand-driven connection: handshake done, frames written and read directly.
+async fn raw_connect(
+    srv: &RpcServer,
+    id: &str,
+    secret: &ClusterSecret,
+) -> (FrameReader<OwnedReadHalf>, OwnedWriteHalf) {
+    let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut r = FrameReader::new(r);
+    let ch = r.next().await.unwrap().unwrap();
+    assert_eq!(ch.kind, FrameType::AuthChallenge);
+    assert_eq!(ch.request_id, 0);
+    let (nonce, server_id) = auth::decode_challenge(&ch.payload).unwrap();
+    assert_eq!(server_id, "srv");
+    let proof = secret.proof(&nonce, id);
+    let resp = Frame::new(FrameType::AuthResponse, 0, auth::encode_response(id, &proof));
+    w.write_all(&resp.encode().unwrap()).await.unwrap();
+    (r, w)
+}
+
+async fn send(w: &mut OwnedWriteHalf, f: Frame) {
+    w.write_all(&f.encode().unwrap()).await.unwrap();
+}
+
+async fn next(r: &mut FrameReader<OwnedReadHalf>) -> Option<Frame> {
+    tokio::time::timeout(Duration::from_secs(5), r.next())
+        .await
+        .expect("a frame or EOF in time")
+        .unwrap_or(None)
+}
+
+#[tokio::test]
+async fn handshake_authenticates_and_requests_flow() {
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    assert!(!c.is_connected(), "connects lazily");
+    let r = c
+        .call(Opcode::GetTopic, Bytes::from_static(b"orders"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content_type, "application/json");
+    assert_eq!(
+        json(&r),
+        serde_json::json!({"from": "cli", "op": 20, "body": "orders"})
+    );
+    assert!(c.is_connected());
+    c.ping(Duration::from_secs(1)).await.unwrap();
+    let s = srv.stats();
+    assert_eq!((s.accepted, s.authenticated, s.auth_failures), (1, 1, 0));
+
+    // The raw view: challenge → response → AuthOk, then a Ping is answered with a Pong.
+    let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
+    send(&mut w, Frame::new(FrameType::Ping, 77, &b"hi"[..])).await;
+    let pong = next(&mut r).await.unwrap();
+    assert_eq!((pong.kind, pong.request_id, &pong.payload[..]), (FrameType::Pong, 77, &b"hi"[..]));
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn no_secret_mode_still_runs_the_handshake() {
+    let srv = RpcServer::bind("127.0.0.1:0", "srv", ClusterSecret::none(), echo())
+        .await
+        .unwrap();
+    let c = PeerClient::new("cli", "srv", srv.local_addr().to_string(), ClusterSecret::none());
+    assert_eq!(c.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+    // A node with a secret cannot talk to one without (and vice versa).
+    let with = PeerClient::new("cli2", "srv", srv.local_addr().to_string(), secret());
+    assert!(matches!(with.call(Opcode::Ack, Bytes::new()).await, Err(RpcError::Auth(_))));
+    let s = srv.stats();
+    assert_eq!((s.authenticated, s.auth_failures), (1, 1));
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn wrong_secret_is_refused_and_the_connection_closed() {
+    let srv = serve("srv", echo()).await;
+    let bad = PeerClient::new(
+        "intruder",
+        "srv",
+        srv.local_addr().to_string(),
+        ClusterSecret::new("guess"),
+    );
+    match bad.call(Opcode::CreateTopic, Bytes::new()).await {
+        Err(RpcError::Auth(m)) => {
+            assert!(m.contains(AUTH_FAILED), "{m}");
+            assert!(!m.contains("guess") && !m.contains("horse"), "no secret in errors: {m}");
+        }
+        other => panic!("expected Auth, got {other:?}"),
+    }
+    assert!(!bad.is_connected());
+    // Within the back-off the error is repeated without another connection.
+    assert!(matches!(bad.call(Opcode::Ack, Bytes::new()).await, Err(RpcError::Auth(_))));
+    let s = srv.stats();
+    assert_eq!((s.accepted, s.authenticated, s.auth_failures), (1, 0, 1));
+
+    // On the wire: an Error frame (id 0, nothing but "authentication failed"), then EOF.
+    let (mut r, _w) = raw_connect(&srv, "intruder", &ClusterSecret::new("guess")).await;
+    let e = next(&mut r).await.unwrap();
+    assert_eq!((e.kind, e.request_id, &e.payload[..]), (FrameType::Error, 0, AUTH_FAILED.as_bytes()));
+    assert!(next(&mut r).await.is_none(), "connection closed");
+
+    // Not speaking the protocol at all (an HTTP client on the cluster port).
+    let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut r = FrameReader::new(r);
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthChallenge);
+    w.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::Error);
+    assert!(next(&mut r).await.is_none());
+    assert_eq!(srv.stats().auth_failures, 3);
+
+    // A right secret under a spoofed name fails too: the proof binds the node id.
+    let (mut r, _w) = {
+        let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+        let (r, mut w) = s.into_split();
+        let mut r = FrameReader::new(r);
+        let ch = next(&mut r).await.unwrap();
+        let (nonce, _) = auth::decode_challenge(&ch.payload).unwrap();
+        let proof = secret().proof(&nonce, "narad-1");
+        send(
+            &mut w,
+            Frame::new(FrameType::AuthResponse, 0, auth::encode_response("narad-2", &proof)),
+        )
+        .await;
+        (r, w)
+    };
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::Error);
+    assert!(next(&mut r).await.is_none());
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn client_refuses_an_address_serving_another_node() {
+    let srv = serve("srv", echo()).await;
+    let c = PeerClient::new("cli", "narad-9", srv.local_addr().to_string(), secret());
+    match c.call(Opcode::Ack, Bytes::new()).await {
+        Err(RpcError::Unreachable(m)) => assert!(m.contains("is node srv, not narad-9"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // An empty peer id accepts whoever answers (a seed address).
+    let any = PeerClient::new("cli", "", srv.local_addr().to_string(), secret());
+    assert_eq!(any.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_requests_share_one_connection_and_complete_out_of_order() {
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    const N: usize = 200;
+    let done = Arc::new(Mutex::new(Vec::with_capacity(N)));
+    let calls = (0..N).map(|i| {
+        let (c, done) = (c.clone(), done.clone());
+        async move {
+            // The first sent sleeps longest.
+            let delay = (N - i) as u64;
+            let r = c
+                .call(Opcode::Consume, Bytes::from(delay.to_string()))
+                .await
+                .unwrap();
+            assert_eq!(json(&r)["body"], delay.to_string(), "reply matched to its request");
+            done.lock().push(i);
+        }
+    });
+    futures::future::join_all(calls).await;
+    let done = done.lock().clone();
+    assert_eq!(done.len(), N);
+    assert!(done.windows(2).any(|w| w[0] > w[1]), "replies arrived out of order");
+    let s = srv.stats();
+    assert_eq!((s.accepted, s.requests), (1, N as u64), "one multiplexed connection");
+
+    // On the wire: request 1 (slow) is answered after request 2 (fast).
+    let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
+    send(&mut w, Frame::new(FrameType::Request, 1, encode_request(2, b"300"))).await;
+    send(&mut w, Frame::new(FrameType::Request, 2, encode_request(2, b"fast"))).await;
+    let first = next(&mut r).await.unwrap();
+    let second = next(&mut r).await.unwrap();
+    assert_eq!((first.kind, first.request_id), (FrameType::Reply, 2));
+    assert_eq!((second.kind, second.request_id), (FrameType::Reply, 1));
+    let reply = RpcReply::decode(second.payload).unwrap();
+    assert_eq!(json(&reply)["body"], "300");
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_request_times_out_and_the_connection_stays_usable() {
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    let start = Instant::now();
+    let r = c
+        .call_timeout(Opcode::Consume, Bytes::from_static(b"3000"), Duration::from_millis(200))
+        .await;
+    assert_eq!(r, Err(RpcError::Timeout));
+    assert!(r.unwrap_err().outcome_unknown());
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // The late reply is dropped quietly; the connection serves the next call.
+    let r = c.call(Opcode::Consume, Bytes::from_static(b"x")).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(srv.stats().accepted, 1);
+    // A connect to a black hole is bounded by the caller's timeout too (non-routable addr).
+    let lost = PeerClient::new("cli", "x", "10.255.255.1:7943", secret());
+    let start = Instant::now();
+    let r = lost
+        .call_timeout(Opcode::Ack, Bytes::new(), Duration::from_millis(300))
+        .await;
+    assert!(matches!(r, Err(RpcError::Timeout | RpcError::Unreachable(_))), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    srv.shutdown(Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn client_reconnects_after_the_server_restarts() {
+    let srv = serve("srv", echo()).await;
+    let addr = srv.local_addr();
+    let c = client_of(&srv);
+    assert_eq!(c.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+    srv.shutdown(Duration::from_secs(1)).await;
+
+    match c.call(Opcode::Ack, Bytes::new()).await {
+        Err(RpcError::Unreachable(_) | RpcError::Disconnected(_)) => {}
+        other => panic!("expected the peer to be down, got {other:?}"),
+    }
+    // Down: connects fail fast (refused, then the back-off).
+    let start = Instant::now();
+    for _ in 0..20 {
+        assert!(c.call(Opcode::Ack, Bytes::new()).await.is_err());
+    }
+    assert!(start.elapsed() < Duration::from_secs(2));
+
+    let srv = RpcServer::bind(&addr.to_string(), "srv", secret(), echo())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match c.call(Opcode::Ack, Bytes::new()).await {
+            Ok(r) => {
+                assert_eq!(r.status, 200);
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert!(matches!(e, RpcError::Unreachable(_) | RpcError::Disconnected(_)), "{e:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("never reconnected: {e}"),
+        }
+    }
+    assert_eq!(srv.stats().authenticated, 1);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn in_flight_requests_fail_as_disconnected_when_the_connection_drops() {
+    // A server that authenticates, reads one request and then closes without answering.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (r, mut w) = s.into_split();
+        let mut r = FrameReader::new(r);
+        let nonce = auth::new_nonce();
+        send(&mut w, Frame::new(FrameType::AuthChallenge, 0, auth::encode_challenge(&nonce, "srv"))).await;
+        let _resp = r.next().await.unwrap().unwrap();
+        send(&mut w, Frame::new(FrameType::AuthOk, 0, Bytes::new())).await;
+        let req = r.next().await.unwrap().unwrap();
+        assert_eq!(req.kind, FrameType::Request);
+    });
+    let c = PeerClient::new("cli", "srv", addr.to_string(), secret());
+    match c.call(Opcode::CommitProduce, Bytes::new()).await {
+        Err(e @ RpcError::Disconnected(_)) => assert!(e.outcome_unknown()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unknown_opcode_is_400_and_reads_as_peer_too_old() {
+    let srv = serve("srv", old_peer()).await;
+    let c = client_of(&srv);
+    // Not in this build's registry at all: the server answers without the handler.
+    assert_eq!(
+        c.call(200u8, Bytes::new()).await,
+        Err(RpcError::PeerTooOld { op: 200 })
+    );
+    // Known to the registry, not served by this (older) handler.
+    assert_eq!(
+        c.call(Opcode::AckBatch, Bytes::new()).await,
+        Err(RpcError::PeerTooOld { op: 31 })
+    );
+    let served = srv.stats().requests;
+    // Remembered for the connection: no second round trip.
+    assert_eq!(
+        c.call(Opcode::AckBatch, Bytes::new()).await,
+        Err(RpcError::PeerTooOld { op: 31 })
+    );
+    assert_eq!(srv.stats().requests, served);
+
+    // The exact wire answer.
+    let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
+    send(&mut w, Frame::new(FrameType::Request, 5, encode_request(99, b"{}"))).await;
+    let f = next(&mut r).await.unwrap();
+    assert_eq!((f.kind, f.request_id), (FrameType::Reply, 5));
+    let reply = RpcReply::decode(f.payload).unwrap();
+    assert_eq!(reply.status, 400);
+    assert_eq!(&reply.body[..], br#"{"error":"unsupported rpc operation 99"}"#);
+    // An unknown frame type fails only its request id; the connection goes on.
+    let mut raw = Frame::new(FrameType::Ping, 6, Bytes::new()).encode().unwrap().to_vec();
+    raw[5] = 250;
+    w.write_all(&raw).await.unwrap();
+    let f = next(&mut r).await.unwrap();
+    assert_eq!((f.kind, f.request_id), (FrameType::Error, 6));
+    send(&mut w, Frame::new(FrameType::Ping, 7, Bytes::new())).await;
+    assert_eq!(next(&mut r).await.unwrap().request_id, 7);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn new_client_falls_back_to_an_older_opcode_on_an_old_peer() {
+    let srv = serve("srv", old_peer()).await;
+    let addr = srv.local_addr();
+    let c = client_of(&srv);
+    let attempts = [
+        (Opcode::CommitProduceBatch, Bytes::from_static(b"[r1,r2]")),
+        (Opcode::CommitProduce, Bytes::from_static(b"r1")),
+    ];
+    let (op, r) = c.call_with_fallback(&attempts, COMMIT_TIMEOUT).await.unwrap();
+    assert_eq!(op, Opcode::CommitProduce as u8);
+    assert_eq!((r.status, &r.body[..]), (202, &b"old:10:r1"[..]));
+    // Old opcodes keep working against the old peer.
+    let r = c.call(Opcode::Produce, Bytes::from_static(b"m")).await.unwrap();
+    assert_eq!(&r.body[..], b"old:1:m");
+    // Nothing it knows: the last PeerTooOld.
+    let none = [(Opcode::AckBatch, Bytes::new()), (Opcode::ConsumeBatch, Bytes::new())];
+    assert_eq!(
+        c.call_with_fallback(&none, DEFAULT_TIMEOUT).await,
+        Err(RpcError::PeerTooOld { op: 30 })
+    );
+
+    // The peer is upgraded (restart on the same address): the new opcode is used again.
+    srv.shutdown(Duration::from_secs(1)).await;
+    let srv = RpcServer::bind(&addr.to_string(), "srv", secret(), echo())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (op, r) = loop {
+        match c.call_with_fallback(&attempts, COMMIT_TIMEOUT).await {
+            Ok(x) => break x,
+            Err(e) if Instant::now() < deadline && !matches!(e, RpcError::PeerTooOld { .. }) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(op, Opcode::CommitProduceBatch as u8);
+    assert_eq!(json(&r)["body"], "[r1,r2]");
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_over_16_mib_are_refused() {
+    let srv = serve(
+        "srv",
+        handler_fn(|_, _, body| async move { RpcReply::json(200, &body.len()) }),
+    )
+    .await;
+    let c = client_of(&srv);
+    // Opcode + body = exactly 16 MiB: the largest legal frame, carried end to end.
+    let r = c
+        .call(Opcode::FetchSegmentChunk, Bytes::from(vec![7u8; MAX_PAYLOAD - 1]))
+        .await
+        .unwrap();
+    assert_eq!(json(&r), serde_json::json!(MAX_PAYLOAD - 1));
+    // One byte more is refused before anything is sent; the connection is unaffected.
+    let served = srv.stats().requests;
+    match c.call(Opcode::FetchSegmentChunk, Bytes::from(vec![7u8; MAX_PAYLOAD])).await {
+        Err(RpcError::Protocol(m)) => assert!(m.contains("16 MiB"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(srv.stats().requests, served);
+    assert_eq!(c.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+
+    // A peer announcing a bigger frame gets a protocol error and is disconnected, from the
+    // header alone (the server never waits for, or allocates, the payload).
+    let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    header.extend_from_slice(&MAGIC);
+    header.push(PROTOCOL_VERSION);
+    header.push(FrameType::Request as u8);
+    header.extend_from_slice(&9u64.to_be_bytes());
+    header.extend_from_slice(&(MAX_PAYLOAD as u32 + 1).to_be_bytes());
+    w.write_all(&header).await.unwrap();
+    let e = next(&mut r).await.unwrap();
+    assert_eq!((e.kind, e.request_id), (FrameType::Error, 0));
+    assert!(String::from_utf8_lossy(&e.payload).contains("exceeds the 16 MiB limit"));
+    assert!(next(&mut r).await.is_none(), "connection closed");
+
+    // Bad magic mid-stream closes the connection too.
+    let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
+    w.write_all(b"XXXX\x01\x07\0\0\0\0\0\0\0\x01\0\0\0\0").await.unwrap();
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::Error);
+    assert!(next(&mut r).await.is_none());
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_requests_finish() {
+    let srv = Arc::new(serve("srv", echo()).await);
+    let c = client_of(&srv);
+    c.ping(Duration::from_secs(1)).await.unwrap();
+    let slow = tokio::spawn({
+        let c = c.clone();
+        async move { c.call(Opcode::Consume, Bytes::from_static(b"300")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let start = Instant::now();
+    srv.shutdown(Duration::from_secs(5)).await;
+    assert!(start.elapsed() >= Duration::from_millis(200), "waited for the request");
+    assert_eq!(slow.await.unwrap().unwrap().status, 200);
+    assert!(c.call(Opcode::Ack, Bytes::new()).await.is_err());
+    assert_eq!(srv.stats().open, 0);
+
+    // A grace shorter than the handler: shutdown returns on time anyway.
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    let stuck = tokio::spawn({
+        let c = c.clone();
+        async move { c.call(Opcode::Consume, Bytes::from_static(b"10000")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    srv.shutdown(Duration::from_millis(200)).await;
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(matches!(stuck.await.unwrap(), Err(RpcError::Disconnected(_))));
+}
+
+#[tokio::test]
+async fn raft_frames_wait_for_a_raft_handler() {
+    struct Upper(AtomicUsize);
+    impl RaftHandler for Upper {
+        fn handle_raft<'a>(
+            &'a self,
+            from: &'a str,
+            payload: Bytes,
+        ) -> BoxFuture<'a, Result<Bytes, String>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                if payload.is_empty() {
+                    return Err("empty".into());
+                }
+                Ok(Bytes::from(format!("{from}:{}", String::from_utf8_lossy(&payload).to_uppercase())))
+            })
+        }
+    }
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    match c.raft(Bytes::from_static(b"vote"), DEFAULT_TIMEOUT).await {
+        Err(RpcError::Protocol(m)) => assert_eq!(m, "raft not ready"),
+        other => panic!("{other:?}"),
+    }
+    let h = Arc::new(Upper(AtomicUsize::new(0)));
+    srv.set_raft_handler(h.clone());
+    let r = c.raft(Bytes::from_static(b"vote"), DEFAULT_TIMEOUT).await.unwrap();
+    assert_eq!(&r[..], b"cli:VOTE");
+    assert_eq!(
+        c.raft(Bytes::new(), DEFAULT_TIMEOUT).await,
+        Err(RpcError::Protocol("empty".into()))
+    );
+    assert_eq!(h.0.load(Ordering::SeqCst), 2);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn peers_registry_follows_membership() {
+    let a = serve("srv", echo()).await;
+    let b = serve("srv", old_peer()).await;
+    let other = serve("narad-9", echo()).await;
+    let peers = Peers::new("me", secret());
+    let a_addr = a.local_addr().to_string();
+    let b_addr = b.local_addr().to_string();
+    peers.sync([("srv", a_addr.as_str()), ("me", "127.0.0.1:1")]);
+    assert_eq!(peers.ids(), ["srv"], "own entry ignored");
+    let r = peers
+        .call("srv", Opcode::Ack, Bytes::new(), DEFAULT_TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(json(&r)["from"], "me");
+
+    // The node moved: the old connection is dropped, the next call goes to the new address.
+    peers.sync([("srv", b_addr.as_str())]);
+    let r = peers
+        .call("srv", Opcode::Ack, Bytes::new(), DEFAULT_TIMEOUT)
+        .await
+        .unwrap();
+    assert_eq!(&r.body[..], b"old:3:");
+    // An address that now serves another node is noticed.
+    peers.upsert("srv", &other.local_addr().to_string());
+    assert!(matches!(
+        peers.call("srv", Opcode::Ack, Bytes::new(), DEFAULT_TIMEOUT).await,
+        Err(RpcError::Unreachable(m)) if m.contains("is node narad-9")
+    ));
+
+    peers.sync(std::iter::empty());
+    assert!(peers.ids().is_empty());
+    assert!(matches!(
+        peers.call("srv", Opcode::Ack, Bytes::new(), DEFAULT_TIMEOUT).await,
+        Err(RpcError::Unreachable(m)) if m.contains("unknown node")
+    ));
+    for s in [a, b, other] {
+        s.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+fn create(name: &str) -> MetaCommand {
+    MetaCommand::CreateTopic {
+        name: name.into(),
+        config: TopicConfig {
+            partitions: 3,
+            retention_ms: 604_800_000,
+            visibility_timeout_ms: 30_000,
+            max_in_flight_per_partition: 1024,
+            max_acked_ahead_per_partition: 1024,
+        },
+        owner: None,
+        schema: None,
+        created_at_ms: 1_767_225_600_000,
+    }
+}
+
+/// Writes through whichever node leads, retrying while leadership settles.
+async fn write_to_leader(metas: &[Meta], cmd: MetaCommand) -> (Meta, MetaResponse) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(leader) = metas.iter().find(|m| m.is_leader()) {
+            match leader.write(cmd.clone()).await {
+                Ok(r) => return (leader.clone(), r),
+                Err(MetaError::Unavailable(_) | MetaError::Uncertain(_))
+                    if Instant::now() < deadline => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(Instant::now() < deadline, "no leader accepted the write");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn eventually_has(meta: &Meta, topic: &str) {
+    let mut applied = meta.subscribe();
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while !meta.view().topics.contains_key(topic) {
+            applied.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{} never saw {topic}", meta.node_id()));
+}
+
+/// The strongest check of the adapter: three `Meta` nodes whose only link is
+/// `RpcRaftTransport` over authenticated TCP elect a leader, replicate a CreateTopic, and
+/// after the leader dies the other two elect a new one and keep committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_metadata_nodes_elect_and_replicate_over_tcp() {
+    let ids = ["narad-0", "narad-1", "narad-2"];
+    let mut servers = Vec::new();
+    for id in ids {
+        servers.push(
+            RpcServer::bind("127.0.0.1:0", id, secret(), echo())
+                .await
+                .unwrap(),
+        );
+    }
+    let members: Vec<(String, String)> = ids
+        .iter()
+        .zip(&servers)
+        .map(|(id, s)| (id.to_string(), s.local_addr().to_string()))
+        .collect();
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut metas = Vec::new();
+    for (i, (id, addr)) in members.iter().enumerate() {
+        let transport = Arc::new(RpcRaftTransport::new(id.clone(), secret()));
+        let opts = MetaOptions {
+            node_id: id.clone(),
+            cluster_addr: addr.clone(),
+        };
+        let meta = Meta::open(dirs[i].path(), opts, transport).await.unwrap();
+        servers[i].set_raft_handler(MetaRaftHandler::new(meta.clone()));
+        metas.push(meta);
+    }
+    for meta in &metas {
+        meta.initialize(&members).await.unwrap();
+    }
+
+    let (leader, r) = write_to_leader(&metas, create("orders")).await;
+    let MetaResponse::Topic(t) = r else {
+        panic!("expected a topic, got {r:?}")
+    };
+    for meta in &metas {
+        eventually_has(meta, "orders").await;
+        assert_eq!(meta.view().topics["orders"], t);
+        assert_eq!(meta.current_leader().unwrap().0, *leader.node_id());
+    }
+    for s in &servers {
+        assert!(s.stats().requests > 0, "raft traffic went through every server");
+        assert_eq!(s.stats().auth_failures, 0);
+    }
+
+    // Kill the leader (its port and its Raft): the survivors elect a new leader over TCP.
+    let dead = metas.iter().position(|m| m.node_id() == leader.node_id()).unwrap();
+    servers[dead].shutdown(Duration::from_millis(100)).await;
+    metas[dead].shutdown().await;
+    let survivors: Vec<Meta> = metas
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != dead)
+        .map(|(_, m)| m.clone())
+        .collect();
+    let (new_leader, _) = write_to_leader(&survivors, create("after-failover")).await;
+    assert_ne!(new_leader.node_id(), leader.node_id());
+    for meta in &survivors {
+        eventually_has(meta, "after-failover").await;
+    }
+
+    for meta in &survivors {
+        meta.shutdown().await;
+    }
+    for s in &servers {
+        s.shutdown(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,222 @@
+//! Users, grants, authentication and authorization (SPEC §4). Pure and tested; the HTTP
+//! layer wires it in.
+//!
+//! - [`password`]: argon2id hashing and verification (PHC strings), the root password
+//!   generator.
+//! - [`authn`]: HTTP Basic parsing and the [`Authenticator`] (verified-credential cache,
+//!   negative cache, per-username throttle → `401`/`429`).
+//! - [`throttle`]: the token bucket and the injectable [`Clock`].
+//! - [`authz`]: pattern matching, name validation and one decision function per route
+//!   category, answering the exact SPEC status (`Ok`, `403`, `404`).
+//! - [`users`]: conversion between the replicated records (`narad_meta::{User, Grant}`) and
+//!   the wire types (`narad_api::{User, Grant}`), and request validation (`400`).
+//!
+//! # Wiring (for the HTTP layer)
+//!
+//! ```text
+//! security on:  creds = credentials_from_headers(&headers)?             // 401
+//!               principal = authenticator.authenticate(&view, &creds)?  // 401 / 429
+//!               caller = Caller::User(principal)
+//! security off: caller = Caller::SecurityOff                             // no credentials
+//! then e.g.     authz::produce(&caller, name, view.topic(name).map(|t| &**t))?   // 403 / 404
+//! ```
+//!
+//! Users live in the Raft metadata (`MetaCommand::{CreateUser, SetGrants, SetPassword,
+//! DeleteUser, SeedRoot}`); passwords are hashed by the proposer (`password::hash_async`)
+//! before proposing, so apply stays deterministic.
+
+pub mod authn;
+pub mod authz;
+pub mod password;
+pub mod throttle;
+pub mod users;
+
+pub use authn::{AuthConfig, AuthError, Authenticator, Credentials};
+pub use authz::Denied;
+pub use throttle::{Clock, ManualClock, MonotonicClock};
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_meta::{Action, Grant, User};
+
+use crate::error::ApiError;
+
+/// An authenticated user, as of the record it was checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub username: String,
+    pub root: bool,
+    pub grants: Vec<Grant>,
+}
+
+impl Principal {
+    pub fn from_user(u: &User) -> Self {
+        Principal {
+            username: u.username.clone(),
+            root: u.root,
+            grants: u.grants.clone(),
+        }
+    }
+
+    /// Root or holding the `admin` grant.
+    pub fn is_admin(&self) -> bool {
+        self.root || self.grants.iter().any(|g| g.action == Action::Admin)
+    }
+
+    /// Whether a grant allows `action` on topic `name` (admin: everything). Ownership is not
+    /// considered here; see [`authz::can`].
+    pub fn holds(&self, action: Action, name: &str) -> bool {
+        self.is_admin()
+            || self.grants.iter().any(|g| {
+                g.action == action && g.patterns.iter().any(|p| authz::pattern_matches(p, name))
+            })
+    }
+
+    /// Whether any grant pattern (of any action) matches `name` (visibility, SPEC §4.3).
+    pub fn any_pattern_matches(&self, name: &str) -> bool {
+        self.grants
+            .iter()
+            .any(|g| g.patterns.iter().any(|p| authz::pattern_matches(p, name)))
+    }
+}
+
+/// Who is asking: an authenticated user, or nobody because security is off (`--dev`,
+/// `NARAD_SECURITY_ENABLED=false`): then everything is allowed and topics get no owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    SecurityOff,
+    User(Principal),
+}
+
+impl Caller {
+    pub fn principal(&self) -> Option<&Principal> {
+        match self {
+            Caller::SecurityOff => None,
+            Caller::User(p) => Some(p),
+        }
+    }
+
+    /// The owner of a topic this caller creates (`None` with security off).
+    pub fn owner(&self) -> Option<String> {
+        self.principal().map(|p| p.username.clone())
+    }
+
+    /// The `actor` of audit events.
+    pub fn actor(&self) -> &str {
+        match self {
+            Caller::SecurityOff => "-",
+            Caller::User(p) => &p.username,
+        }
+    }
+}
+
+/// Security audit events (SPEC §9): `component=audit`, `event`, `actor`, `target`.
+pub mod audit {
+    /// Logs one audit event at info level. Never pass secrets.
+    pub fn event(event: &str, actor: &str, target: &str) {
+        tracing::info!(component = "audit", event, actor, target, "{event}");
+    }
+
+    /// A username for a log line: as is when it is a valid username, else a placeholder (the
+    /// header is attacker-controlled; keep logs readable and bounded).
+    fn loggable(username: &str) -> &str {
+        if super::authz::validate_username(username).is_ok() {
+            username
+        } else {
+            "<invalid>"
+        }
+    }
+
+    pub(crate) fn auth_failed(username: &str, reason: &str) {
+        let u = loggable(username);
+        tracing::warn!(component = "audit", event = "auth.failed", actor = u, target = u, reason, "authentication failed");
+    }
+
+    pub(crate) fn auth_throttled(username: &str) {
+        let u = loggable(username);
+        tracing::warn!(component = "audit", event = "auth.throttled", actor = u, target = u, "failed-login throttle engaged");
+    }
+}
+
+/// `401` (with `WWW-Authenticate: Basic realm="narad"`) or `429` (with `Retry-After`), body
+/// `{"error":…}`. Prefer this over converting to `ApiError`, which has no place for the
+/// `WWW-Authenticate` header.
+impl IntoResponse for AuthError {
+    fn into_response(self) -> Response {
+        let (status, retry_after) = match &self {
+            AuthError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, None),
+            AuthError::Throttled { retry_after_secs } => {
+                (StatusCode::TOO_MANY_REQUESTS, Some(*retry_after_secs))
+            }
+        };
+        let mut resp = ApiError {
+            status,
+            message: self.message(),
+            retry_after,
+        }
+        .into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(authn::WWW_AUTHENTICATE),
+            );
+        }
+        resp
+    }
+}
+
+impl From<Denied> for ApiError {
+    fn from(d: Denied) -> Self {
+        match d {
+            Denied::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
+            Denied::NotFound(m) => ApiError::not_found(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auth_error_responses() {
+        let r = AuthError::Unauthenticated("authentication required".into()).into_response();
+        assert_eq!(r.status(), 401);
+        assert_eq!(
+            r.headers()[header::WWW_AUTHENTICATE],
+            "Basic realm=\"narad\""
+        );
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
+        let r = AuthError::Throttled {
+            retry_after_secs: 7,
+        }
+        .into_response();
+        assert_eq!(r.status(), 429);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "7");
+        assert!(r.headers().get(header::WWW_AUTHENTICATE).is_none());
+    }
+
+    #[test]
+    fn denied_to_api_error() {
+        let e: ApiError = Denied::Forbidden("no".into()).into();
+        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        let e: ApiError = Denied::NotFound("topic x not found".into()).into();
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert_eq!(e.message, "topic x not found");
+    }
+
+    #[test]
+    fn caller_basics() {
+        let p = Principal {
+            username: "u".into(),
+            root: false,
+            grants: vec![],
+        };
+        let c = Caller::User(p.clone());
+        assert_eq!(c.owner().as_deref(), Some("u"));
+        assert_eq!(c.actor(), "u");
+        assert_eq!(c.principal(), Some(&p));
+        assert_eq!(Caller::SecurityOff.owner(), None);
+        assert_eq!(Caller::SecurityOff.actor(), "-");
+    }
+}
