@@ -22,6 +22,8 @@ pub mod metrics;
 pub mod node;
 pub mod partition;
 pub mod queue;
+pub mod rpc;
 pub mod schema;
+pub mod security;
 pub mod telemetry;
 pub mod wal;

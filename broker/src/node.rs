@@ -26,6 +26,9 @@ use crate::schema::SchemaCache;
 use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
 
+/// Default dispatcher linger (see `wal::dispatcher`); `NARAD_DISPATCH_LINGER_US` overrides it.
+const DEFAULT_DISPATCH_LINGER_US: u64 = 1000;
+
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -391,10 +394,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
 
     let exists_meta = meta.clone();
+    let linger = Duration::from_micros(
+        std::env::var("NARAD_DISPATCH_LINGER_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_DISPATCH_LINGER_US),
+    );
     let dispatcher = Dispatcher::new(
         opened.wal.clone(),
         registry.clone(),
         Arc::new(move |id| exists_meta.view().topics.values().any(|t| t.id == id)),
+        linger,
     );
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
 

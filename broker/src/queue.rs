@@ -8,6 +8,11 @@
 //!   `available` (expired or nacked, waiting for redelivery) or `acked_ahead` (acked while
 //!   an earlier offset is unsettled).
 //!
+//! Fresh offsets are leased only within `frontier ..= frontier + max_acked_ahead`, so the
+//! acked-ahead set can fill only through redelivery or a lowered cap; when it is full the
+//! partition re-offers just the offset blocking the frontier, and an ack that cannot be
+//! parked answers 503.
+//!
 //! The table is a pure, deterministic core: time is passed in, it does no I/O, and its
 //! memory is bounded by the two caps, never by the backlog.
 
@@ -162,7 +167,11 @@ impl LeaseTable {
             }
         } else if let Some(o) = self.available.pop_first() {
             o
-        } else if self.next_fresh < high_watermark {
+        } else if self.next_fresh < high_watermark
+            && self.next_fresh - self.frontier <= caps.max_acked_ahead
+        {
+            // Fresh offsets stay within `frontier + max_acked_ahead`: an ack of any of them can
+            // always be parked, so a well-behaved consumer never sees the acked-ahead 503.
             self.next_fresh += 1;
             self.next_fresh - 1
         } else {
@@ -404,39 +413,63 @@ mod tests {
     }
 
     #[test]
-    fn acked_ahead_cap_refuses_and_reoffers_only_the_blocker() {
+    fn fresh_leases_stay_within_the_acked_ahead_window() {
         let now = Instant::now();
         let caps = Caps {
             max_in_flight: 100,
             max_acked_ahead: 2,
         };
         let mut t = LeaseTable::new(0, 0);
-        let d: Vec<_> = (0..4)
+        let d: Vec<_> = (0..3)
             .map(|_| t.lease(10, caps, VIS, now, 0).unwrap())
             .collect();
-        t.ack(d[1].offset, d[1].nonce, caps, now).unwrap();
-        t.ack(d[2].offset, d[2].nonce, caps, now).unwrap();
-        assert_eq!(
-            t.ack(d[3].offset, d[3].nonce, caps, now),
-            Err(SettleError::AckedAheadFull)
-        );
         assert!(
             t.lease(10, caps, VIS, now, 0).is_none(),
-            "no fresh offsets while full"
+            "offset 3 is beyond frontier + cap"
         );
+        t.ack(d[1].offset, d[1].nonce, caps, now).unwrap();
+        t.ack(d[2].offset, d[2].nonce, caps, now).unwrap();
+        assert_eq!(t.acked_ahead_len(), 2);
         // The blocker expires and is the only one re-offered.
         let later = now + VIS + Duration::from_secs(1);
         t.expire(later);
         let again = t.lease(10, caps, VIS, later, 0).unwrap();
         assert_eq!(again.offset, 0);
-        assert!(
-            t.lease(10, caps, VIS, later, 0).is_none(),
-            "offset 3 expired too but is not offered"
-        );
+        assert!(t.lease(10, caps, VIS, later, 0).is_none());
         t.ack(again.offset, again.nonce, caps, later).unwrap();
         assert_eq!(t.frontier(), 3);
-        let three = t.lease(10, caps, VIS, later, 0).unwrap();
-        assert_eq!(three.offset, 3);
+        assert_eq!(t.lease(10, caps, VIS, later, 0).unwrap().offset, 3);
+    }
+
+    #[test]
+    fn a_lowered_cap_refuses_acks_that_cannot_be_parked() {
+        let now = Instant::now();
+        let wide = Caps {
+            max_in_flight: 100,
+            max_acked_ahead: 10,
+        };
+        let mut t = LeaseTable::new(0, 0);
+        let d: Vec<_> = (0..4)
+            .map(|_| t.lease(10, wide, VIS, now, 0).unwrap())
+            .collect();
+        let narrow = Caps {
+            max_in_flight: 100,
+            max_acked_ahead: 2,
+        };
+        t.ack(d[1].offset, d[1].nonce, narrow, now).unwrap();
+        t.ack(d[2].offset, d[2].nonce, narrow, now).unwrap();
+        assert_eq!(
+            t.ack(d[3].offset, d[3].nonce, narrow, now),
+            Err(SettleError::AckedAheadFull)
+        );
+        assert!(
+            t.lease(10, narrow, VIS, now, 0).is_none(),
+            "no fresh offsets while full"
+        );
+        t.ack(d[0].offset, d[0].nonce, narrow, now).unwrap();
+        assert_eq!(t.frontier(), 3);
+        t.ack(d[3].offset, d[3].nonce, narrow, now).unwrap();
+        assert_eq!(t.frontier(), 4);
     }
 
     #[test]

@@ -65,8 +65,8 @@ impl ClusterSecret {
     }
 
     fn mac(&self, nonce: &[u8; NONCE_LEN], node_id: &str) -> HmacSha256 {
-        let mut mac =
-            HmacSha256::new_from_slice(&self.0).expect("invariant: HMAC accepts keys of any length");
+        let mut mac = HmacSha256::new_from_slice(&self.0)
+            .expect("invariant: HMAC accepts keys of any length");
         mac.update(AUTH_CONTEXT);
         mac.update(nonce);
         mac.update(node_id.as_bytes());
@@ -211,7 +211,10 @@ mod tests {
     fn secret_is_never_debug_printed() {
         let s = ClusterSecret::new("hunter2");
         assert_eq!(format!("{s:?}"), "ClusterSecret(<redacted>)");
-        assert_eq!(format!("{:?}", ClusterSecret::none()), "ClusterSecret(none)");
+        assert_eq!(
+            format!("{:?}", ClusterSecret::none()),
+            "ClusterSecret(none)"
+        );
     }
 
     #[test]

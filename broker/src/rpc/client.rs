@@ -47,7 +47,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{self, ClusterSecret, HANDSHAKE_TIMEOUT};
-use super::proto::{encode_request, Frame, FrameReader, FrameType, ProtoError, RpcReply, MAX_PAYLOAD};
+use super::proto::{
+    encode_request, Frame, FrameReader, FrameType, ProtoError, RpcReply, MAX_PAYLOAD,
+};
 
 /// Default per-request timeout (SPEC §6.3, §11).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -111,8 +113,10 @@ struct ClientInner {
     peer_id: String,
     secret: ClusterSecret,
     state: Mutex<State>,
-    /// Serialises connection attempts (one connect at a time per peer).
-    connecting: tokio::sync::Mutex<()>,
+    /// Serialises connection attempts (one connect at a time per peer). Held by the connect
+    /// task, not the caller, so a caller giving up (short Raft timeouts) does not abort a
+    /// connect that others will use.
+    connecting: Arc<tokio::sync::Mutex<()>>,
 }
 
 struct State {
@@ -142,7 +146,7 @@ impl PeerClient {
                     conn: None,
                     last_failure: None,
                 }),
-                connecting: tokio::sync::Mutex::new(()),
+                connecting: Arc::new(tokio::sync::Mutex::new(())),
             }),
         }
     }
@@ -319,15 +323,19 @@ impl PeerClient {
                 Err(NotSent) => break,
             }
         }
-        Err(RpcError::Unreachable("connection closed before the request was sent".into()))
+        Err(RpcError::Unreachable(
+            "connection closed before the request was sent".into(),
+        ))
     }
 
-    /// The live connection, connecting (and authenticating) if there is none.
+    /// The live connection, connecting (and authenticating) if there is none. The connect
+    /// runs in its own task: if this caller times out, the attempt still completes (bounded
+    /// by [`HANDSHAKE_TIMEOUT`]) for the next caller.
     async fn connection(&self) -> Result<Arc<Conn>, RpcError> {
         if let Some(c) = self.live() {
             return Ok(c);
         }
-        let _one_at_a_time = self.inner.connecting.lock().await;
+        let guard = self.inner.connecting.clone().lock_owned().await;
         let addr = {
             let mut st = self.inner.state.lock();
             if let Some(c) = st.conn.as_ref().filter(|c| !c.is_closed()) {
@@ -345,30 +353,14 @@ impl PeerClient {
             }
             st.addr.clone()
         };
-        let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, Conn::connect(&self.inner, &addr))
+        let inner = self.inner.clone();
+        let attempt = tokio::spawn(async move {
+            let _one_at_a_time = guard;
+            inner.connect_and_store(addr).await
+        });
+        attempt
             .await
-            .unwrap_or_else(|_| {
-                Err(RpcError::Unreachable(format!(
-                    "connect and handshake with {addr} timed out"
-                )))
-            });
-        let mut st = self.inner.state.lock();
-        match result {
-            Ok(c) if st.addr == addr => {
-                st.conn = Some(c.clone());
-                st.last_failure = None;
-                Ok(c)
-            }
-            Ok(c) => {
-                c.close(RpcError::Unreachable("peer address changed".into()));
-                Err(RpcError::Unreachable("peer address changed while connecting".into()))
-            }
-            Err(e) => {
-                tracing::debug!(peer = %self.inner.peer_id, %addr, error = %e, "cluster connect failed");
-                st.last_failure = Some((Instant::now(), e.clone()));
-                Err(e)
-            }
-        }
+            .unwrap_or_else(|e| Err(RpcError::Unreachable(format!("connect task failed: {e}"))))
     }
 
     fn live(&self) -> Option<Arc<Conn>> {
@@ -384,6 +376,37 @@ impl std::fmt::Debug for PeerClient {
             .field("addr", &self.addr())
             .field("connected", &self.is_connected())
             .finish()
+    }
+}
+
+impl ClientInner {
+    async fn connect_and_store(&self, addr: String) -> Result<Arc<Conn>, RpcError> {
+        let result = tokio::time::timeout(HANDSHAKE_TIMEOUT, Conn::connect(self, &addr))
+            .await
+            .unwrap_or_else(|_| {
+                Err(RpcError::Unreachable(format!(
+                    "connect and handshake with {addr} timed out"
+                )))
+            });
+        let mut st = self.state.lock();
+        match result {
+            Ok(c) if st.addr == addr => {
+                st.conn = Some(c.clone());
+                st.last_failure = None;
+                Ok(c)
+            }
+            Ok(c) => {
+                c.close(RpcError::Unreachable("peer address changed".into()));
+                Err(RpcError::Unreachable(
+                    "peer address changed while connecting".into(),
+                ))
+            }
+            Err(e) => {
+                tracing::debug!(peer = %self.peer_id, %addr, error = %e, "cluster connect failed");
+                st.last_failure = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
     }
 }
 
@@ -527,12 +550,21 @@ async fn client_handshake(
         ProtoError::Io(e) => RpcError::Unreachable(format!("{addr}: {e}")),
         e => RpcError::Protocol(format!("{addr}: {e}")),
     };
-    let closed = || RpcError::Unreachable(format!("{addr} closed the connection during the handshake"));
+    let closed =
+        || RpcError::Unreachable(format!("{addr} closed the connection during the handshake"));
     let frame = reader.next().await.map_err(proto)?.ok_or_else(closed)?;
     match frame.kind {
         FrameType::AuthChallenge => {}
-        FrameType::Error => return Err(RpcError::Auth(String::from_utf8_lossy(&frame.payload).into_owned())),
-        other => return Err(RpcError::Protocol(format!("{addr}: expected an auth challenge, got {other:?}"))),
+        FrameType::Error => {
+            return Err(RpcError::Auth(
+                String::from_utf8_lossy(&frame.payload).into_owned(),
+            ))
+        }
+        other => {
+            return Err(RpcError::Protocol(format!(
+                "{addr}: expected an auth challenge, got {other:?}"
+            )))
+        }
     }
     let (nonce, server_id) = auth::decode_challenge(&frame.payload)
         .map_err(|e| RpcError::Protocol(format!("{addr}: {e}")))?;
@@ -549,7 +581,10 @@ async fn client_handshake(
         auth::encode_response(&client.self_id, &proof),
     );
     let bytes = response.encode().map_err(proto)?;
-    writer.write_all(&bytes).await.map_err(|e| proto(e.into()))?;
+    writer
+        .write_all(&bytes)
+        .await
+        .map_err(|e| proto(e.into()))?;
     writer.flush().await.map_err(|e| proto(e.into()))?;
     let frame = reader.next().await.map_err(proto)?.ok_or_else(closed)?;
     match frame.kind {
@@ -558,11 +593,17 @@ async fn client_handshake(
             "{addr}: {}",
             String::from_utf8_lossy(&frame.payload)
         ))),
-        other => Err(RpcError::Protocol(format!("{addr}: expected auth ok, got {other:?}"))),
+        other => Err(RpcError::Protocol(format!(
+            "{addr}: expected auth ok, got {other:?}"
+        ))),
     }
 }
 
-async fn write_loop(conn: Arc<Conn>, mut w: BufWriter<OwnedWriteHalf>, mut rx: mpsc::Receiver<Frame>) {
+async fn write_loop(
+    conn: Arc<Conn>,
+    mut w: BufWriter<OwnedWriteHalf>,
+    mut rx: mpsc::Receiver<Frame>,
+) {
     loop {
         let frame = tokio::select! {
             _ = conn.closed.cancelled() => break,
@@ -610,7 +651,9 @@ async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<OwnedReadHalf>) {
                 deliver(
                     &conn,
                     request_id,
-                    Err(RpcError::Protocol(format!("unknown frame type {kind} in answer"))),
+                    Err(RpcError::Protocol(format!(
+                        "unknown frame type {kind} in answer"
+                    ))),
                 );
                 continue;
             }
@@ -628,7 +671,9 @@ async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<OwnedReadHalf>) {
                 deliver(&conn, id, Ok(frame));
             }
             FrameType::Ping => {
-                let _ = conn.tx.try_send(Frame::new(FrameType::Pong, frame.request_id, frame.payload));
+                let _ =
+                    conn.tx
+                        .try_send(Frame::new(FrameType::Pong, frame.request_id, frame.payload));
             }
             other => {
                 break RpcError::Protocol(format!("unexpected {other:?} frame from the server"));
@@ -653,7 +698,10 @@ async fn keepalive(conn: Arc<Conn>) {
         }
         let quiet = conn.quiet_for();
         if quiet >= DEAD_AFTER {
-            tracing::warn!(quiet_ms = quiet.as_millis() as u64, "cluster peer silent; closing the connection");
+            tracing::warn!(
+                quiet_ms = quiet.as_millis() as u64,
+                "cluster peer silent; closing the connection"
+            );
             conn.close(RpcError::Disconnected(format!(
                 "no traffic from the peer for {} s",
                 quiet.as_secs()
@@ -662,7 +710,9 @@ async fn keepalive(conn: Arc<Conn>) {
         }
         if quiet >= PING_INTERVAL {
             // Id 0: no waiter; the Pong only refreshes `last_rx`. A full queue means traffic.
-            let _ = conn.tx.try_send(Frame::new(FrameType::Ping, 0, Bytes::new()));
+            let _ = conn
+                .tx
+                .try_send(Frame::new(FrameType::Ping, 0, Bytes::new()));
         }
     }
 }

@@ -284,7 +284,10 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>
 }
 
 /// Writes one frame (no flush).
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, frame: &Frame) -> Result<(), ProtoError> {
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    frame: &Frame,
+) -> Result<(), ProtoError> {
     let bytes = frame.encode()?;
     w.write_all(&bytes).await?;
     Ok(())
@@ -509,8 +512,8 @@ impl RpcReply {
     /// The `Reply` payload. Fails if the content type is longer than 65535 bytes.
     pub fn encode(&self) -> Result<Bytes, ProtoError> {
         let ct = self.content_type.as_bytes();
-        let ct_len =
-            u16::try_from(ct.len()).map_err(|_| ProtoError::Malformed("reply: content type too long"))?;
+        let ct_len = u16::try_from(ct.len())
+            .map_err(|_| ProtoError::Malformed("reply: content type too long"))?;
         let mut buf = BytesMut::with_capacity(2 + 2 + ct.len() + self.body.len());
         buf.put_u16(self.status);
         buf.put_u16(ct_len);
@@ -674,11 +677,17 @@ mod tests {
         bad[0] = b'X';
         assert!(matches!(Frame::decode(&mut bad), Err(ProtoError::BadMagic(m)) if &m == b"XRD1"));
         let mut r: &[u8] = b"HTTP/1.1 200 OK\r\n\r\n";
-        assert!(matches!(read_frame(&mut r).await, Err(ProtoError::BadMagic(_))));
+        assert!(matches!(
+            read_frame(&mut r).await,
+            Err(ProtoError::BadMagic(_))
+        ));
 
         let mut bad = BytesMut::from(&good[..]);
         bad[4] = 2;
-        assert!(matches!(Frame::decode(&mut bad), Err(ProtoError::BadVersion(2))));
+        assert!(matches!(
+            Frame::decode(&mut bad),
+            Err(ProtoError::BadVersion(2))
+        ));
 
         // Oversize is refused from the header alone: no payload needed, nothing allocated.
         let mut h = BytesMut::from(&good[..HEADER_LEN]);
@@ -688,9 +697,15 @@ mod tests {
             Err(ProtoError::Oversize(n)) if n == MAX_PAYLOAD as u64 + 1
         ));
         let mut r: &[u8] = &h;
-        assert!(matches!(read_frame(&mut r).await, Err(ProtoError::Oversize(_))));
+        assert!(matches!(
+            read_frame(&mut r).await,
+            Err(ProtoError::Oversize(_))
+        ));
         h[14..18].copy_from_slice(&u32::MAX.to_be_bytes());
-        assert!(matches!(Frame::decode(&mut h), Err(ProtoError::Oversize(_))));
+        assert!(matches!(
+            Frame::decode(&mut h),
+            Err(ProtoError::Oversize(_))
+        ));
 
         // And never encoded.
         let big = Frame::new(FrameType::Request, 1, vec![0u8; MAX_PAYLOAD + 1]);
@@ -703,14 +718,24 @@ mod tests {
     #[test]
     fn unknown_frame_type_consumes_the_frame_and_keeps_sync() {
         let mut buf = BytesMut::new();
-        frame(FrameType::Ping, 5, b"a").encode_into(&mut buf).unwrap();
+        frame(FrameType::Ping, 5, b"a")
+            .encode_into(&mut buf)
+            .unwrap();
         buf[5] = 200;
-        frame(FrameType::Ping, 6, b"b").encode_into(&mut buf).unwrap();
+        frame(FrameType::Ping, 6, b"b")
+            .encode_into(&mut buf)
+            .unwrap();
         assert!(matches!(
             Frame::decode(&mut buf),
-            Err(ProtoError::UnknownFrameType { kind: 200, request_id: 5 })
+            Err(ProtoError::UnknownFrameType {
+                kind: 200,
+                request_id: 5
+            })
         ));
-        assert_eq!(Frame::decode(&mut buf).unwrap(), Some(frame(FrameType::Ping, 6, b"b")));
+        assert_eq!(
+            Frame::decode(&mut buf).unwrap(),
+            Some(frame(FrameType::Ping, 6, b"b"))
+        );
     }
 
     #[test]

@@ -53,8 +53,11 @@ pub trait RpcHandler: Send + Sync + 'static {
 /// Serves `Raft` frames: the payload is an encoded Raft RPC, the answer its encoded reply
 /// (see `raft_net::MetaRaftHandler`). `Err` becomes an `Error` frame for that request.
 pub trait RaftHandler: Send + Sync + 'static {
-    fn handle_raft<'a>(&'a self, from: &'a str, payload: Bytes)
-        -> BoxFuture<'a, Result<Bytes, String>>;
+    fn handle_raft<'a>(
+        &'a self,
+        from: &'a str,
+        payload: Bytes,
+    ) -> BoxFuture<'a, Result<Bytes, String>>;
 }
 
 /// An [`RpcHandler`] from a closure `(from, op, body) -> impl Future<Output = RpcReply>`.
@@ -108,8 +111,8 @@ struct Ctx {
     counters: Counters,
 }
 
-/// The cluster-port listener. Dropping it does not stop it: call [`RpcServer::shutdown`]
-/// (or cancel [`RpcServer::shutdown_token`]).
+/// The cluster-port listener. [`RpcServer::shutdown`] stops it and waits; dropping it (or
+/// cancelling [`RpcServer::shutdown_token`]) starts the same shutdown without waiting.
 pub struct RpcServer {
     local_addr: SocketAddr,
     ctx: Arc<Ctx>,
@@ -190,10 +193,19 @@ impl RpcServer {
             return;
         };
         if tokio::time::timeout(grace, &mut task).await.is_err() {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "cluster connections still busy after the grace; closing them");
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "cluster connections still busy after the grace; closing them"
+            );
             task.abort();
             let _ = task.await;
         }
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
@@ -256,6 +268,8 @@ async fn serve_connection(
     let (tx, rx) = mpsc::channel::<Frame>(WRITE_QUEUE);
     let write_task = tokio::spawn(write_loop(writer, rx));
     let mut in_flight: JoinSet<()> = JoinSet::new();
+    let idle = tokio::time::sleep(IDLE_TIMEOUT);
+    tokio::pin!(idle);
     loop {
         if in_flight.len() >= MAX_IN_FLIGHT_PER_CONNECTION {
             in_flight.join_next().await;
@@ -264,12 +278,14 @@ async fn serve_connection(
         let frame = tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => continue,
-            _ = tokio::time::sleep(IDLE_TIMEOUT) => {
+            _ = &mut idle => {
                 tracing::debug!(%peer, node = %from, "closing idle cluster connection");
                 break;
             }
             r = reader.next() => r,
         };
+        idle.as_mut()
+            .reset(tokio::time::Instant::now() + IDLE_TIMEOUT);
         let frame = match frame {
             Ok(Some(f)) => f,
             Ok(None) => break,
@@ -286,7 +302,9 @@ async fn serve_connection(
             }
             Err(e) => {
                 tracing::warn!(%peer, node = %from, error = %e, "cluster protocol error; closing the connection");
-                let _ = tx.send(Frame::error(0, &format!("protocol error: {e}"))).await;
+                let _ = tx
+                    .send(Frame::error(0, &format!("protocol error: {e}")))
+                    .await;
                 break;
             }
         };
@@ -324,7 +342,10 @@ async fn serve_connection(
                         Ok(p) if p.len() <= MAX_PAYLOAD => Frame::new(FrameType::RaftReply, id, p),
                         Ok(p) => Frame::error(
                             id,
-                            &format!("raft reply of {} bytes exceeds the 16 MiB frame limit", p.len()),
+                            &format!(
+                                "raft reply of {} bytes exceeds the 16 MiB frame limit",
+                                p.len()
+                            ),
                         ),
                         Err(e) => Frame::error(id, &e),
                     };
@@ -332,7 +353,11 @@ async fn serve_connection(
                 });
             }
             FrameType::Ping => {
-                if tx.send(Frame::new(FrameType::Pong, id, frame.payload)).await.is_err() {
+                if tx
+                    .send(Frame::new(FrameType::Pong, id, frame.payload))
+                    .await
+                    .is_err()
+                {
                     break;
                 }
             }
@@ -351,7 +376,10 @@ async fn serve_connection(
             | FrameType::RaftReply) => {
                 tracing::warn!(%peer, node = %from, ?kind, "unexpected frame from a cluster client; closing the connection");
                 let _ = tx
-                    .send(Frame::error(0, &format!("protocol error: unexpected {kind:?} frame")))
+                    .send(Frame::error(
+                        0,
+                        &format!("protocol error: unexpected {kind:?} frame"),
+                    ))
                     .await;
                 break;
             }
@@ -369,13 +397,25 @@ fn reply_frame(id: u64, op: u8, reply: &RpcReply) -> Frame {
     match reply.encode() {
         Ok(p) if p.len() <= MAX_PAYLOAD => Frame::new(FrameType::Reply, id, p),
         Ok(p) => {
-            tracing::error!(op, bytes = p.len(), "rpc reply exceeds the 16 MiB frame limit");
+            tracing::error!(
+                op,
+                bytes = p.len(),
+                "rpc reply exceeds the 16 MiB frame limit"
+            );
             let r = RpcReply::error(500, "rpc reply exceeds the 16 MiB frame limit");
-            Frame::new(FrameType::Reply, id, r.encode().expect("small reply encodes"))
+            Frame::new(
+                FrameType::Reply,
+                id,
+                r.encode().expect("small reply encodes"),
+            )
         }
         Err(e) => {
             let r = RpcReply::error(500, &format!("rpc reply not encodable: {e}"));
-            Frame::new(FrameType::Reply, id, r.encode().expect("small reply encodes"))
+            Frame::new(
+                FrameType::Reply,
+                id,
+                r.encode().expect("small reply encodes"),
+            )
         }
     }
 }

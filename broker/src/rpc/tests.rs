@@ -15,8 +15,7 @@ use tokio::net::TcpStream;
 
 use super::auth::{self, AUTH_FAILED};
 use super::proto::{
-    encode_request, Frame, FrameReader, FrameType, HEADER_LEN, MAGIC, MAX_PAYLOAD,
-    PROTOCOL_VERSION,
+    encode_request, Frame, FrameReader, FrameType, HEADER_LEN, MAGIC, MAX_PAYLOAD, PROTOCOL_VERSION,
 };
 use super::*;
 
@@ -31,7 +30,10 @@ fn echo() -> Arc<dyn RpcHandler> {
         if let Ok(ms) = text.parse::<u64>() {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        RpcReply::json(200, &serde_json::json!({ "from": from, "op": op, "body": text }))
+        RpcReply::json(
+            200,
+            &serde_json::json!({ "from": from, "op": op, "body": text }),
+        )
     })
 }
 
@@ -41,7 +43,11 @@ fn old_peer() -> Arc<dyn RpcHandler> {
         if op > 10 {
             return RpcReply::unsupported(op);
         }
-        RpcReply::new(202, "text/plain", format!("old:{op}:{}", String::from_utf8_lossy(&body)))
+        RpcReply::new(
+            202,
+            "text/plain",
+            format!("old:{op}:{}", String::from_utf8_lossy(&body)),
+        )
     })
 }
 
@@ -74,7 +80,11 @@ async fn raw_connect(
     let (nonce, server_id) = auth::decode_challenge(&ch.payload).unwrap();
     assert_eq!(server_id, "srv");
     let proof = secret.proof(&nonce, id);
-    let resp = Frame::new(FrameType::AuthResponse, 0, auth::encode_response(id, &proof));
+    let resp = Frame::new(
+        FrameType::AuthResponse,
+        0,
+        auth::encode_response(id, &proof),
+    );
     w.write_all(&resp.encode().unwrap()).await.unwrap();
     (r, w)
 }
@@ -115,7 +125,10 @@ async fn handshake_authenticates_and_requests_flow() {
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
     send(&mut w, Frame::new(FrameType::Ping, 77, &b"hi"[..])).await;
     let pong = next(&mut r).await.unwrap();
-    assert_eq!((pong.kind, pong.request_id, &pong.payload[..]), (FrameType::Pong, 77, &b"hi"[..]));
+    assert_eq!(
+        (pong.kind, pong.request_id, &pong.payload[..]),
+        (FrameType::Pong, 77, &b"hi"[..])
+    );
     srv.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -124,11 +137,19 @@ async fn no_secret_mode_still_runs_the_handshake() {
     let srv = RpcServer::bind("127.0.0.1:0", "srv", ClusterSecret::none(), echo())
         .await
         .unwrap();
-    let c = PeerClient::new("cli", "srv", srv.local_addr().to_string(), ClusterSecret::none());
+    let c = PeerClient::new(
+        "cli",
+        "srv",
+        srv.local_addr().to_string(),
+        ClusterSecret::none(),
+    );
     assert_eq!(c.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
     // A node with a secret cannot talk to one without (and vice versa).
     let with = PeerClient::new("cli2", "srv", srv.local_addr().to_string(), secret());
-    assert!(matches!(with.call(Opcode::Ack, Bytes::new()).await, Err(RpcError::Auth(_))));
+    assert!(matches!(
+        with.call(Opcode::Ack, Bytes::new()).await,
+        Err(RpcError::Auth(_))
+    ));
     let s = srv.stats();
     assert_eq!((s.authenticated, s.auth_failures), (1, 1));
     srv.shutdown(Duration::from_secs(1)).await;
@@ -146,20 +167,29 @@ async fn wrong_secret_is_refused_and_the_connection_closed() {
     match bad.call(Opcode::CreateTopic, Bytes::new()).await {
         Err(RpcError::Auth(m)) => {
             assert!(m.contains(AUTH_FAILED), "{m}");
-            assert!(!m.contains("guess") && !m.contains("horse"), "no secret in errors: {m}");
+            assert!(
+                !m.contains("guess") && !m.contains("horse"),
+                "no secret in errors: {m}"
+            );
         }
         other => panic!("expected Auth, got {other:?}"),
     }
     assert!(!bad.is_connected());
     // Within the back-off the error is repeated without another connection.
-    assert!(matches!(bad.call(Opcode::Ack, Bytes::new()).await, Err(RpcError::Auth(_))));
+    assert!(matches!(
+        bad.call(Opcode::Ack, Bytes::new()).await,
+        Err(RpcError::Auth(_))
+    ));
     let s = srv.stats();
     assert_eq!((s.accepted, s.authenticated, s.auth_failures), (1, 0, 1));
 
     // On the wire: an Error frame (id 0, nothing but "authentication failed"), then EOF.
     let (mut r, _w) = raw_connect(&srv, "intruder", &ClusterSecret::new("guess")).await;
     let e = next(&mut r).await.unwrap();
-    assert_eq!((e.kind, e.request_id, &e.payload[..]), (FrameType::Error, 0, AUTH_FAILED.as_bytes()));
+    assert_eq!(
+        (e.kind, e.request_id, &e.payload[..]),
+        (FrameType::Error, 0, AUTH_FAILED.as_bytes())
+    );
     assert!(next(&mut r).await.is_none(), "connection closed");
 
     // Not speaking the protocol at all (an HTTP client on the cluster port).
@@ -167,7 +197,9 @@ async fn wrong_secret_is_refused_and_the_connection_closed() {
     let (r, mut w) = s.into_split();
     let mut r = FrameReader::new(r);
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthChallenge);
-    w.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    w.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::Error);
     assert!(next(&mut r).await.is_none());
     assert_eq!(srv.stats().auth_failures, 3);
@@ -182,7 +214,11 @@ async fn wrong_secret_is_refused_and_the_connection_closed() {
         let proof = secret().proof(&nonce, "narad-1");
         send(
             &mut w,
-            Frame::new(FrameType::AuthResponse, 0, auth::encode_response("narad-2", &proof)),
+            Frame::new(
+                FrameType::AuthResponse,
+                0,
+                auth::encode_response("narad-2", &proof),
+            ),
         )
         .await;
         (r, w)
@@ -202,7 +238,10 @@ async fn client_refuses_an_address_serving_another_node() {
     }
     // An empty peer id accepts whoever answers (a seed address).
     let any = PeerClient::new("cli", "", srv.local_addr().to_string(), secret());
-    assert_eq!(any.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+    assert_eq!(
+        any.call(Opcode::Ack, Bytes::new()).await.unwrap().status,
+        200
+    );
     srv.shutdown(Duration::from_secs(1)).await;
 }
 
@@ -221,22 +260,41 @@ async fn many_concurrent_requests_share_one_connection_and_complete_out_of_order
                 .call(Opcode::Consume, Bytes::from(delay.to_string()))
                 .await
                 .unwrap();
-            assert_eq!(json(&r)["body"], delay.to_string(), "reply matched to its request");
+            assert_eq!(
+                json(&r)["body"],
+                delay.to_string(),
+                "reply matched to its request"
+            );
             done.lock().push(i);
         }
     });
     futures::future::join_all(calls).await;
     let done = done.lock().clone();
     assert_eq!(done.len(), N);
-    assert!(done.windows(2).any(|w| w[0] > w[1]), "replies arrived out of order");
+    assert!(
+        done.windows(2).any(|w| w[0] > w[1]),
+        "replies arrived out of order"
+    );
     let s = srv.stats();
-    assert_eq!((s.accepted, s.requests), (1, N as u64), "one multiplexed connection");
+    assert_eq!(
+        (s.accepted, s.requests),
+        (1, N as u64),
+        "one multiplexed connection"
+    );
 
     // On the wire: request 1 (slow) is answered after request 2 (fast).
     let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
-    send(&mut w, Frame::new(FrameType::Request, 1, encode_request(2, b"300"))).await;
-    send(&mut w, Frame::new(FrameType::Request, 2, encode_request(2, b"fast"))).await;
+    send(
+        &mut w,
+        Frame::new(FrameType::Request, 1, encode_request(2, b"300")),
+    )
+    .await;
+    send(
+        &mut w,
+        Frame::new(FrameType::Request, 2, encode_request(2, b"fast")),
+    )
+    .await;
     let first = next(&mut r).await.unwrap();
     let second = next(&mut r).await.unwrap();
     assert_eq!((first.kind, first.request_id), (FrameType::Reply, 2));
@@ -252,13 +310,20 @@ async fn a_request_times_out_and_the_connection_stays_usable() {
     let c = client_of(&srv);
     let start = Instant::now();
     let r = c
-        .call_timeout(Opcode::Consume, Bytes::from_static(b"3000"), Duration::from_millis(200))
+        .call_timeout(
+            Opcode::Consume,
+            Bytes::from_static(b"3000"),
+            Duration::from_millis(200),
+        )
         .await;
     assert_eq!(r, Err(RpcError::Timeout));
     assert!(r.unwrap_err().outcome_unknown());
     assert!(start.elapsed() < Duration::from_secs(2));
     // The late reply is dropped quietly; the connection serves the next call.
-    let r = c.call(Opcode::Consume, Bytes::from_static(b"x")).await.unwrap();
+    let r = c
+        .call(Opcode::Consume, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
     assert_eq!(r.status, 200);
     assert_eq!(srv.stats().accepted, 1);
     // A connect to a black hole is bounded by the caller's timeout too (non-routable addr).
@@ -267,7 +332,10 @@ async fn a_request_times_out_and_the_connection_stays_usable() {
     let r = lost
         .call_timeout(Opcode::Ack, Bytes::new(), Duration::from_millis(300))
         .await;
-    assert!(matches!(r, Err(RpcError::Timeout | RpcError::Unreachable(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(RpcError::Timeout | RpcError::Unreachable(_))),
+        "{r:?}"
+    );
     assert!(start.elapsed() < Duration::from_secs(2));
     srv.shutdown(Duration::from_millis(100)).await;
 }
@@ -302,7 +370,10 @@ async fn client_reconnects_after_the_server_restarts() {
                 break;
             }
             Err(e) if Instant::now() < deadline => {
-                assert!(matches!(e, RpcError::Unreachable(_) | RpcError::Disconnected(_)), "{e:?}");
+                assert!(
+                    matches!(e, RpcError::Unreachable(_) | RpcError::Disconnected(_)),
+                    "{e:?}"
+                );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("never reconnected: {e}"),
@@ -322,7 +393,15 @@ async fn in_flight_requests_fail_as_disconnected_when_the_connection_drops() {
         let (r, mut w) = s.into_split();
         let mut r = FrameReader::new(r);
         let nonce = auth::new_nonce();
-        send(&mut w, Frame::new(FrameType::AuthChallenge, 0, auth::encode_challenge(&nonce, "srv"))).await;
+        send(
+            &mut w,
+            Frame::new(
+                FrameType::AuthChallenge,
+                0,
+                auth::encode_challenge(&nonce, "srv"),
+            ),
+        )
+        .await;
         let _resp = r.next().await.unwrap().unwrap();
         send(&mut w, Frame::new(FrameType::AuthOk, 0, Bytes::new())).await;
         let req = r.next().await.unwrap().unwrap();
@@ -360,14 +439,24 @@ async fn unknown_opcode_is_400_and_reads_as_peer_too_old() {
     // The exact wire answer.
     let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
-    send(&mut w, Frame::new(FrameType::Request, 5, encode_request(99, b"{}"))).await;
+    send(
+        &mut w,
+        Frame::new(FrameType::Request, 5, encode_request(99, b"{}")),
+    )
+    .await;
     let f = next(&mut r).await.unwrap();
     assert_eq!((f.kind, f.request_id), (FrameType::Reply, 5));
     let reply = RpcReply::decode(f.payload).unwrap();
     assert_eq!(reply.status, 400);
-    assert_eq!(&reply.body[..], br#"{"error":"unsupported rpc operation 99"}"#);
+    assert_eq!(
+        &reply.body[..],
+        br#"{"error":"unsupported rpc operation 99"}"#
+    );
     // An unknown frame type fails only its request id; the connection goes on.
-    let mut raw = Frame::new(FrameType::Ping, 6, Bytes::new()).encode().unwrap().to_vec();
+    let mut raw = Frame::new(FrameType::Ping, 6, Bytes::new())
+        .encode()
+        .unwrap()
+        .to_vec();
     raw[5] = 250;
     w.write_all(&raw).await.unwrap();
     let f = next(&mut r).await.unwrap();
@@ -386,14 +475,23 @@ async fn new_client_falls_back_to_an_older_opcode_on_an_old_peer() {
         (Opcode::CommitProduceBatch, Bytes::from_static(b"[r1,r2]")),
         (Opcode::CommitProduce, Bytes::from_static(b"r1")),
     ];
-    let (op, r) = c.call_with_fallback(&attempts, COMMIT_TIMEOUT).await.unwrap();
+    let (op, r) = c
+        .call_with_fallback(&attempts, COMMIT_TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(op, Opcode::CommitProduce as u8);
     assert_eq!((r.status, &r.body[..]), (202, &b"old:10:r1"[..]));
     // Old opcodes keep working against the old peer.
-    let r = c.call(Opcode::Produce, Bytes::from_static(b"m")).await.unwrap();
+    let r = c
+        .call(Opcode::Produce, Bytes::from_static(b"m"))
+        .await
+        .unwrap();
     assert_eq!(&r.body[..], b"old:1:m");
     // Nothing it knows: the last PeerTooOld.
-    let none = [(Opcode::AckBatch, Bytes::new()), (Opcode::ConsumeBatch, Bytes::new())];
+    let none = [
+        (Opcode::AckBatch, Bytes::new()),
+        (Opcode::ConsumeBatch, Bytes::new()),
+    ];
     assert_eq!(
         c.call_with_fallback(&none, DEFAULT_TIMEOUT).await,
         Err(RpcError::PeerTooOld { op: 30 })
@@ -429,13 +527,22 @@ async fn frames_over_16_mib_are_refused() {
     let c = client_of(&srv);
     // Opcode + body = exactly 16 MiB: the largest legal frame, carried end to end.
     let r = c
-        .call(Opcode::FetchSegmentChunk, Bytes::from(vec![7u8; MAX_PAYLOAD - 1]))
+        .call(
+            Opcode::FetchSegmentChunk,
+            Bytes::from(vec![7u8; MAX_PAYLOAD - 1]),
+        )
         .await
         .unwrap();
     assert_eq!(json(&r), serde_json::json!(MAX_PAYLOAD - 1));
     // One byte more is refused before anything is sent; the connection is unaffected.
     let served = srv.stats().requests;
-    match c.call(Opcode::FetchSegmentChunk, Bytes::from(vec![7u8; MAX_PAYLOAD])).await {
+    match c
+        .call(
+            Opcode::FetchSegmentChunk,
+            Bytes::from(vec![7u8; MAX_PAYLOAD]),
+        )
+        .await
+    {
         Err(RpcError::Protocol(m)) => assert!(m.contains("16 MiB"), "{m}"),
         other => panic!("{other:?}"),
     }
@@ -461,7 +568,9 @@ async fn frames_over_16_mib_are_refused() {
     // Bad magic mid-stream closes the connection too.
     let (mut r, mut w) = raw_connect(&srv, "raw", &secret()).await;
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthOk);
-    w.write_all(b"XXXX\x01\x07\0\0\0\0\0\0\0\x01\0\0\0\0").await.unwrap();
+    w.write_all(b"XXXX\x01\x07\0\0\0\0\0\0\0\x01\0\0\0\0")
+        .await
+        .unwrap();
     assert_eq!(next(&mut r).await.unwrap().kind, FrameType::Error);
     assert!(next(&mut r).await.is_none());
     srv.shutdown(Duration::from_secs(1)).await;
@@ -476,10 +585,15 @@ async fn shutdown_lets_in_flight_requests_finish() {
         let c = c.clone();
         async move { c.call(Opcode::Consume, Bytes::from_static(b"300")).await }
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    while srv.stats().requests == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let start = Instant::now();
     srv.shutdown(Duration::from_secs(5)).await;
-    assert!(start.elapsed() >= Duration::from_millis(200), "waited for the request");
+    assert!(
+        start.elapsed() >= Duration::from_millis(100),
+        "waited for the request"
+    );
     assert_eq!(slow.await.unwrap().unwrap().status, 200);
     assert!(c.call(Opcode::Ack, Bytes::new()).await.is_err());
     assert_eq!(srv.stats().open, 0);
@@ -495,7 +609,10 @@ async fn shutdown_lets_in_flight_requests_finish() {
     let start = Instant::now();
     srv.shutdown(Duration::from_millis(200)).await;
     assert!(start.elapsed() < Duration::from_secs(2));
-    assert!(matches!(stuck.await.unwrap(), Err(RpcError::Disconnected(_))));
+    assert!(matches!(
+        stuck.await.unwrap(),
+        Err(RpcError::Disconnected(_))
+    ));
 }
 
 #[tokio::test]
@@ -512,7 +629,10 @@ async fn raft_frames_wait_for_a_raft_handler() {
                 if payload.is_empty() {
                     return Err("empty".into());
                 }
-                Ok(Bytes::from(format!("{from}:{}", String::from_utf8_lossy(&payload).to_uppercase())))
+                Ok(Bytes::from(format!(
+                    "{from}:{}",
+                    String::from_utf8_lossy(&payload).to_uppercase()
+                )))
             })
         }
     }
@@ -524,7 +644,10 @@ async fn raft_frames_wait_for_a_raft_handler() {
     }
     let h = Arc::new(Upper(AtomicUsize::new(0)));
     srv.set_raft_handler(h.clone());
-    let r = c.raft(Bytes::from_static(b"vote"), DEFAULT_TIMEOUT).await.unwrap();
+    let r = c
+        .raft(Bytes::from_static(b"vote"), DEFAULT_TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(&r[..], b"cli:VOTE");
     assert_eq!(
         c.raft(Bytes::new(), DEFAULT_TIMEOUT).await,
@@ -663,13 +786,20 @@ async fn three_metadata_nodes_elect_and_replicate_over_tcp() {
         assert_eq!(meta.view().topics["orders"], t);
         assert_eq!(meta.current_leader().unwrap().0, *leader.node_id());
     }
-    for s in &servers {
-        assert!(s.stats().requests > 0, "raft traffic went through every server");
+    for (s, id) in servers.iter().zip(ids) {
+        // Followers are sent AppendEntries over TCP (a leader may never have been sent
+        // anything, if it won the first election).
+        if id != leader.node_id() {
+            assert!(s.stats().requests > 0, "raft traffic reached {id}");
+        }
         assert_eq!(s.stats().auth_failures, 0);
     }
 
     // Kill the leader (its port and its Raft): the survivors elect a new leader over TCP.
-    let dead = metas.iter().position(|m| m.node_id() == leader.node_id()).unwrap();
+    let dead = metas
+        .iter()
+        .position(|m| m.node_id() == leader.node_id())
+        .unwrap();
     servers[dead].shutdown(Duration::from_millis(100)).await;
     metas[dead].shutdown().await;
     let survivors: Vec<Meta> = metas
@@ -690,4 +820,57 @@ async fn three_metadata_nodes_elect_and_replicate_over_tcp() {
     for s in &servers {
         s.shutdown(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test]
+async fn a_silent_peer_is_detected_by_the_keepalive() {
+    // Authenticates, then reads everything and answers nothing (not even pings): a hung
+    // process or a half-open TCP connection.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let pings = Arc::new(AtomicUsize::new(0));
+    tokio::spawn({
+        let pings = pings.clone();
+        async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let (r, mut w) = s.into_split();
+            let mut r = FrameReader::new(r);
+            let nonce = auth::new_nonce();
+            send(
+                &mut w,
+                Frame::new(
+                    FrameType::AuthChallenge,
+                    0,
+                    auth::encode_challenge(&nonce, "srv"),
+                ),
+            )
+            .await;
+            let _resp = r.next().await.unwrap().unwrap();
+            send(&mut w, Frame::new(FrameType::AuthOk, 0, Bytes::new())).await;
+            while let Ok(Some(f)) = r.next().await {
+                if f.kind == FrameType::Ping {
+                    pings.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    let c = PeerClient::new("cli", "srv", addr.to_string(), secret());
+    let start = Instant::now();
+    match c
+        .call_timeout(Opcode::Consume, Bytes::new(), Duration::from_secs(60))
+        .await
+    {
+        Err(RpcError::Disconnected(m)) => assert!(m.contains("no traffic"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let took = start.elapsed();
+    assert!(
+        took >= client::DEAD_AFTER && took < client::DEAD_AFTER + Duration::from_secs(3),
+        "{took:?}"
+    );
+    assert!(
+        pings.load(Ordering::SeqCst) >= 5,
+        "the client pinged while waiting"
+    );
+    assert!(!c.is_connected());
 }

@@ -69,9 +69,9 @@ impl AuthError {
     pub fn message(&self) -> String {
         match self {
             AuthError::Unauthenticated(m) => m.clone(),
-            AuthError::Throttled { retry_after_secs } => format!(
-                "too many failed logins for this user; retry in {retry_after_secs} s"
-            ),
+            AuthError::Throttled { retry_after_secs } => {
+                format!("too many failed logins for this user; retry in {retry_after_secs} s")
+            }
         }
     }
 }
@@ -572,9 +572,9 @@ mod tests {
             "Basic ",
             "Bearer YTpi",
             "Basic !!!!",
-            "Basic YWI=",     // "ab": no colon
-            "Basic OmI=",     // ":b": empty username
-            "Basic /w==",     // not UTF-8
+            "Basic YWI=", // "ab": no colon
+            "Basic OmI=", // ":b": empty username
+            "Basic /w==", // not UTF-8
             "Digest YTpi",
         ] {
             match ok(bad) {
@@ -645,7 +645,10 @@ mod tests {
         assert!(w.login("billing", "right").0.is_ok());
         w.set_password("billing", "new");
         let (r, verified) = w.login("billing", "right");
-        assert!(unauth(&r) && verified, "the old password is checked again and fails");
+        assert!(
+            unauth(&r) && verified,
+            "the old password is checked again and fails"
+        );
         let (r, verified) = w.login("billing", "new");
         assert!(r.is_ok() && verified);
         // Changing back to the old password: the old negative entry must not block it.
@@ -715,7 +718,11 @@ mod tests {
         assert_eq!(w.auth.attempts_left("billing"), 1);
         let (r, verified) = w.login("billing", "right");
         assert!(r.is_ok() && verified);
-        assert_eq!(w.auth.attempts_left("billing"), 1, "a right password returns its attempt");
+        assert_eq!(
+            w.auth.attempts_left("billing"),
+            1,
+            "a right password returns its attempt"
+        );
         // And once verified, it passes even while the bucket is empty (no argon2 needed).
         assert!(unauth(&w.login("billing", "wrong-x").0));
         assert_eq!(w.auth.attempts_left("billing"), 0);
@@ -768,13 +775,14 @@ mod tests {
     fn sweep_bounds_memory() {
         let w = World::new();
         for i in 0..5 {
-            w.login("billing", &format!("w{i}"));
+            assert!(unauth(&w.login("billing", &format!("w{i}")).0));
         }
-        w.login("admin", "rootpw");
+        assert!(w.login("admin", "rootpw").0.is_ok());
         assert_eq!(w.auth.cache_sizes(), (1, 5, 1));
         w.advance(60 * 60_000);
-        w.login("ghost", "x"); // unknown user: no sweep needed, no lock taken
-        w.login("admin", "rootpw"); // sweeps (expired everything), then verifies again
+        assert!(unauth(&w.login("ghost", "x").0)); // unknown user: returns before the lock
+        let (r, verified) = w.login("admin", "rootpw"); // sweeps everything expired first
+        assert!(r.is_ok() && verified);
         assert_eq!(w.auth.cache_sizes(), (1, 0, 0));
     }
 

@@ -64,9 +64,7 @@ fn name_byte(b: u8) -> bool {
 
 /// `^[A-Za-z0-9._-]{1,64}$` (`400` otherwise).
 pub fn validate_username(username: &str) -> Result<(), String> {
-    if username.is_empty()
-        || username.len() > MAX_USERNAME_LEN
-        || !username.bytes().all(name_byte)
+    if username.is_empty() || username.len() > MAX_USERNAME_LEN || !username.bytes().all(name_byte)
     {
         return Err(format!(
             "invalid username {username:?}: 1 to {MAX_USERNAME_LEN} of [A-Za-z0-9._-]"
@@ -78,9 +76,7 @@ pub fn validate_username(username: &str) -> Result<(), String> {
 /// `^[A-Za-z0-9._-]{0,255}\*?$`, non-empty (`400` otherwise).
 pub fn validate_pattern(pattern: &str) -> Result<(), String> {
     let prefix = pattern.strip_suffix('*').unwrap_or(pattern);
-    if pattern.is_empty()
-        || prefix.len() > MAX_PATTERN_PREFIX_LEN
-        || !prefix.bytes().all(name_byte)
+    if pattern.is_empty() || prefix.len() > MAX_PATTERN_PREFIX_LEN || !prefix.bytes().all(name_byte)
     {
         return Err(format!(
             "invalid pattern {pattern:?}: an exact topic name or a prefix ending in one *, \
@@ -208,7 +204,10 @@ pub fn manage(caller: &Caller, name: &str, topic: Option<&Topic>) -> Decision {
 #[derive(Debug, Clone, Copy)]
 pub enum ChildRef<'a> {
     /// A local topic (`None` = missing).
-    Local { name: &'a str, topic: Option<&'a Topic> },
+    Local {
+        name: &'a str,
+        topic: Option<&'a Topic>,
+    },
     /// A remote link (ext, SPEC §5.5): nothing local to own.
     Remote,
 }
@@ -246,9 +245,7 @@ pub fn attach(
 /// visible to admins and to callers with a grant pattern matching the name.
 pub fn view(caller: &Caller, name: &str, topic: Option<&Topic>) -> Decision {
     if let Caller::User(p) = caller {
-        let seen = p.is_admin()
-            || p.any_pattern_matches(name)
-            || topic.is_some_and(|t| owns(p, t));
+        let seen = p.is_admin() || p.any_pattern_matches(name) || topic.is_some_and(|t| owns(p, t));
         if !seen {
             return Err(Denied::Forbidden(format!(
                 "user {} may not see topic {name}",
@@ -271,10 +268,9 @@ pub fn cluster_admin(caller: &Caller) -> Decision {
 
 fn require_admin(caller: &Caller, what: &str) -> Decision {
     match caller {
-        Caller::User(p) if !p.is_admin() => Err(Denied::Forbidden(format!(
-            "user {}: {what}",
-            p.username
-        ))),
+        Caller::User(p) if !p.is_admin() => {
+            Err(Denied::Forbidden(format!("user {}: {what}", p.username)))
+        }
         _ => Ok(()),
     }
 }
@@ -328,7 +324,9 @@ pub fn set_grants(
     }
     if let Caller::User(p) = caller {
         if p.username == target.username {
-            return Err(Denied::Forbidden("you cannot change your own grants".into()));
+            return Err(Denied::Forbidden(
+                "you cannot change your own grants".into(),
+            ));
         }
     }
     admin_grant_check(caller, grants)
@@ -507,8 +505,14 @@ mod tests {
                 ),
             ),
             ("owner", principal("owner", false, vec![])),
-            ("admin", principal("admin2", false, vec![g(Action::Admin, &[])])),
-            ("root", principal("admin", true, vec![g(Action::Admin, &[])])),
+            (
+                "admin",
+                principal("admin2", false, vec![g(Action::Admin, &[])]),
+            ),
+            (
+                "root",
+                principal("admin", true, vec![g(Action::Admin, &[])]),
+            ),
         ]
     }
 
@@ -628,7 +632,12 @@ mod tests {
         // Owner does not imply produce or consume.
         assert!(!can(&p(vec![]), Action::Produce, "t", Some("u")));
         let admin = p(vec![g(Action::Admin, &[])]);
-        for a in [Action::Produce, Action::Consume, Action::Create, Action::Admin] {
+        for a in [
+            Action::Produce,
+            Action::Consume,
+            Action::Create,
+            Action::Admin,
+        ] {
             assert!(can(&admin, a, "anything", Some("someone-else")));
         }
         let root = Principal {
@@ -749,8 +758,7 @@ mod tests {
                 ("root", 200, 404),
             ],
         );
-        let owner_creator =
-            principal("owner", false, vec![g(Action::Create, &["orders-*"])]);
+        let owner_creator = principal("owner", false, vec![g(Action::Create, &["orders-*"])]);
         let parent = topic("orders", Some("owner"));
         assert!(create(&owner_creator, "orders-r", Some(("orders", Some(&parent)))).is_ok());
         assert_eq!(
@@ -771,23 +779,85 @@ mod tests {
         let local = |name, t| ChildRef::Local { name, topic: t };
         let st = |d: Decision| d.map_or_else(|e| e.status(), |_| 200);
 
-        assert_eq!(st(attach(&owner, "orders", Some(&parent), local("orders-audit", Some(&child_owned)))), 200);
-        assert_eq!(st(attach(&owner, "orders", Some(&parent), ChildRef::Remote)), 200);
+        assert_eq!(
+            st(attach(
+                &owner,
+                "orders",
+                Some(&parent),
+                local("orders-audit", Some(&child_owned))
+            )),
+            200
+        );
+        assert_eq!(
+            st(attach(&owner, "orders", Some(&parent), ChildRef::Remote)),
+            200
+        );
         // ext: ownership of the child too.
-        let d = attach(&owner, "orders", Some(&parent), local("orders-other", Some(&child_other)));
+        let d = attach(
+            &owner,
+            "orders",
+            Some(&parent),
+            local("orders-other", Some(&child_other)),
+        );
         assert_eq!(d.as_ref().unwrap_err().status(), 403);
         assert!(d.unwrap_err().message().contains("orders-other"));
         // Missing parent or child: 404 before any 403.
         assert_eq!(st(attach(&granted, "orders", None, ChildRef::Remote)), 404);
-        assert_eq!(st(attach(&granted, "orders", Some(&parent), local("nope", None))), 404);
-        assert_eq!(st(attach(&owner, "orders", Some(&parent), local("nope", None))), 404);
+        assert_eq!(
+            st(attach(
+                &granted,
+                "orders",
+                Some(&parent),
+                local("nope", None)
+            )),
+            404
+        );
+        assert_eq!(
+            st(attach(&owner, "orders", Some(&parent), local("nope", None))),
+            404
+        );
         // Non-owner of the parent.
-        assert_eq!(st(attach(&granted, "orders", Some(&parent), local("orders-audit", Some(&child_owned)))), 403);
-        assert_eq!(st(attach(&granted, "orders", Some(&parent), ChildRef::Remote)), 403);
+        assert_eq!(
+            st(attach(
+                &granted,
+                "orders",
+                Some(&parent),
+                local("orders-audit", Some(&child_owned))
+            )),
+            403
+        );
+        assert_eq!(
+            st(attach(&granted, "orders", Some(&parent), ChildRef::Remote)),
+            403
+        );
         // Admin and security off.
-        assert_eq!(st(attach(&admin, "orders", Some(&parent), local("orders-other", Some(&child_other)))), 200);
-        assert_eq!(st(attach(&Caller::SecurityOff, "orders", Some(&parent), local("orders-other", Some(&child_other)))), 200);
-        assert_eq!(st(attach(&Caller::SecurityOff, "orders", None, ChildRef::Remote)), 404);
+        assert_eq!(
+            st(attach(
+                &admin,
+                "orders",
+                Some(&parent),
+                local("orders-other", Some(&child_other))
+            )),
+            200
+        );
+        assert_eq!(
+            st(attach(
+                &Caller::SecurityOff,
+                "orders",
+                Some(&parent),
+                local("orders-other", Some(&child_other))
+            )),
+            200
+        );
+        assert_eq!(
+            st(attach(
+                &Caller::SecurityOff,
+                "orders",
+                None,
+                ChildRef::Remote
+            )),
+            404
+        );
     }
 
     #[test]
@@ -807,8 +877,14 @@ mod tests {
         };
         let all = callers();
         let by = |n: &str| all.iter().find(|(k, _)| *k == n).unwrap().1.clone();
-        assert_eq!(names(&by("off")), ["orders", "orders-x", "payments", "secret"]);
-        assert_eq!(names(&by("admin")), ["orders", "orders-x", "payments", "secret"]);
+        assert_eq!(
+            names(&by("off")),
+            ["orders", "orders-x", "payments", "secret"]
+        );
+        assert_eq!(
+            names(&by("admin")),
+            ["orders", "orders-x", "payments", "secret"]
+        );
         assert_eq!(names(&by("granted")), ["orders", "orders-x"]);
         assert_eq!(names(&by("owner")), ["orders"]);
         // "nogrant" owns payments; its payments-* pattern does not match "payments".
@@ -851,7 +927,11 @@ mod tests {
                 want,
                 "grants by {name}"
             );
-            assert_eq!(st(delete_user(&c, "billing", Some(&billing))), want, "delete by {name}");
+            assert_eq!(
+                st(delete_user(&c, "billing", Some(&billing))),
+                want,
+                "delete by {name}"
+            );
             // Non-admins get 403 even for missing users (no leak); admins 404.
             let missing = if admin_ok { 404 } else { 403 };
             assert_eq!(st(set_grants(&c, "ghost", None, &[])), missing, "{name}");
@@ -873,26 +953,66 @@ mod tests {
         assert_eq!(st(create_user(&admin2, &admin_grant)), 403);
         assert_eq!(st(create_user(&admin2, &scoped)), 200);
         assert_eq!(st(create_user(&root, &admin_grant)), 200);
-        assert_eq!(st(set_grants(&admin2, "billing", Some(&billing), &admin_grant)), 403);
-        assert_eq!(st(set_grants(&admin2, "billing", Some(&billing), &scoped)), 200);
-        assert_eq!(st(set_grants(&root, "billing", Some(&billing), &admin_grant)), 200);
+        assert_eq!(
+            st(set_grants(&admin2, "billing", Some(&billing), &admin_grant)),
+            403
+        );
+        assert_eq!(
+            st(set_grants(&admin2, "billing", Some(&billing), &scoped)),
+            200
+        );
+        assert_eq!(
+            st(set_grants(&root, "billing", Some(&billing), &admin_grant)),
+            200
+        );
         // Nobody changes their own grants (not even to drop some).
-        assert_eq!(st(set_grants(&admin2, "admin2", Some(&admin2_user), &[])), 403);
-        assert_eq!(st(set_grants(&admin2, "admin2", Some(&admin2_user), &admin_grant)), 403);
+        assert_eq!(
+            st(set_grants(&admin2, "admin2", Some(&admin2_user), &[])),
+            403
+        );
+        assert_eq!(
+            st(set_grants(
+                &admin2,
+                "admin2",
+                Some(&admin2_user),
+                &admin_grant
+            )),
+            403
+        );
         // Root's grants are fixed, for root too and with security off.
-        assert_eq!(st(set_grants(&admin2, "admin", Some(&root_user), &scoped)), 403);
-        assert_eq!(st(set_grants(&root, "admin", Some(&root_user), &admin_grant)), 403);
-        assert_eq!(st(set_grants(&Caller::SecurityOff, "admin", Some(&root_user), &[])), 403);
+        assert_eq!(
+            st(set_grants(&admin2, "admin", Some(&root_user), &scoped)),
+            403
+        );
+        assert_eq!(
+            st(set_grants(&root, "admin", Some(&root_user), &admin_grant)),
+            403
+        );
+        assert_eq!(
+            st(set_grants(
+                &Caller::SecurityOff,
+                "admin",
+                Some(&root_user),
+                &[]
+            )),
+            403
+        );
         // Root cannot be deleted; nobody deletes themselves.
         assert_eq!(st(delete_user(&admin2, "admin", Some(&root_user))), 403);
         assert_eq!(st(delete_user(&root, "admin", Some(&root_user))), 403);
-        assert_eq!(st(delete_user(&Caller::SecurityOff, "admin", Some(&root_user))), 403);
+        assert_eq!(
+            st(delete_user(&Caller::SecurityOff, "admin", Some(&root_user))),
+            403
+        );
         assert_eq!(st(delete_user(&admin2, "admin2", Some(&admin2_user))), 403);
         assert_eq!(st(delete_user(&root, "admin2", Some(&admin2_user))), 200);
         // A non-admin cannot grant itself anything.
         let pleb = principal("pleb", false, vec![g(Action::Produce, &["*"])]);
         let pleb_user = user("pleb", false, vec![g(Action::Produce, &["*"])]);
-        assert_eq!(st(set_grants(&pleb, "pleb", Some(&pleb_user), &admin_grant)), 403);
+        assert_eq!(
+            st(set_grants(&pleb, "pleb", Some(&pleb_user), &admin_grant)),
+            403
+        );
         assert_eq!(st(create_user(&pleb, &[])), 403);
     }
 
@@ -908,27 +1028,82 @@ mod tests {
         let other = principal("other", false, vec![]);
 
         // Self: needs current_password, whoever one is.
-        assert_eq!(change_password(&bill, "billing", Some(&billing), Some("cur")), Ok(VerifyCurrent));
-        assert_eq!(st(change_password(&bill, "billing", Some(&billing), None)), 403);
-        assert_eq!(st(change_password(&bill, "billing", Some(&billing), Some(""))), 403);
-        assert_eq!(change_password(&root, "admin", Some(&root_user), Some("cur")), Ok(VerifyCurrent));
-        assert_eq!(st(change_password(&root, "admin", Some(&root_user), None)), 403);
-        assert_eq!(change_password(&admin2, "admin2", Some(&admin2_user), Some("c")), Ok(VerifyCurrent));
+        assert_eq!(
+            change_password(&bill, "billing", Some(&billing), Some("cur")),
+            Ok(VerifyCurrent)
+        );
+        assert_eq!(
+            st(change_password(&bill, "billing", Some(&billing), None)),
+            403
+        );
+        assert_eq!(
+            st(change_password(&bill, "billing", Some(&billing), Some(""))),
+            403
+        );
+        assert_eq!(
+            change_password(&root, "admin", Some(&root_user), Some("cur")),
+            Ok(VerifyCurrent)
+        );
+        assert_eq!(
+            st(change_password(&root, "admin", Some(&root_user), None)),
+            403
+        );
+        assert_eq!(
+            change_password(&admin2, "admin2", Some(&admin2_user), Some("c")),
+            Ok(VerifyCurrent)
+        );
         // Admin resets any non-root password without it (a given one is ignored).
-        assert_eq!(change_password(&admin2, "billing", Some(&billing), None), Ok(Reset));
-        assert_eq!(change_password(&admin2, "billing", Some(&billing), Some("x")), Ok(Reset));
-        assert_eq!(change_password(&root, "admin2", Some(&admin2_user), None), Ok(Reset));
+        assert_eq!(
+            change_password(&admin2, "billing", Some(&billing), None),
+            Ok(Reset)
+        );
+        assert_eq!(
+            change_password(&admin2, "billing", Some(&billing), Some("x")),
+            Ok(Reset)
+        );
+        assert_eq!(
+            change_password(&root, "admin2", Some(&admin2_user), None),
+            Ok(Reset)
+        );
         // Only root changes root's password.
-        assert_eq!(st(change_password(&admin2, "admin", Some(&root_user), None)), 403);
-        assert_eq!(st(change_password(&admin2, "admin", Some(&root_user), Some("guess"))), 403);
+        assert_eq!(
+            st(change_password(&admin2, "admin", Some(&root_user), None)),
+            403
+        );
+        assert_eq!(
+            st(change_password(
+                &admin2,
+                "admin",
+                Some(&root_user),
+                Some("guess")
+            )),
+            403
+        );
         // Non-admins only their own; missing users do not leak to them.
-        assert_eq!(st(change_password(&other, "billing", Some(&billing), Some("x"))), 403);
+        assert_eq!(
+            st(change_password(
+                &other,
+                "billing",
+                Some(&billing),
+                Some("x")
+            )),
+            403
+        );
         assert_eq!(st(change_password(&other, "ghost", None, None)), 403);
-        assert_eq!(st(change_password(&other, "admin", Some(&root_user), None)), 403);
+        assert_eq!(
+            st(change_password(&other, "admin", Some(&root_user), None)),
+            403
+        );
         assert_eq!(st(change_password(&admin2, "ghost", None, None)), 404);
         // Security off: allowed, missing still 404.
-        assert_eq!(change_password(&Caller::SecurityOff, "admin", Some(&root_user), None), Ok(Reset));
-        assert_eq!(st(change_password(&Caller::SecurityOff, "ghost", None, None)), 404);
+        assert_eq!(
+            change_password(&Caller::SecurityOff, "admin", Some(&root_user), None),
+            Ok(Reset)
+        );
+        assert_eq!(
+            st(change_password(&Caller::SecurityOff, "ghost", None, None)),
+            404
+        );
     }
 
     #[test]
@@ -937,7 +1112,10 @@ mod tests {
         u.password_hash = password::hash("cur", HashParams::TEST).unwrap();
         assert!(check_current_password(&u, "cur").is_ok());
         let d = check_current_password(&u, "wrong").unwrap_err();
-        assert_eq!((d.status(), d.message()), (403, "current_password is wrong"));
+        assert_eq!(
+            (d.status(), d.message()),
+            (403, "current_password is wrong")
+        );
     }
 
     #[tokio::test]
@@ -946,7 +1124,10 @@ mod tests {
         u.password_hash = password::hash("cur", HashParams::TEST).unwrap();
         assert!(check_current_password_async(&u, "cur").await.is_ok());
         assert_eq!(
-            check_current_password_async(&u, "nope").await.unwrap_err().status(),
+            check_current_password_async(&u, "nope")
+                .await
+                .unwrap_err()
+                .status(),
             403
         );
     }

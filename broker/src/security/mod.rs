@@ -129,12 +129,25 @@ pub mod audit {
 
     pub(crate) fn auth_failed(username: &str, reason: &str) {
         let u = loggable(username);
-        tracing::warn!(component = "audit", event = "auth.failed", actor = u, target = u, reason, "authentication failed");
+        tracing::warn!(
+            component = "audit",
+            event = "auth.failed",
+            actor = u,
+            target = u,
+            reason,
+            "authentication failed"
+        );
     }
 
     pub(crate) fn auth_throttled(username: &str) {
         let u = loggable(username);
-        tracing::warn!(component = "audit", event = "auth.throttled", actor = u, target = u, "failed-login throttle engaged");
+        tracing::warn!(
+            component = "audit",
+            event = "auth.throttled",
+            actor = u,
+            target = u,
+            "failed-login throttle engaged"
+        );
     }
 }
 
@@ -149,12 +162,9 @@ impl IntoResponse for AuthError {
                 (StatusCode::TOO_MANY_REQUESTS, Some(*retry_after_secs))
             }
         };
-        let mut resp = ApiError {
-            status,
-            message: self.message(),
-            retry_after,
-        }
-        .into_response();
+        let mut err = ApiError::new(status, self.message());
+        err.retry_after = retry_after;
+        let mut resp = err.into_response();
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -89,7 +89,10 @@ impl Default for LoginThrottle {
 
 impl LoginThrottle {
     pub fn new(capacity: u32, refill_ms: u64) -> Self {
-        assert!(capacity > 0 && refill_ms > 0, "a throttle needs attempts and a refill");
+        assert!(
+            capacity > 0 && refill_ms > 0,
+            "a throttle needs attempts and a refill"
+        );
         LoginThrottle {
             capacity,
             refill_ms,

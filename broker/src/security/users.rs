@@ -150,7 +150,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             ok.iter().map(|g| g.action).collect::<Vec<_>>(),
-            [Action::Produce, Action::Consume, Action::Create, Action::Admin]
+            [
+                Action::Produce,
+                Action::Consume,
+                Action::Create,
+                Action::Admin
+            ]
         );
         assert_eq!(grants_from_wire(&[]).unwrap(), vec![]);
         for (bad, msg) in [
@@ -164,7 +169,10 @@ mod tests {
             (wire("admin", &["*"]), "admin takes no patterns"),
         ] {
             let e = grants_from_wire(&[wire("produce", &["ok"]), bad.clone()]).unwrap_err();
-            assert!(e.starts_with("grant 1: ") && e.contains(msg), "{bad:?}: {e}");
+            assert!(
+                e.starts_with("grant 1: ") && e.contains(msg),
+                "{bad:?}: {e}"
+            );
         }
     }
 

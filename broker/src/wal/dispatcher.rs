@@ -23,6 +23,8 @@ pub const MAX_BATCH_RECORDS: usize = 4096;
 /// About the most bytes in one partition commit.
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+/// A partition with at least this many pending records commits without lingering.
+const LINGER_RECORDS: usize = 256;
 
 type Key = (u64, u32);
 
@@ -34,6 +36,11 @@ pub struct Dispatcher {
     registry: Arc<Registry>,
     topic_exists: TopicExists,
     pending: HashMap<Key, VecDeque<DurableRecord>>,
+    /// When each pending queue last went from empty to non-empty.
+    first_pending_at: HashMap<Key, Instant>,
+    /// How long a partition's first pending record may wait for more before it commits:
+    /// fewer, larger commits leave the disk's fsyncs to the WAL.
+    linger: Duration,
     busy: HashMap<Key, ()>,
     retry_at: HashMap<Key, Instant>,
 }
@@ -46,23 +53,40 @@ struct Outcome {
 }
 
 impl Dispatcher {
-    pub fn new(wal: Wal, registry: Arc<Registry>, topic_exists: TopicExists) -> Self {
+    pub fn new(
+        wal: Wal,
+        registry: Arc<Registry>,
+        topic_exists: TopicExists,
+        linger: Duration,
+    ) -> Self {
         Dispatcher {
             wal,
             registry,
             topic_exists,
             pending: HashMap::new(),
+            first_pending_at: HashMap::new(),
+            linger,
             busy: HashMap::new(),
             retry_at: HashMap::new(),
         }
     }
 
     fn add(&mut self, recs: Vec<DurableRecord>) {
+        let now = Instant::now();
         for r in recs {
-            self.pending
-                .entry((r.record.topic_id, r.record.partition))
-                .or_default()
-                .push_back(r);
+            let key = (r.record.topic_id, r.record.partition);
+            self.first_pending_at.entry(key).or_insert(now);
+            self.pending.entry(key).or_default().push_back(r);
+        }
+    }
+
+    /// Whether a partition's pending records should commit now, else when.
+    fn due(&self, key: &Key, queued: usize, now: Instant) -> Result<(), Instant> {
+        let at = self.first_pending_at.get(key).copied().unwrap_or(now) + self.linger;
+        if queued >= LINGER_RECORDS || at <= now {
+            Ok(())
+        } else {
+            Err(at)
         }
     }
 
@@ -80,7 +104,21 @@ impl Dispatcher {
             if !open && jobs.is_empty() && self.pending.is_empty() {
                 return;
             }
-            let next_retry = self.retry_at.values().min().copied();
+            let now = Instant::now();
+            let next_linger = self
+                .pending
+                .iter()
+                .filter(|(k, _)| !self.busy.contains_key(k))
+                .filter_map(|(k, q)| self.due(k, q.len(), now).err())
+                .min();
+            let next_retry = self
+                .retry_at
+                .values()
+                .min()
+                .copied()
+                .into_iter()
+                .chain(next_linger)
+                .min();
             tokio::select! {
                 msg = rx.recv(), if open => match msg {
                     Some(batch) => {
@@ -100,6 +138,7 @@ impl Dispatcher {
                 _ = tokio::time::sleep_until(next_retry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_retry.is_some() => {
                     let now = Instant::now();
                     self.retry_at.retain(|_, at| *at > now);
+                    // Lingering partitions are picked up by start_jobs.
                 }
             }
         }
@@ -109,11 +148,16 @@ impl Dispatcher {
         if jobs.len() >= MAX_PARALLEL {
             return;
         }
+        let now = Instant::now();
         let ready: Vec<Key> = self
             .pending
-            .keys()
-            .filter(|k| !self.busy.contains_key(k) && !self.retry_at.contains_key(k))
-            .copied()
+            .iter()
+            .filter(|(k, q)| {
+                !self.busy.contains_key(k)
+                    && !self.retry_at.contains_key(k)
+                    && self.due(k, q.len(), now).is_ok()
+            })
+            .map(|(k, _)| *k)
             .collect();
         for key in ready {
             if jobs.len() >= MAX_PARALLEL {
@@ -136,6 +180,9 @@ impl Dispatcher {
             }
             if queue.is_empty() {
                 self.pending.remove(&key);
+                self.first_pending_at.remove(&key);
+            } else {
+                self.first_pending_at.insert(key, now);
             }
             match self
                 .registry
@@ -171,6 +218,9 @@ impl Dispatcher {
     }
 
     fn requeue(&mut self, key: Key, records: Vec<DurableRecord>) {
+        self.first_pending_at
+            .entry(key)
+            .or_insert_with(Instant::now);
         let q = self.pending.entry(key).or_default();
         for r in records.into_iter().rev() {
             q.push_front(r);
