@@ -105,11 +105,11 @@ pub struct CreateUserRequest {
     pub grants: Vec<Grant>,
 }
 
-/// `PUT /v1/users/{u}/grants` body (replaces all grants).
+/// `PUT /v1/users/{u}/grants` body (replaces all grants). `grants` is required (`{}` is a
+/// `400`; `{"grants":[]}` removes every grant).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct PutGrantsRequest {
-    #[serde(default)]
     pub grants: Vec<Grant>,
 }
 
@@ -181,5 +181,10 @@ mod tests {
             serde_json::to_string(&p).unwrap(),
             r#"{"new_password":"x"}"#
         );
+        // `grants` is required: `{}` must not silently remove every grant.
+        assert!(serde_json::from_str::<PutGrantsRequest>("{}").is_err());
+        let empty: PutGrantsRequest = serde_json::from_str(r#"{"grants":[]}"#).unwrap();
+        assert!(empty.grants.is_empty());
+        assert_eq!(serde_json::to_string(&empty).unwrap(), r#"{"grants":[]}"#);
     }
 }

@@ -46,8 +46,15 @@ pub struct StorageConfig {
     pub compression_level: String,
     /// 0 = off.
     pub idle_log_eviction_ms: u64,
+    /// Set by the test knob `NARAD_TEST_IDLE_LOG_EVICTION_MS` (not in the SPEC's user
+    /// surface): `idle_log_eviction_ms` came from it and skips the ≥ 60000 validation, so
+    /// tests can watch idle logs close within a second.
+    pub idle_log_eviction_test_knob: bool,
     /// Test knob (not in the SPEC's user surface): segment size in bytes (default 64 MiB).
     pub segment_max_bytes: u64,
+    /// Commit verification re-reads from the device rather than the page cache
+    /// (`storage.verify_from_device`, default true).
+    pub verify_from_device: bool,
     /// Test knob: how often retention runs (default 60 s).
     pub retention_check_interval: Duration,
     /// Test knob: added to the wall clock for retention decisions (default 0).
@@ -105,7 +112,9 @@ impl Default for Config {
                 codec: "none".into(),
                 compression_level: "fastest".into(),
                 idle_log_eviction_ms: 1_800_000,
+                idle_log_eviction_test_knob: false,
                 segment_max_bytes: 64 * 1024 * 1024,
+                verify_from_device: true,
                 retention_check_interval: Duration::from_secs(60),
                 clock_offset_ms: 0,
             },
@@ -219,6 +228,7 @@ mod file {
         pub compression_level: Option<String>,
         pub idle_log_eviction_ms: Option<u64>,
         pub segment_max_bytes: Option<u64>,
+        pub verify_from_device: Option<bool>,
         pub retention_check_interval: Option<String>,
     }
     #[derive(Debug, Default, Deserialize)]
@@ -415,6 +425,9 @@ impl Config {
             if let Some(v) = s.segment_max_bytes {
                 self.storage.segment_max_bytes = v;
             }
+            if let Some(v) = s.verify_from_device {
+                self.storage.verify_from_device = v;
+            }
             if let Some(v) = s.retention_check_interval {
                 self.storage.retention_check_interval =
                     dur("storage.retention_check_interval", &v)?;
@@ -502,8 +515,16 @@ impl Config {
         if let Some(v) = get("NARAD_STORAGE_SEGMENT_MAX_BYTES") {
             self.storage.segment_max_bytes = parse_num("NARAD_STORAGE_SEGMENT_MAX_BYTES", &v)?;
         }
+        if let Some(v) = get("NARAD_STORAGE_VERIFY_FROM_DEVICE") {
+            self.storage.verify_from_device = parse_bool("NARAD_STORAGE_VERIFY_FROM_DEVICE", &v)?;
+        }
         if let Some(v) = get("NARAD_TEST_CLOCK_OFFSET_MS") {
             self.storage.clock_offset_ms = parse_num("NARAD_TEST_CLOCK_OFFSET_MS", &v)?;
+        }
+        // Test knob: any idle-log eviction time in ms, below the 60000 floor too (0 = off).
+        if let Some(v) = get("NARAD_TEST_IDLE_LOG_EVICTION_MS") {
+            self.storage.idle_log_eviction_ms = parse_num("NARAD_TEST_IDLE_LOG_EVICTION_MS", &v)?;
+            self.storage.idle_log_eviction_test_knob = true;
         }
         let t = &mut self.topic;
         if let Some(v) = get("NARAD_TOPIC_DEFAULT_PARTITIONS") {
@@ -602,7 +623,10 @@ impl Config {
         if !["none", "zstd"].contains(&self.storage.codec.as_str()) {
             return Err(bad("storage.codec must be none or zstd"));
         }
-        if self.storage.idle_log_eviction_ms != 0 && self.storage.idle_log_eviction_ms < 60_000 {
+        if self.storage.idle_log_eviction_ms != 0
+            && self.storage.idle_log_eviction_ms < 60_000
+            && !self.storage.idle_log_eviction_test_knob
+        {
             return Err(bad(
                 "storage.idle_log_eviction_ms must be 0 or at least 60000",
             ));
@@ -726,6 +750,27 @@ mod tests {
         assert!(load(
             ServerArgs::default(),
             &[("NARAD_HTTP_MAX_CONSUME_WAIT", "1m")]
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn idle_log_eviction_floor_and_test_knob() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"storage":{"idle_log_eviction_ms":500}}"#).unwrap();
+        let args = || ServerArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let e = load(args(), &[]).unwrap_err();
+        assert!(e.to_string().contains("idle_log_eviction_ms"), "{e}");
+        // The test knob bypasses the floor (and wins over the file).
+        let c = load(args(), &[("NARAD_TEST_IDLE_LOG_EVICTION_MS", "250")]).unwrap();
+        assert_eq!(c.storage.idle_log_eviction_ms, 250);
+        assert!(load(
+            ServerArgs::default(),
+            &[("NARAD_TEST_IDLE_LOG_EVICTION_MS", "soon")]
         )
         .is_err());
     }

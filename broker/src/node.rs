@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use narad_api::PartitionStats;
-use narad_meta::{Meta, MetaCommand, MetaOptions, Topic};
+use narad_meta::{Meta, MetaCommand, MetaOptions, MetaResponse, MetaState, Topic};
 use narad_storage::LogConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -23,11 +23,15 @@ use crate::metrics::{
 };
 use crate::partition::{now_ms, Registry, TopicRuntime};
 use crate::schema::SchemaCache;
+use crate::security::password::{self, HashParams};
+use crate::security::{audit, Authenticator};
 use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
 
 /// Default dispatcher linger (see `wal::dispatcher`); `NARAD_DISPATCH_LINGER_US` overrides it.
 const DEFAULT_DISPATCH_LINGER_US: u64 = 1000;
+/// Default most partition commits in flight; `NARAD_DISPATCH_PARALLEL` overrides it.
+const DEFAULT_DISPATCH_PARALLEL: usize = 4;
 
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -41,6 +45,9 @@ pub struct Node {
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     pub schemas: SchemaCache,
+    /// Checks Basic credentials (verified-credential cache, throttle); used only with
+    /// security on.
+    pub auth: Authenticator,
     ready: AtomicBool,
     shutdown: CancellationToken,
     data_dir: PathBuf,
@@ -82,6 +89,11 @@ pub fn listen_addr(addr: &str) -> String {
 }
 
 impl Node {
+    /// Whether requests need credentials (`config.security.enabled`; off with `--dev`).
+    pub fn security_on(&self) -> bool {
+        self.config.security.enabled
+    }
+
     pub fn topic(&self, name: &str) -> ApiResult<Arc<Topic>> {
         self.meta
             .view()
@@ -153,7 +165,13 @@ impl Node {
         }
     }
 
+    /// `/readyz` (SPEC §3.10): recovery done and, with security on, the root admin seeded.
     pub fn is_ready(&self) -> bool {
+        self.startup_done() && (!self.security_on() || seeding_settled(&self.meta.view()))
+    }
+
+    /// Recovery and startup reconciliation are done (readiness but for root seeding).
+    pub fn startup_done(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }
     pub fn is_shutting_down(&self) -> bool {
@@ -293,6 +311,9 @@ fn fs_space(dir: &Path) -> Option<(u64, u64)> {
 pub struct Running {
     pub node: Arc<Node>,
     pub addr: SocketAddr,
+    /// The cluster port (node RPC and Raft).
+    pub cluster_addr: SocketAddr,
+    rpc: crate::rpc::RpcServer,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     dispatcher: tokio::task::JoinHandle<()>,
 }
@@ -317,6 +338,7 @@ impl Running {
         while node.wal.outstanding() > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        self.rpc.shutdown(Duration::from_secs(1)).await;
         self.dispatcher.abort();
         node.registry.persist_frontiers();
         node.wal.close();
@@ -366,6 +388,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .set(1);
     let log_cfg = LogConfig {
         segment_max_bytes: config.storage.segment_max_bytes,
+        verify_from_device: config.storage.verify_from_device,
         ..LogConfig::default()
     };
     let registry = Arc::new(Registry::new(
@@ -387,6 +410,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         registry: registry.clone(),
         metrics: metrics.clone(),
         schemas: SchemaCache::default(),
+        auth: Authenticator::default(),
         ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
         data_dir: data_dir.clone(),
@@ -405,18 +429,48 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         registry.clone(),
         Arc::new(move |id| exists_meta.view().topics.values().any(|t| t.id == id)),
         linger,
+        std::env::var("NARAD_DISPATCH_PARALLEL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_DISPATCH_PARALLEL),
     );
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
 
     spawn_background(node.clone());
+    if node.security_on() {
+        tokio::spawn(seed_root(node.clone()));
+    }
+
+    // The cluster port. Standalone without an explicit address it is an OS-assigned
+    // loopback port, so standalone servers run side by side (SPEC §7.1). No node RPC is
+    // served by a standalone node: every opcode answers "unsupported".
+    let cluster_listen = config
+        .cluster
+        .addr
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:0".into());
+    let secret = match &config.security.cluster_secret {
+        Some(s) => crate::rpc::ClusterSecret::new(s.clone().into_bytes()),
+        None => crate::rpc::ClusterSecret::none(),
+    };
+    let rpc = crate::rpc::RpcServer::bind(
+        &cluster_listen,
+        node.node_id.clone(),
+        secret,
+        crate::rpc::handler_fn(
+            |_from, op, _body| async move { crate::rpc::RpcReply::unsupported(op) },
+        ),
+    )
+    .await
+    .with_context(|| format!("listen on cluster address {cluster_listen}"))?;
+    let cluster_addr = rpc.local_addr();
 
     let app = crate::api::router(node.clone());
     let shutdown = node.shutdown.clone();
+    let read_timeout = config.http.read_timeout;
     let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .context("http server")
+        crate::api::server::serve(listener, app, read_timeout, shutdown).await;
+        Ok(())
     });
     node.ready.store(true, Ordering::Release);
     metrics.boot_duration.set(boot.elapsed().as_secs_f64());
@@ -424,9 +478,104 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     Ok(Running {
         node,
         addr,
+        cluster_addr,
+        rpc,
         server,
         dispatcher,
     })
+}
+
+/// Whether root seeding is over: the root admin exists, or users exist without one (created
+/// while security was off; `SeedRoot` never adds root next to existing users, so waiting
+/// would never end — `seed_root` warns about it instead).
+fn seeding_settled(view: &MetaState) -> bool {
+    view.root_user().is_some() || !view.users.is_empty()
+}
+
+/// SPEC §4.4: on a secured node whose metadata holds no user, the Raft leader proposes
+/// `SeedRoot` with the argon2id hash of `NARAD_ADMIN_PASSWORD`, or of a random 192-bit
+/// password that this node then logs exactly once (warn). `SeedRoot` is a no-op once any
+/// user exists, so a restart (or another node) never changes an existing root. Retries until
+/// the root exists (no leader yet, no quorum) or shutdown.
+async fn seed_root(node: Arc<Node>) {
+    let mut changes = node.meta.subscribe();
+    loop {
+        if node.is_shutting_down() {
+            return;
+        }
+        let view = node.meta.view();
+        if view.root_user().is_some() {
+            return;
+        }
+        if !view.users.is_empty() {
+            tracing::warn!(
+                component = "security",
+                users = view.users.len(),
+                "security is on but no root admin exists (users were created while security \
+                 was off); root is not seeded next to existing users"
+            );
+            return;
+        }
+        if node.meta.is_leader() {
+            let (secret, generated) = match node.config.security.admin_password.as_deref() {
+                Some(p) if !p.is_empty() => (p.to_string(), false),
+                _ => (password::generate_password(), true),
+            };
+            let hash = match password::hash_async(secret.clone(), HashParams::DEFAULT).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(error = %e, "hashing the root password failed");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            match node
+                .meta
+                .write(MetaCommand::SeedRoot {
+                    password_hash: hash,
+                    now_ms: now_ms(),
+                })
+                .await
+            {
+                Ok(MetaResponse::User(u)) => {
+                    if generated {
+                        tracing::warn!(
+                            component = "security",
+                            username = %u.username,
+                            password = %secret,
+                            "seeded the root admin with a generated password; it is logged only \
+                             this once: store it now, or set NARAD_ADMIN_PASSWORD before the \
+                             first start"
+                        );
+                    } else {
+                        tracing::info!(
+                            component = "security",
+                            username = %u.username,
+                            "seeded the root admin with NARAD_ADMIN_PASSWORD"
+                        );
+                    }
+                    audit::event("user.create", "-", &u.username);
+                    return;
+                }
+                // Someone else seeded first (or a user appeared): nothing to do.
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "seeding the root admin failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            r = changes.changed() => {
+                if r.is_err() {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = node.shutdown_signal() => return,
+        }
+    }
 }
 
 fn spawn_background(node: Arc<Node>) {
@@ -459,7 +608,7 @@ fn spawn_background(node: Arc<Node>) {
         let n = node.clone();
         tokio::spawn(async move {
             let mut tick =
-                tokio::time::interval(Duration::from_millis((idle_ms / 4).clamp(1_000, 60_000)));
+                tokio::time::interval(Duration::from_millis((idle_ms / 4).clamp(100, 60_000)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !n.is_shutting_down() {
                 tick.tick().await;

@@ -76,6 +76,8 @@ pub struct Partition {
 }
 
 const FRONTIER_FILE: &str = "frontier";
+/// Most consumers one commit wakes.
+const MAX_WAKE_PER_EVENT: usize = 64;
 
 impl Partition {
     fn open(
@@ -303,6 +305,15 @@ impl TopicRuntime {
     pub fn next_produce_partition(&self, count: u32) -> u32 {
         self.produce_rr.fetch_add(1, Ordering::Relaxed) % count.max(1)
     }
+    /// Wakes up to `n` waiting consumers, one per newly available message (not every waiter:
+    /// a woken consumer that finds nothing only costs a scan). A waiter that was woken but
+    /// went away passes its wake-up on to the next one (tokio's `Notify` does that).
+    pub fn wake_consumers(&self, n: usize) {
+        for _ in 0..n.min(MAX_WAKE_PER_EVENT) {
+            self.notify.notify_one();
+        }
+    }
+
     /// Where a queue consume starts scanning, rotating for fairness.
     pub fn next_consume_start(&self) -> u32 {
         self.consume_rr.fetch_add(1, Ordering::Relaxed)

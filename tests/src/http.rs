@@ -15,10 +15,22 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const DESCRIBE_BODY_BYTES: usize = 400;
 
 /// A keep-alive HTTP client bound to one server's base URL. Cheap to clone (shares the pool).
+/// [`Http::as_user`] gives a handle that sends HTTP Basic credentials with every request.
 #[derive(Clone)]
 pub struct Http {
     client: reqwest::Client,
     base: String,
+    /// The `Authorization` value sent with every request (unless a request sets its own).
+    auth: Option<String>,
+}
+
+/// `Basic base64(user:password)`.
+pub fn basic_auth(user: &str, password: &str) -> String {
+    use base64::Engine;
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+    )
 }
 
 impl Http {
@@ -35,6 +47,23 @@ impl Http {
         Http {
             client,
             base: base.into().trim_end_matches('/').to_string(),
+            auth: None,
+        }
+    }
+
+    /// The same client (same connection pool) sending `user:password` as Basic credentials.
+    pub fn as_user(&self, user: &str, password: &str) -> Http {
+        Http {
+            auth: Some(basic_auth(user, password)),
+            ..self.clone()
+        }
+    }
+
+    /// The same client without credentials.
+    pub fn anonymous(&self) -> Http {
+        Http {
+            auth: None,
+            ..self.clone()
         }
     }
 
@@ -120,6 +149,15 @@ impl Req<'_> {
         let url = format!("{}{}", self.http.base, self.path);
         let describe = describe_request(&self.method, &self.path, self.body.as_deref());
         let mut rb = self.http.client.request(self.method, &url);
+        if let Some(auth) = &self.http.auth {
+            if !self
+                .headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+            {
+                rb = rb.header("authorization", auth.as_str());
+            }
+        }
         for (k, v) in &self.headers {
             rb = rb.header(k.as_str(), v.as_str());
         }

@@ -2,15 +2,18 @@
 //! child process and checks it against SPEC.md over plain HTTP, exactly as a client sees it.
 //!
 //! Module map (what each owns):
-//! - [`server`]: one `narad server start --dev` process — binary lookup, port choice, temp
-//!   data dir, log file, start/kill -9/SIGTERM/restart; printing the log tail on failure.
-//! - [`http`]: a keep-alive HTTP client ([`Http`]) returning complete responses ([`Resp`]),
-//!   with checks for the uniform error body (`{"error":"…"}`, SPEC §3.1).
+//! - [`server`]: one `narad server start --dev` process (or a secured one,
+//!   [`ServerOpts::secured`]) — binary lookup, port choice, temp data dir, log file,
+//!   start/kill -9/SIGTERM/restart; printing the log tail on failure.
+//! - [`http`]: a keep-alive HTTP client ([`Http`], with Basic credentials via
+//!   [`Http::as_user`]) returning complete responses ([`Resp`]), with checks for the uniform
+//!   error body (`{"error":"…"}`, SPEC §3.1).
 //! - [`api`]: Narad-shaped helpers on [`Http`] (create topic, produce, consume, ack, stats)
 //!   and the consumed message ([`Msg`]) with the rendering rules of SPEC §2.9.
 //! - [`ledger`]: bookkeeping for durability runs — which ids got `202`, which are
 //!   ambiguous, which were consumed (and intact); consumer loops and the final report.
 //! - [`payload`]: unique self-checking payloads (id + CRC32C + deterministic filler).
+//! - [`metrics`]: reading `/metrics` samples ([`metric_sum`], [`metric_sum_where`]).
 //! - [`wait`]: [`eventually`], the only way tests wait for a condition.
 //! - [`checks`]: [`Checks`], a soft-assert collector for validation tables, so one run
 //!   reports every wrong answer instead of the first.
@@ -23,6 +26,7 @@ pub mod api;
 pub mod checks;
 pub mod http;
 pub mod ledger;
+pub mod metrics;
 pub mod payload;
 pub mod server;
 pub mod util;
@@ -30,8 +34,9 @@ pub mod wait;
 
 pub use api::{topic_path, Msg};
 pub use checks::Checks;
-pub use http::{Http, Resp};
+pub use http::{basic_auth, Http, Resp};
 pub use ledger::{Ledger, Report};
+pub use metrics::{metric_sum, metric_sum_where};
 pub use server::{narad_bin, Server, ServerOpts};
 pub use util::{fnv1a32, now_ms, now_s, partition_for_key, pct, test_rng};
 pub use wait::{eventually, try_eventually};

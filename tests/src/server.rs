@@ -1,10 +1,13 @@
 //! One `narad` server process under test.
 //!
 //! [`Server::start`] runs `narad server start --dev --addr 127.0.0.1:<port> --data-dir <dir>`
-//! (security off), with stdout and stderr appended to `narad.log` in the server's temp dir,
+//! (security off; [`ServerOpts::secured`] drops `--dev` and sets `NARAD_ADMIN_PASSWORD`, so
+//! security is on and root `admin` is seeded with that password), with stdout and stderr
+//! appended to `narad.log` in the server's temp dir,
 //! and returns once `GET /healthz` and `GET /readyz` answer `200`. The handle can kill -9,
-//! SIGTERM and restart the process on the same port and data dir; dropping it kills the
-//! process, and if the test is panicking, prints the tail of the log first.
+//! SIGTERM and restart the process on the same port and data dir (optionally with changed
+//! environment, [`Server::set_env`]), count its open files and threads; dropping it kills
+//! the process, and if the test is panicking, prints the tail of the log first.
 //!
 //! The binary is `$NARAD_BIN`, else `<workspace>/target/release/narad`, else
 //! `<workspace>/target/debug/narad`.
@@ -97,6 +100,25 @@ impl Default for ServerOpts {
 }
 
 impl ServerOpts {
+    /// Security on (no `--dev`), root `admin` seeded with `admin_password`
+    /// (`NARAD_ADMIN_PASSWORD`).
+    pub fn secured(admin_password: &str) -> Self {
+        ServerOpts {
+            dev: false,
+            ..ServerOpts::default()
+        }
+        .env("NARAD_ADMIN_PASSWORD", admin_password)
+    }
+
+    /// Security on without `NARAD_ADMIN_PASSWORD`: the server generates the root password
+    /// and logs it once.
+    pub fn secured_generated() -> Self {
+        ServerOpts {
+            dev: false,
+            ..ServerOpts::default()
+        }
+    }
+
     pub fn arg(mut self, a: impl Into<String>) -> Self {
         self.args.push(a.into());
         self
@@ -199,6 +221,31 @@ impl Server {
     /// PID of the running process, if any.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Sets (or replaces) an environment variable of the next start or restart, e.g. a
+    /// different `NARAD_TEST_CLOCK_OFFSET_MS` for each restart.
+    pub fn set_env(&mut self, k: &str, v: impl Into<String>) {
+        self.opts.env.retain(|(key, _)| key != k);
+        self.opts.env.push((k.to_string(), v.into()));
+    }
+
+    /// Open file descriptors of the running process (entries of `/proc/<pid>/fd`, Linux).
+    pub fn open_fds(&self) -> usize {
+        self.proc_entries("fd")
+    }
+
+    /// Threads of the running process (entries of `/proc/<pid>/task`, Linux).
+    pub fn threads(&self) -> usize {
+        self.proc_entries("task")
+    }
+
+    fn proc_entries(&self, what: &str) -> usize {
+        let pid = self.pid().expect("narad is not running");
+        let dir = format!("/proc/{pid}/{what}");
+        fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("read {dir}: {e}"))
+            .count()
     }
 
     /// Whether the process is still running (reaps it if it exited).

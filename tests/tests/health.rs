@@ -10,26 +10,6 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// Slack on top of the grace for process teardown on a loaded CI machine.
 const EXIT_SLACK: Duration = Duration::from_secs(3);
 
-/// Sums every sample of metric `name` (any labels) in Prometheus/OpenMetrics text.
-fn metric_sum(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let metric = line.split(['{', ' ']).next().unwrap_or("");
-        if metric == name {
-            let value = line
-                .rsplit_once('}')
-                .map(|(_, v)| v)
-                .unwrap_or_else(|| line.split_once(' ').map(|(_, v)| v).unwrap_or(""));
-            let v: f64 = value
-                .split_whitespace()
-                .next()
-                .and_then(|v| v.parse().ok())?;
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
-}
-
 /// The label names used on samples of `name`.
 fn metric_labels(text: &str, name: &str) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();

@@ -14,11 +14,20 @@ use narad_meta::Topic;
 use narad_storage::{StorageError, StoredRecord};
 use tokio::time::Instant;
 
-use super::{json, json_response, parse_json, path_error, read_body, AppState, Query};
+use super::{find_topic, json, json_response, parse_json, path_error, read_body, AppState, Query};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::{Leased, Partition, QueuePolicy, TopicRuntime};
 use crate::queue::SettleError;
+use crate::security::{authz, Caller};
+
+/// The topic of a consume, replay, ack, extend or nack: the `consume` grant (`403`, whether
+/// or not it exists), then existence (`404`).
+fn consume_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
+    let topic = find_topic(node, name);
+    authz::consume(caller, name, topic.as_deref())?;
+    topic.ok_or_else(|| ApiError::topic_not_found(name))
+}
 
 /// Most messages in one batch consume or ack (SPEC §11).
 pub const MAX_BATCH: u64 = 100;
@@ -107,11 +116,12 @@ fn try_lease(
 
 pub async fn consume(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    let topic = node.topic(&name)?;
+    let topic = consume_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let partition = q.partition(topic.config.partitions)?;
     let offset = q.text("offset")?;
@@ -311,7 +321,7 @@ fn settle_one(
                 Settle::Extend => node.count_extend(&topic.name),
                 Settle::Nack => {
                     node.count_nack(&topic.name);
-                    rt.notify.notify_waiters();
+                    rt.wake_consumers(1);
                 }
                 Settle::Ack => {}
             }
@@ -330,13 +340,14 @@ fn settle_one(
 
 pub async fn ack(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    let topic = node.topic(&name)?;
+    let topic = consume_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let how = parse_extend(q.text("extend")?)?;
     let rt = node.runtime(&topic)?;

@@ -1,5 +1,12 @@
 //! The HTTP API (SPEC §3): routing, request parsing and the error edge. It owns no state:
 //! every handler works through the `Node` handle.
+//!
+//! Security (SPEC §4): the [`authenticate`] middleware runs on every `/v1` request (probes
+//! and `/metrics` stay open). With security on it checks the Basic credentials against the
+//! local metadata view (`security::Authenticator`: cache, throttle; `401`/`429`); with security
+//! off it lets everything through as [`Caller::SecurityOff`]. It leaves the [`Caller`] in the
+//! request extensions, where handlers take it as an extractor and ask `security::authz`
+//! (`403`/`404`) before doing anything else.
 
 mod consume;
 mod produce;
@@ -7,16 +14,17 @@ mod query;
 pub mod server;
 mod system;
 mod topics;
+mod users;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{FromRequestParts, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -24,6 +32,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{error_body, ApiError, ApiResult};
 use crate::metrics::{HttpLabels, RouteLabels};
 use crate::node::Node;
+use crate::security::Caller;
 
 pub use query::Query;
 
@@ -47,14 +56,63 @@ pub fn router(node: AppState) -> Router {
         )
         .route("/v1/topics/{topic}/consume", get(consume::consume))
         .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route("/v1/users", post(users::create).get(users::list))
+        .route("/v1/users/{user}", get(users::get).delete(users::delete))
+        .route("/v1/users/{user}/grants", put(users::put_grants))
+        .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(system::members))
         .route("/v1/cluster/moves", get(system::moves))
         .route("/healthz", get(system::healthz))
         .route("/readyz", get(system::readyz))
         .route("/metrics", get(system::metrics))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            node.clone(),
+            authenticate,
+        ))
         .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
         .with_state(node)
+}
+
+/// Whether `path` is an API route that needs credentials (everything under `/v1`).
+fn needs_auth(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/")
+}
+
+/// Authenticates every `/v1` request (SPEC §4.1) and leaves the [`Caller`] for the handler.
+/// With security on: no, malformed or wrong credentials → `401` with
+/// `WWW-Authenticate: Basic realm="narad"`; throttled → `429` with `Retry-After`. A keep-alive
+/// client with a verified password pays one HMAC and a map lookup, no argon2.
+async fn authenticate(State(node): State<AppState>, mut req: Request, next: Next) -> Response {
+    if !needs_auth(req.uri().path()) {
+        return next.run(req).await;
+    }
+    let caller = if node.security_on() {
+        let view = node.meta.view();
+        match node.auth.authenticate_headers(&view, req.headers()).await {
+            Ok(p) => Caller::User(p),
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        Caller::SecurityOff
+    };
+    req.extensions_mut().insert(caller);
+    next.run(req).await
+}
+
+/// Handlers take the [`Caller`] the [`authenticate`] middleware left in the request.
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .remove::<Caller>()
+            .ok_or_else(|| ApiError::internal("request reached a handler without authentication"))
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -69,6 +127,10 @@ fn route_label(path: Option<&MatchedPath>) -> &'static str {
         Some("/v1/topics/{topic}/produce/batch") => "/v1/topics/{topic}/produce/batch",
         Some("/v1/topics/{topic}/consume") => "/v1/topics/{topic}/consume",
         Some("/v1/topics/{topic}/ack") => "/v1/topics/{topic}/ack",
+        Some("/v1/users") => "/v1/users",
+        Some("/v1/users/{user}") => "/v1/users/{user}",
+        Some("/v1/users/{user}/grants") => "/v1/users/{user}/grants",
+        Some("/v1/users/{user}/password") => "/v1/users/{user}/password",
         Some("/v1/cluster/members") => "/v1/cluster/members",
         Some("/v1/cluster/moves") => "/v1/cluster/moves",
         Some("/healthz") => "/healthz",
@@ -200,6 +262,12 @@ pub fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
         Ok(b) => json_response(status, b),
         Err(e) => ApiError::internal(format!("could not encode the answer: {e}")).into_response(),
     }
+}
+
+/// The topic `name` in the node's current metadata view (`None` = missing), for the
+/// `security::authz` decisions that weigh existence and permission together.
+pub fn find_topic(node: &Node, name: &str) -> Option<Arc<narad_meta::Topic>> {
+    node.meta.view().topics.get(name).cloned()
 }
 
 /// Maps an axum path rejection to the one error body.

@@ -12,10 +12,11 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::{json, parse_json, path_error, read_body, AppState, Query, MAX_BODY};
+use super::{find_topic, json, parse_json, path_error, read_body, AppState, Query, MAX_BODY};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
+use crate::security::{authz, Caller};
 use crate::wal::WalRecord;
 
 /// Most messages in one batch produce (SPEC §11).
@@ -67,15 +68,24 @@ async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
         .map_err(|e| ApiError::unavailable(e.to_string(), 1))
 }
 
+/// The topic of a produce: the `produce` grant (`403`, whether or not it exists), then
+/// existence (`404`).
+fn produce_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<std::sync::Arc<Topic>> {
+    let topic = find_topic(node, name);
+    authz::produce(caller, name, topic.as_deref())?;
+    topic.ok_or_else(|| ApiError::topic_not_found(name))
+}
+
 pub async fn produce(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    let topic = node.topic(&name)?;
+    let topic = produce_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let pinned = q.partition(topic.config.partitions)?;
     let key = q
@@ -118,12 +128,13 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
 
 pub async fn produce_batch(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    let topic = node.topic(&name)?;
+    let topic = produce_target(&node, &caller, &name)?;
     let body = read_body(&headers, body).await?;
     let req: RawBatch = parse_json(&body)?;
     if req.messages.is_empty() || req.messages.len() > MAX_BATCH {

@@ -6,7 +6,8 @@ use axum::response::{IntoResponse, Response};
 use narad_api::{MemberInfo, MemberList, StatusBody};
 
 use super::{json, AppState};
-use crate::error::ApiError;
+use crate::error::{ApiError, ApiResult};
+use crate::security::{authz, Caller};
 
 pub async fn healthz(State(node): State<AppState>) -> Response {
     if node.is_shutting_down() {
@@ -30,7 +31,12 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
         return ApiError::unavailable("shutting down", 1).into_response();
     }
     if !node.is_ready() {
-        return ApiError::unavailable("starting: recovery not finished", 1).into_response();
+        let why = if node.startup_done() {
+            "starting: waiting for the root admin to be seeded"
+        } else {
+            "starting: recovery not finished"
+        };
+        return ApiError::unavailable(why, 1).into_response();
     }
     json(
         StatusCode::OK,
@@ -50,7 +56,8 @@ pub async fn metrics(State(node): State<AppState>) -> Response {
     resp
 }
 
-pub async fn members(State(node): State<AppState>) -> Response {
+pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
+    authz::cluster_read(&caller)?;
     let view = node.meta.view();
     let members = view
         .members
@@ -75,9 +82,10 @@ pub async fn members(State(node): State<AppState>) -> Response {
             version: m.version.clone(),
         })
         .collect();
-    json(StatusCode::OK, &MemberList { members })
+    Ok(json(StatusCode::OK, &MemberList { members }))
 }
 
-pub async fn moves() -> Response {
-    json(StatusCode::OK, &serde_json::json!({"moves": []}))
+pub async fn moves(caller: Caller) -> ApiResult<Response> {
+    authz::cluster_read(&caller)?;
+    Ok(json(StatusCode::OK, &serde_json::json!({"moves": []})))
 }

@@ -12,11 +12,12 @@ use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList
 use narad_meta::{MetaCommand, MetaResponse, Topic, TopicConfig, TopicPatch};
 use serde_json::value::RawValue;
 
-use super::{json, parse_json, path_error, read_body, AppState, Query};
+use super::{find_topic, json, parse_json, path_error, read_body, AppState, Query};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::now_ms;
 use crate::schema;
+use crate::security::{audit, authz, Caller};
 
 /// Longest topic name in bytes.
 pub const MAX_NAME_LEN: usize = 200;
@@ -114,12 +115,23 @@ pub fn record(t: &Topic) -> TopicRecord {
 
 pub async fn create(
     State(node): State<AppState>,
+    caller: Caller,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let body = read_body(&headers, body).await?;
     let req: CreateTopicRequest = parse_json(&body)?;
     validate_name(&req.name)?;
+    {
+        // `create` on the name (403); with a parent, the parent exists (404) and the caller
+        // owns it or is admin (403). A sent `owner` is ignored: the owner is the caller.
+        let view = node.meta.view();
+        let parent = req
+            .parent
+            .as_deref()
+            .map(|p| (p, view.topics.get(p).map(|t| &**t)));
+        authz::create(&caller, &req.name, parent)?;
+    }
     let d = &node.config.topic;
     let partitions = match non_negative("partitions", req.partitions)? {
         None | Some(0) => d.default_partitions,
@@ -173,7 +185,7 @@ pub async fn create(
             max_in_flight_per_partition: max_in_flight,
             max_acked_ahead_per_partition: max_acked_ahead,
         },
-        owner: None,
+        owner: caller.owner(),
         schema,
         created_at_ms: now_ms(),
     };
@@ -186,11 +198,17 @@ pub async fn create(
         }
     };
     node.apply_topics()?;
-    tracing::info!(component = "audit", event = "topic.create", target = %topic.name, "topic created");
+    audit::event("topic.create", caller.actor(), &topic.name);
     Ok(json(StatusCode::CREATED, &record(&topic)))
 }
 
-pub async fn list(State(node): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+/// Pages over the topics the caller sees (SPEC §4.3), by name: the token is the last name
+/// of the previous page and the next page holds visible names strictly greater than it.
+pub async fn list(
+    State(node): State<AppState>,
+    caller: Caller,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
     let q = Query::parse(q.as_deref());
     let limit = match q.text("limit")? {
         None => DEFAULT_LIST_LIMIT,
@@ -210,7 +228,10 @@ pub async fn list(State(node): State<AppState>, RawQuery(q): RawQuery) -> ApiRes
     } else {
         Bound::Excluded(token.to_string())
     };
-    let mut it = view.topics.range((start, Bound::Unbounded));
+    let mut it = view
+        .topics
+        .range((start, Bound::Unbounded))
+        .filter(|(_, t)| authz::visible(&caller, t));
     let page: Vec<TopicRecord> = it
         .by_ref()
         .take(limit as usize)
@@ -232,11 +253,14 @@ pub async fn list(State(node): State<AppState>, RawQuery(q): RawQuery) -> ApiRes
 
 pub async fn get(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    let topic = node.topic(&name)?;
+    let topic = find_topic(&node, &name);
+    authz::view(&caller, &name, topic.as_deref())?;
+    let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let q = Query::parse(q.as_deref());
     let only = q.partition(topic.config.partitions)?;
     let mut rec = record(&topic);
@@ -251,14 +275,17 @@ pub async fn get(
 
 pub async fn alter(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
+    let topic = find_topic(&node, &name);
+    authz::manage(&caller, &name, topic.as_deref())?;
+    let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let body = read_body(&headers, body).await?;
     let req: AlterTopicRequest = parse_json(&body)?;
-    let topic = node.topic(&name)?;
     let mut patch = TopicPatch::default();
     if let Some(p) = non_negative("partitions", req.partitions)? {
         if p <= topic.config.partitions as u64 {
@@ -338,10 +365,11 @@ pub async fn alter(
 
 pub async fn delete(
     State(node): State<AppState>,
+    caller: Caller,
     path: Result<Path<String>, PathRejection>,
 ) -> ApiResult<Response> {
     let Path(name) = path.map_err(path_error)?;
-    node.topic(&name)?;
+    authz::manage(&caller, &name, find_topic(&node, &name).as_deref())?;
     let deleted: Arc<Topic> = match node
         .meta
         .write(MetaCommand::DeleteTopic { name: name.clone() })
@@ -356,6 +384,6 @@ pub async fn delete(
     };
     node.schemas.forget(deleted.id);
     node.apply_topics()?;
-    tracing::info!(component = "audit", event = "topic.delete", target = %name, "topic deleted");
+    audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -1,5 +1,6 @@
 //! Users, grants, authentication and authorization (SPEC §4). Pure and tested; the HTTP
-//! layer wires it in.
+//! layer wires it in (`api::authenticate` middleware → `Caller` extractor → `authz` in each
+//! handler; `/v1/users` in `api::users`), and `node` seeds the root admin.
 //!
 //! - [`password`]: argon2id hashing and verification (PHC strings), the root password
 //!   generator.

@@ -41,6 +41,9 @@ pub struct Dispatcher {
     /// How long a partition's first pending record may wait for more before it commits:
     /// fewer, larger commits leave the disk's fsyncs to the WAL.
     linger: Duration,
+    /// Most commits in flight (at most `MAX_PARALLEL`): under load, partitions waiting for
+    /// a slot gather larger batches, so the disk sees fewer, larger fsyncs.
+    parallel: usize,
     busy: HashMap<Key, ()>,
     retry_at: HashMap<Key, Instant>,
 }
@@ -58,6 +61,7 @@ impl Dispatcher {
         registry: Arc<Registry>,
         topic_exists: TopicExists,
         linger: Duration,
+        parallel: usize,
     ) -> Self {
         Dispatcher {
             wal,
@@ -66,6 +70,7 @@ impl Dispatcher {
             pending: HashMap::new(),
             first_pending_at: HashMap::new(),
             linger,
+            parallel: parallel.clamp(1, MAX_PARALLEL),
             busy: HashMap::new(),
             retry_at: HashMap::new(),
         }
@@ -145,7 +150,7 @@ impl Dispatcher {
     }
 
     fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) {
-        if jobs.len() >= MAX_PARALLEL {
+        if jobs.len() >= self.parallel {
             return;
         }
         let now = Instant::now();
@@ -160,7 +165,7 @@ impl Dispatcher {
             .map(|(k, _)| *k)
             .collect();
         for key in ready {
-            if jobs.len() >= MAX_PARALLEL {
+            if jobs.len() >= self.parallel {
                 break;
             }
             let queue = self
@@ -239,7 +244,7 @@ impl Dispatcher {
                         .sum();
                     part.metrics.produced.inc_by(outcome.records.len() as u64);
                     part.metrics.produced_bytes.inc_by(bytes);
-                    rt.notify.notify_waiters();
+                    rt.wake_consumers(outcome.records.len());
                 }
                 self.wal.committed(&outcome.records);
             }

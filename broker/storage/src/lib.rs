@@ -54,6 +54,10 @@ pub struct LogConfig {
     pub segment_max_age: Duration,
     /// Sparse index: one entry at least every this many bytes.
     pub index_interval_bytes: u32,
+    /// `commit` re-reads the new frames from the device (dropping them from the page cache
+    /// first) rather than through the page cache. Stronger (it catches a device that
+    /// acknowledged a write it did not keep), at the cost of one device read per commit.
+    pub verify_from_device: bool,
 }
 
 impl Default for LogConfig {
@@ -62,6 +66,7 @@ impl Default for LogConfig {
             segment_max_bytes: 64 * 1024 * 1024,
             segment_max_age: Duration::from_secs(3600),
             index_interval_bytes: 4096,
+            verify_from_device: true,
         }
     }
 }

@@ -297,7 +297,7 @@ impl PartitionLog {
             let end = s.size.load(Ordering::Acquire);
             let file = s.file().map_err(io_err(&s.log_path))?;
             // Re-read from the device, not from the page cache.
-            if end > start {
+            if end > start && self.cfg.verify_from_device {
                 let from = start / PAGE * PAGE;
                 drop_cache(&file, from, end.div_ceil(PAGE) * PAGE - from);
             }

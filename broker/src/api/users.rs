@@ -1,0 +1,216 @@
+//! User routes (SPEC §3.8, §4.2): create, list, get, replace grants, change password, delete.
+//!
+//! Every decision is `security::authz`'s; this module only orders the steps: who may ask at
+//! all (`403` before anything that could leak user names), the body (`400`), the target and
+//! the escalation rules (`404`/`403`), then the write through Raft (`409`, `503`). Passwords
+//! are hashed here (argon2id, on the blocking pool) before proposing, so apply stays
+//! deterministic; passwords and hashes are never logged or returned. Changes are audited
+//! (`component=audit`, events `user.create`, `user.grants`, `user.password`, `user.delete`).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use narad_api::{CreateUserRequest, PasswordRequest, PutGrantsRequest};
+use narad_meta::{MetaCommand, MetaResponse, User};
+
+use super::{json, parse_json, path_error, read_body, AppState};
+use crate::error::{ApiError, ApiResult};
+use crate::partition::now_ms;
+use crate::security::authz::{self, PasswordChange};
+use crate::security::password::{self, HashParams};
+use crate::security::{audit, users, Caller};
+
+fn user_answer(resp: MetaResponse) -> ApiResult<Arc<User>> {
+    match resp {
+        MetaResponse::User(u) => Ok(u),
+        other => Err(ApiError::internal(format!(
+            "unexpected metadata answer {other:?}"
+        ))),
+    }
+}
+
+fn user_not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!("user {name} not found"))
+}
+
+/// argon2id with the production parameters, off the async threads.
+async fn hash(secret: String) -> ApiResult<String> {
+    password::hash_async(secret, HashParams::DEFAULT)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+/// `POST /v1/users` → `201` user. Admin only; only root grants `admin`.
+pub async fn create(
+    State(node): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let body = read_body(&headers, body).await?;
+    let req: CreateUserRequest = parse_json(&body)?;
+    let grants = users::validate_create(&req).map_err(ApiError::bad_request)?;
+    authz::create_user(&caller, &grants)?;
+    // Refuse a taken name before paying for a hash (the state machine refuses it anyway).
+    if node.meta.view().user(&req.username).is_some() {
+        return Err(ApiError::conflict(format!(
+            "user {} already exists",
+            req.username
+        )));
+    }
+    let CreateUserRequest {
+        username, password, ..
+    } = req;
+    let password_hash = hash(password).await?;
+    let user = user_answer(
+        node.meta
+            .write(MetaCommand::CreateUser {
+                username,
+                password_hash,
+                grants,
+                root: false,
+                now_ms: now_ms(),
+            })
+            .await?,
+    )?;
+    audit::event("user.create", caller.actor(), &user.username);
+    Ok(json(StatusCode::CREATED, &users::to_wire(&user)))
+}
+
+/// `GET /v1/users` → `200` array of users, by name. Admin only.
+pub async fn list(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let view = node.meta.view();
+    let all: Vec<narad_api::User> = view
+        .users
+        .values()
+        .map(|u| users::to_wire(u.as_ref()))
+        .collect();
+    Ok(json(StatusCode::OK, &all))
+}
+
+/// `GET /v1/users/{u}` → `200` user. Admin only.
+pub async fn get(
+    State(node): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let Path(name) = path.map_err(path_error)?;
+    let view = node.meta.view();
+    let user = view.user(&name).ok_or_else(|| user_not_found(&name))?;
+    Ok(json(StatusCode::OK, &users::to_wire(user)))
+}
+
+/// `PUT /v1/users/{u}/grants` → `200` user. Admin only; root's grants are fixed, nobody
+/// changes their own, only root grants `admin`.
+pub async fn put_grants(
+    State(node): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let Path(name) = path.map_err(path_error)?;
+    let body = read_body(&headers, body).await?;
+    let req: PutGrantsRequest = parse_json(&body)?;
+    let grants = users::validate_put_grants(&req).map_err(ApiError::bad_request)?;
+    authz::set_grants(
+        &caller,
+        &name,
+        node.meta.view().user(&name).map(|u| &**u),
+        &grants,
+    )?;
+    let user = user_answer(
+        node.meta
+            .write(MetaCommand::SetGrants {
+                username: name,
+                grants,
+                now_ms: now_ms(),
+            })
+            .await?,
+    )?;
+    audit::event("user.grants", caller.actor(), &user.username);
+    Ok(json(StatusCode::OK, &users::to_wire(&user)))
+}
+
+/// `PUT /v1/users/{u}/password` → `204`. One's own needs the right `current_password`
+/// (wrong → `403`); an admin resets any non-root password; only root changes root's. The
+/// new password applies from the next request (the user record's version changes, which
+/// invalidates every cached credential of the user).
+pub async fn put_password(
+    State(node): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let Path(name) = path.map_err(path_error)?;
+    let body = read_body(&headers, body).await?;
+    let req: PasswordRequest = parse_json(&body)?;
+    users::validate_password_request(&req).map_err(ApiError::bad_request)?;
+    let target = node.meta.view().user(&name).cloned();
+    match authz::change_password(
+        &caller,
+        &name,
+        target.as_deref(),
+        req.current_password.as_deref(),
+    )? {
+        PasswordChange::Reset => {}
+        PasswordChange::VerifyCurrent => {
+            let (Some(target), Some(current)) =
+                (target.as_deref(), req.current_password.as_deref())
+            else {
+                return Err(authz::wrong_current_password().into());
+            };
+            authz::check_current_password_async(target, current).await?;
+        }
+    }
+    let PasswordRequest { new_password, .. } = req;
+    let password_hash = hash(new_password).await?;
+    user_answer(
+        node.meta
+            .write(MetaCommand::SetPassword {
+                username: name.clone(),
+                password_hash,
+                now_ms: now_ms(),
+            })
+            .await?,
+    )?;
+    audit::event("user.password", caller.actor(), &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `DELETE /v1/users/{u}` → `204`. Admin only; root cannot be deleted, nobody deletes
+/// themselves.
+pub async fn delete(
+    State(node): State<AppState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let Path(name) = path.map_err(path_error)?;
+    authz::delete_user(&caller, &name, node.meta.view().user(&name).map(|u| &**u))?;
+    match node
+        .meta
+        .write(MetaCommand::DeleteUser {
+            username: name.clone(),
+        })
+        .await?
+    {
+        MetaResponse::UserDeleted(_) => {}
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            )))
+        }
+    }
+    audit::event("user.delete", caller.actor(), &name);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
