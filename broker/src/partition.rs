@@ -72,6 +72,8 @@ pub struct Partition {
     frontier_dirty: AtomicBool,
     /// Last lease, commit or read (Unix ms), for idle-log eviction.
     last_used_ms: AtomicU64,
+    /// The log's files are closed and nothing used it since.
+    evicted: AtomicBool,
     pub metrics: PartitionMetrics,
 }
 
@@ -88,7 +90,11 @@ impl Partition {
         metrics: PartitionMetrics,
     ) -> Result<Self, StorageError> {
         let log = PartitionLog::open(&dir.join("log"), log_cfg)?;
-        let frontier = read_frontier(&dir).clamp(log.oldest_offset(), log.high_watermark());
+        let frontier = read_frontier(&dir)
+            .max(log.oldest_offset())
+            .min(log.high_watermark());
+        // An unused partition costs no open files: they reopen on first use.
+        log.close();
         let table = LeaseTable::new(frontier, now_micros());
         Ok(Partition {
             topic_id,
@@ -98,6 +104,7 @@ impl Partition {
             queue: Mutex::new(table),
             frontier_dirty: AtomicBool::new(false),
             last_used_ms: AtomicU64::new(now_ms()),
+            evicted: AtomicBool::new(true),
             metrics,
         })
     }
@@ -110,9 +117,7 @@ impl Partition {
             let delivery = {
                 let mut q = self.queue.lock();
                 let now = Instant::now();
-                if q.skip_below(self.log.oldest_offset()) {
-                    self.frontier_dirty.store(true, Ordering::Release);
-                }
+                self.skip_removed(&mut q);
                 q.expire(now);
                 match q.lease(
                     self.log.high_watermark(),
@@ -137,6 +142,8 @@ impl Partition {
                     let mut q = self.queue.lock();
                     q.settle_unreadable(delivery.offset);
                     q.dropped += 1;
+                    self.metrics.dropped.inc();
+                    self.skip_removed(&mut q);
                     self.frontier_dirty.store(true, Ordering::Release);
                 }
                 Err(e @ StorageError::Unreadable { .. }) => {
@@ -182,12 +189,19 @@ impl Partition {
     /// Marks the partition as in use (idle logs are closed after a while).
     pub fn touch(&self) {
         self.last_used_ms.store(now_ms(), Ordering::Relaxed);
+        if self.evicted.load(Ordering::Relaxed) {
+            self.evicted.store(false, Ordering::Relaxed);
+        }
     }
 
     /// Closes the log's files if unused for `idle_ms`; they reopen on next use.
     pub fn evict_if_idle(&self, idle_ms: u64, now_ms: u64) -> bool {
+        if self.evicted.load(Ordering::Relaxed) {
+            return false;
+        }
         let idle = now_ms.saturating_sub(self.last_used_ms.load(Ordering::Relaxed)) >= idle_ms;
         if idle && self.queue.lock().inflight_len() == 0 {
+            self.evicted.store(true, Ordering::Relaxed);
             self.log.close();
             return true;
         }
@@ -246,14 +260,18 @@ impl Partition {
         self.log.roll_if_due(now_ms)?;
         let out = self.log.enforce_retention(retention_ms, now_ms)?;
         if out.segments_deleted > 0 {
-            let mut q = self.queue.lock();
-            let before = q.dropped;
-            if q.skip_below(self.log.oldest_offset()) {
-                self.frontier_dirty.store(true, Ordering::Release);
-            }
-            self.metrics.dropped.inc_by(q.dropped - before);
+            self.skip_removed(&mut self.queue.lock());
         }
         Ok(out)
+    }
+
+    /// Moves the queue past records retention removed, counting the unacked ones.
+    fn skip_removed(&self, q: &mut LeaseTable) {
+        let before = q.dropped;
+        if q.skip_below(self.log.oldest_offset()) {
+            self.frontier_dirty.store(true, Ordering::Release);
+            self.metrics.dropped.inc_by(q.dropped - before);
+        }
     }
 }
 
