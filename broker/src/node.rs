@@ -400,11 +400,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .reconcile(&meta.view().topics, &node_id)
         .context("open partitions")?;
 
-    let opened = Wal::open(&data_dir.join("ingress"), WalOptions {
-            lanes: std::env::var("NARAD_WAL_LANES").ok().and_then(|v| v.parse().ok()).unwrap_or(2),
+    let opened = Wal::open(
+        &data_dir.join("ingress"),
+        WalOptions {
+            lanes: std::env::var("NARAD_WAL_LANES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2),
             ..WalOptions::default()
-        })
-        .context("open the ingress wal")?;
+        },
+    )
+    .context("open the ingress wal")?;
     let node = Arc::new(Node {
         config: config.clone(),
         node_id,

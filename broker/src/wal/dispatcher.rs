@@ -38,8 +38,9 @@ pub struct Dispatcher {
     pending: HashMap<Key, VecDeque<DurableRecord>>,
     /// When each pending queue last went from empty to non-empty.
     first_pending_at: HashMap<Key, Instant>,
-    /// How long a partition's first pending record may wait for more before it commits:
-    /// fewer, larger commits leave the disk's fsyncs to the WAL.
+    /// How long a partition's first pending record may wait for more before it commits
+    /// while other commits are in flight: fewer, larger commits leave the disk's fsyncs to
+    /// the WAL. With nothing in flight, records commit at once.
     linger: Duration,
     /// Most commits in flight (at most `MAX_PARALLEL`): under load, partitions waiting for
     /// a slot gather larger batches, so the disk sees fewer, larger fsyncs.
@@ -154,13 +155,16 @@ impl Dispatcher {
             return;
         }
         let now = Instant::now();
+        // With no commit in flight the disk is idle: commit at once. Linger only while
+        // other commits run, when waiting a little buys a larger batch.
+        let idle = jobs.is_empty();
         let ready: Vec<Key> = self
             .pending
             .iter()
             .filter(|(k, q)| {
                 !self.busy.contains_key(k)
                     && !self.retry_at.contains_key(k)
-                    && self.due(k, q.len(), now).is_ok()
+                    && (idle || self.due(k, q.len(), now).is_ok())
             })
             .map(|(k, _)| *k)
             .collect();

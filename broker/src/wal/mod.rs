@@ -223,7 +223,11 @@ impl Wal {
                     recovered.push(r);
                 }
             }
-            segments.push(SegmentFile { path: path.clone(), max_lsn, active: false });
+            segments.push(SegmentFile {
+                path: path.clone(),
+                max_lsn,
+                active: false,
+            });
         }
         recovered.sort_by_key(|r| r.lsn);
         // New writes go to fresh segments; old ones are deleted once committed.
@@ -231,7 +235,11 @@ impl Wal {
         let mut files = Vec::with_capacity(lanes);
         for lane in 0..lanes {
             let (path, file) = create_segment(dir, lane, next_lsn)?;
-            segments.push(SegmentFile { path: path.clone(), max_lsn: None, active: true });
+            segments.push(SegmentFile {
+                path: path.clone(),
+                max_lsn: None,
+                active: true,
+            });
             files.push((path, file));
         }
         fsync_dir(dir)?;
@@ -250,7 +258,10 @@ impl Wal {
             .sum();
         let shared = Arc::new(Shared {
             dir: dir.to_path_buf(),
-            lsns: Mutex::new(Lsns { outstanding, next: next_lsn }),
+            lsns: Mutex::new(Lsns {
+                outstanding,
+                next: next_lsn,
+            }),
             segments: Mutex::new(segments),
             pending_bytes: AtomicU64::new(pending),
             last_checkpoint: AtomicU64::new(checkpoint),
@@ -355,7 +366,9 @@ impl Writer {
                     },
                 };
                 // Back-pressure: wait while the dispatcher is far behind.
-                while self.shared.pending_bytes.load(Ordering::Acquire) > self.opts.max_pending_bytes {
+                while self.shared.pending_bytes.load(Ordering::Acquire)
+                    > self.opts.max_pending_bytes
+                {
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 let mut batch = vec![first];
@@ -414,7 +427,13 @@ impl Writer {
             Ok(()) => {
                 self.len += self.buf.len() as u64;
                 let last_lsn = first_lsn + count as u64 - 1;
-                if let Some(seg) = self.shared.segments.lock().iter_mut().find(|s| s.path == self.path) {
+                if let Some(seg) = self
+                    .shared
+                    .segments
+                    .lock()
+                    .iter_mut()
+                    .find(|s| s.path == self.path)
+                {
                     seg.max_lsn = Some(seg.max_lsn.map_or(last_lsn, |m| m.max(last_lsn)));
                 }
                 let m = &self.shared.metrics;
@@ -427,7 +446,10 @@ impl Writer {
                 for s in &batch {
                     for r in &s.records {
                         pending += r.encoded_len() as u64;
-                        durable.push(DurableRecord { lsn, record: r.clone() });
+                        durable.push(DurableRecord {
+                            lsn,
+                            record: r.clone(),
+                        });
                         lsn += 1;
                     }
                 }
@@ -478,7 +500,11 @@ impl Writer {
             if let Some(old) = segs.iter_mut().find(|s| s.path == self.path) {
                 old.active = false;
             }
-            segs.push(SegmentFile { path: path.clone(), max_lsn: None, active: true });
+            segs.push(SegmentFile {
+                path: path.clone(),
+                max_lsn: None,
+                active: true,
+            });
         }
         self.file = file;
         self.path = path;
@@ -627,7 +653,10 @@ fn list_segments(dir: &Path) -> Result<Vec<(usize, PathBuf)>, WalError> {
         let entry = entry.map_err(io_err(dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        let Some(rest) = name.strip_prefix("wal-").and_then(|s| s.strip_suffix(".log")) else {
+        let Some(rest) = name
+            .strip_prefix("wal-")
+            .and_then(|s| s.strip_suffix(".log"))
+        else {
             continue;
         };
         if let Some((lane, first)) = rest.split_once('-') {
@@ -637,7 +666,10 @@ fn list_segments(dir: &Path) -> Result<Vec<(usize, PathBuf)>, WalError> {
         }
     }
     found.sort();
-    Ok(found.into_iter().map(|(_, lane, path)| (lane, path)).collect())
+    Ok(found
+        .into_iter()
+        .map(|(_, lane, path)| (lane, path))
+        .collect())
 }
 
 fn read_checkpoint(dir: &Path) -> Result<u64, WalError> {
@@ -826,10 +858,18 @@ mod tests {
         want.extend(committed.iter().map(|r| r.lsn).filter(|l| *l >= cp));
         want.sort();
         assert_eq!(lsns, want);
-        let mut payloads: Vec<_> = o.recovered.iter().map(|r| r.record.payload.clone()).collect();
+        let mut payloads: Vec<_> = o
+            .recovered
+            .iter()
+            .map(|r| r.record.payload.clone())
+            .collect();
         payloads.sort();
         payloads.dedup();
-        assert_eq!(payloads.len(), lsns.len(), "every LSN carries a distinct record");
+        assert_eq!(
+            payloads.len(),
+            lsns.len(),
+            "every LSN carries a distinct record"
+        );
         assert!(cp > 0, "the checkpoint moved past the committed prefix");
     }
 
