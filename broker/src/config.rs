@@ -620,8 +620,10 @@ impl Config {
         if self.storage.segment_max_bytes < 4096 {
             return Err(bad("storage.segment_max_bytes must be at least 4096"));
         }
-        if !["none", "zstd"].contains(&self.storage.codec.as_str()) {
-            return Err(bad("storage.codec must be none or zstd"));
+        match self.storage.codec.as_str() {
+            "none" => {}
+            "zstd" => return Err(bad("storage.codec zstd is not supported by this build yet; use none")),
+            other => return Err(bad(format!("storage.codec must be none or zstd, got {other:?}"))),
         }
         if self.storage.idle_log_eviction_ms != 0
             && self.storage.idle_log_eviction_ms < 60_000
