@@ -622,8 +622,16 @@ impl Config {
         }
         match self.storage.codec.as_str() {
             "none" => {}
-            "zstd" => return Err(bad("storage.codec zstd is not supported by this build yet; use none")),
-            other => return Err(bad(format!("storage.codec must be none or zstd, got {other:?}"))),
+            "zstd" => {
+                return Err(bad(
+                    "storage.codec zstd is not supported by this build yet; use none",
+                ))
+            }
+            other => {
+                return Err(bad(format!(
+                    "storage.codec must be none or zstd, got {other:?}"
+                )))
+            }
         }
         if self.storage.idle_log_eviction_ms != 0
             && self.storage.idle_log_eviction_ms < 60_000

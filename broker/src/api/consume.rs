@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::render::{render_key, render_payload, write_json_str};
@@ -14,7 +13,7 @@ use narad_meta::Topic;
 use narad_storage::{StorageError, StoredRecord};
 use tokio::time::Instant;
 
-use super::{find_topic, json, json_response, parse_json, path_error, read_body, AppState, Query};
+use super::{find_topic, json, json_response, parse_json, read_body, AppState, Name, Query};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::{Leased, Partition, QueuePolicy, TopicRuntime};
@@ -117,10 +116,9 @@ fn try_lease(
 pub async fn consume(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = consume_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let partition = q.partition(topic.config.partitions)?;
@@ -341,12 +339,11 @@ fn settle_one(
 pub async fn ack(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = consume_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let how = parse_extend(q.text("extend")?)?;

@@ -270,9 +270,22 @@ pub fn find_topic(node: &Node, name: &str) -> Option<Arc<narad_meta::Topic>> {
     node.meta.view().topics.get(name).cloned()
 }
 
-/// Maps an axum path rejection to the one error body.
-pub fn path_error(e: axum::extract::rejection::PathRejection) -> ApiError {
-    ApiError::bad_request(format!("invalid path: {e}"))
+/// The one `{name}` segment of a route (a topic or a username), percent-decoded; a bad
+/// segment answers `400` with the one error body.
+pub struct Name(pub String);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Name {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<String>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(name)) => Ok(Name(name)),
+            Err(e) => Err(ApiError::bad_request(format!("invalid path: {e}"))),
+        }
+    }
 }
 
 /// The body of a plain `{"error":…}` answer (for the few places that build responses by hand).

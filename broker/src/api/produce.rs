@@ -2,8 +2,7 @@
 //! fsynced in the ingress WAL.
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -12,7 +11,7 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, parse_json, path_error, read_body, AppState, Query, MAX_BODY};
+use super::{find_topic, json, parse_json, read_body, AppState, Name, Query, MAX_BODY};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
@@ -79,12 +78,11 @@ fn produce_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<std::sy
 pub async fn produce(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = produce_target(&node, &caller, &name)?;
     let q = Query::parse(q.as_deref());
     let pinned = q.partition(topic.config.partitions)?;
@@ -129,11 +127,10 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
 pub async fn produce_batch(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = produce_target(&node, &caller, &name)?;
     let body = read_body(&headers, body).await?;
     let req: RawBatch = parse_json(&body)?;

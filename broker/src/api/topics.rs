@@ -4,15 +4,14 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList, TopicRecord};
 use narad_meta::{MetaCommand, MetaResponse, Topic, TopicConfig, TopicPatch};
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, parse_json, path_error, read_body, AppState, Query};
+use super::{find_topic, json, parse_json, read_body, AppState, Name, Query};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::now_ms;
@@ -254,10 +253,9 @@ pub async fn list(
 pub async fn get(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = find_topic(&node, &name);
     authz::view(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
@@ -276,11 +274,10 @@ pub async fn get(
 pub async fn alter(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let topic = find_topic(&node, &name);
     authz::manage(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
@@ -366,9 +363,8 @@ pub async fn alter(
 pub async fn delete(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     authz::manage(&caller, &name, find_topic(&node, &name).as_deref())?;
     let deleted: Arc<Topic> = match node
         .meta

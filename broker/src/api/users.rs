@@ -10,14 +10,13 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{CreateUserRequest, PasswordRequest, PutGrantsRequest};
 use narad_meta::{MetaCommand, MetaResponse, User};
 
-use super::{json, parse_json, path_error, read_body, AppState};
+use super::{json, parse_json, read_body, AppState, Name};
 use crate::error::{ApiError, ApiResult};
 use crate::partition::now_ms;
 use crate::security::authz::{self, PasswordChange};
@@ -98,10 +97,9 @@ pub async fn list(State(node): State<AppState>, caller: Caller) -> ApiResult<Res
 pub async fn get(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let Path(name) = path.map_err(path_error)?;
     let view = node.meta.view();
     let user = view.user(&name).ok_or_else(|| user_not_found(&name))?;
     Ok(json(StatusCode::OK, &users::to_wire(user)))
@@ -112,12 +110,11 @@ pub async fn get(
 pub async fn put_grants(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let Path(name) = path.map_err(path_error)?;
     let body = read_body(&headers, body).await?;
     let req: PutGrantsRequest = parse_json(&body)?;
     let grants = users::validate_put_grants(&req).map_err(ApiError::bad_request)?;
@@ -147,11 +144,10 @@ pub async fn put_grants(
 pub async fn put_password(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let Path(name) = path.map_err(path_error)?;
     let body = read_body(&headers, body).await?;
     let req: PasswordRequest = parse_json(&body)?;
     users::validate_password_request(&req).map_err(ApiError::bad_request)?;
@@ -192,10 +188,9 @@ pub async fn put_password(
 pub async fn delete(
     State(node): State<AppState>,
     caller: Caller,
-    path: Result<Path<String>, PathRejection>,
+    Name(name): Name,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let Path(name) = path.map_err(path_error)?;
     authz::delete_user(&caller, &name, node.meta.view().user(&name).map(|u| &**u))?;
     match node
         .meta
