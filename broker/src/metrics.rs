@@ -55,6 +55,12 @@ pub struct VersionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub component: &'static str,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabels {
     pub status: &'static str,
 }
@@ -75,6 +81,8 @@ pub struct PartitionMetrics {
     pub corrupt_skipped: Counter,
     pub dropped: Counter,
     pub fsync_seconds: Histogram,
+    pub flush_seconds: Histogram,
+    pub flush_bytes: Counter,
 }
 
 /// Every metric family of the node.
@@ -102,6 +110,9 @@ pub struct Metrics {
     pub ack_extended: Family<TopicLabels, Counter>,
     pub nack: Family<TopicLabels, Counter>,
     pub fsync_duration: HistogramFamily<PartitionLabels>,
+    pub flush_duration: HistogramFamily<PartitionLabels>,
+    pub flush_bytes: Family<PartitionLabels, Counter>,
+    pub errors: Family<ErrorLabels, Counter>,
     pub partition_size: Family<PartitionLabels, Gauge>,
     pub segments: Family<PartitionLabels, Gauge>,
     pub topic_bytes: Family<TopicLabels, Gauge>,
@@ -251,10 +262,28 @@ impl Metrics {
             ),
             ack_extended: reg!(r, "ack_extended", "Leases extended", Family::default()),
             nack: reg!(r, "nack", "Deliveries handed back", Family::default()),
+            flush_duration: reg!(
+                r,
+                "storage_flush_duration_seconds",
+                "Partition append (write of new frames) time",
+                HistogramFamily::new_with_constructor(latency_histogram as fn() -> Histogram)
+            ),
+            flush_bytes: reg!(
+                r,
+                "storage_flush_bytes",
+                "Payload bytes appended to partitions",
+                Family::default()
+            ),
+            errors: reg!(
+                r,
+                "errors",
+                "Internal errors by component and kind",
+                Family::default()
+            ),
             fsync_duration: reg!(
                 r,
                 "storage_fsync_duration_seconds",
-                "Partition append+fsync+verify time",
+                "Partition fsync + read-back verification time",
                 HistogramFamily::new_with_constructor(latency_histogram as fn() -> Histogram)
             ),
             partition_size: reg!(
@@ -368,7 +397,16 @@ impl Metrics {
             corrupt_skipped: self.corrupt_skipped.get_or_create(&l).clone(),
             dropped: self.consumer_dropped.get_or_create(&l).clone(),
             fsync_seconds: self.fsync_duration.get_or_create(&l).clone(),
+            flush_seconds: self.flush_duration.get_or_create(&l).clone(),
+            flush_bytes: self.flush_bytes.get_or_create(&l).clone(),
         }
+    }
+
+    /// Counts an internal error (`narad_errors_total{component,kind}`).
+    pub fn error(&self, component: &'static str, kind: &'static str) {
+        self.errors
+            .get_or_create(&ErrorLabels { component, kind })
+            .inc();
     }
 
     /// Drops the series of a deleted topic.
@@ -408,6 +446,8 @@ impl Metrics {
                 g.remove(&l);
             }
             self.fsync_duration.remove(&l);
+            self.flush_duration.remove(&l);
+            self.flush_bytes.remove(&l);
         }
     }
 

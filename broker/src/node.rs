@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::{
-    AckReasonLabels, Metrics, OutcomeLabels, PartitionLabels, ReasonLabels, StatusLabels,
-    TopicLabels, VersionLabels,
+    AckReasonLabels, ErrorLabels, Metrics, OutcomeLabels, PartitionLabels, ReasonLabels,
+    StatusLabels, TopicLabels, VersionLabels,
 };
 use crate::partition::{now_ms, Registry, TopicRuntime};
 use crate::schema::SchemaCache;
@@ -289,6 +289,15 @@ impl Node {
         let recs = w.records.load(Ordering::Relaxed);
         m.wal_records
             .inc_by(recs.saturating_sub(m.wal_records.get()));
+        let wal_errors = m.errors.get_or_create(&ErrorLabels {
+            component: "wal",
+            kind: "write",
+        });
+        wal_errors.inc_by(
+            w.write_errors
+                .load(Ordering::Relaxed)
+                .saturating_sub(wal_errors.get()),
+        );
     }
 }
 
@@ -671,6 +680,7 @@ fn run_retention(node: &Node) {
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    node.metrics.error("storage", "retention");
                     tracing::error!(topic = %t.name, partition = p.index, error = %e, "retention failed")
                 }
             }

@@ -381,6 +381,10 @@ impl Registry {
         self.topics.read().get(&id).cloned()
     }
 
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub fn all(&self) -> Vec<Arc<TopicRuntime>> {
         self.topics.read().values().cloned().collect()
     }
@@ -489,6 +493,7 @@ impl Registry {
         for rt in self.all() {
             for p in rt.partitions() {
                 if let Err(e) = p.persist_frontier() {
+                    self.metrics.error("storage", "frontier_persist");
                     tracing::error!(topic = %rt.name, partition = p.index, error = %e, "frontier persist failed");
                 }
             }

@@ -253,6 +253,7 @@ impl Dispatcher {
                 self.wal.committed(&outcome.records);
             }
             Err(e) => {
+                self.registry.metrics().error("dispatcher", "commit");
                 tracing::error!(topic_id = outcome.key.0, partition = outcome.key.1, error = %e,
                     "partition commit failed; the records stay in the wal and are retried");
                 self.requeue(outcome.key, outcome.records);
@@ -273,13 +274,19 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
             payload: r.record.payload.clone(),
         })
         .collect();
+    let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
     let started = std::time::Instant::now();
     part.log
         .append(&batch, now_ms())
         .map_err(|e| e.to_string())?;
+    let appended = std::time::Instant::now();
+    part.metrics
+        .flush_seconds
+        .observe(appended.duration_since(started).as_secs_f64());
+    part.metrics.flush_bytes.inc_by(bytes);
     part.log.commit().map_err(|e| e.to_string())?;
     part.metrics
         .fsync_seconds
-        .observe(started.elapsed().as_secs_f64());
+        .observe(appended.elapsed().as_secs_f64());
     Ok(())
 }

@@ -163,6 +163,7 @@ pub struct WalMetrics {
     pub records: AtomicU64,
     pub bytes: AtomicU64,
     pub fsync_micros_total: AtomicU64,
+    pub write_errors: AtomicU64,
 }
 
 /// Handle to the WAL (cheap to clone).
@@ -469,6 +470,10 @@ impl Writer {
             }
             Err(e) => {
                 tracing::error!(path = %self.path.display(), error = %e, "wal write failed");
+                self.shared
+                    .metrics
+                    .write_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 // Cut what may have been written so the log stays clean.
                 if let Err(e2) = self
                     .file
