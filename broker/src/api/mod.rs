@@ -246,6 +246,14 @@ pub fn parse_json<T: DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// Reads a strict JSON request body (`413` over `MAX_BODY`, `400` if malformed).
+pub async fn read_json<T: DeserializeOwned>(
+    headers: &axum::http::HeaderMap,
+    body: Body,
+) -> ApiResult<T> {
+    parse_json(&read_body(headers, body).await?)
+}
+
 /// A `200`/`201` JSON answer from pre-encoded bytes.
 pub fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     let mut resp = (status, body).into_response();

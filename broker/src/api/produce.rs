@@ -11,7 +11,7 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, parse_json, read_body, AppState, Name, Query, MAX_BODY};
+use super::{find_topic, json, read_body, read_json, AppState, Name, Query, MAX_BODY};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
@@ -132,8 +132,7 @@ pub async fn produce_batch(
     body: Body,
 ) -> ApiResult<Response> {
     let topic = produce_target(&node, &caller, &name)?;
-    let body = read_body(&headers, body).await?;
-    let req: RawBatch = parse_json(&body)?;
+    let req: RawBatch = read_json(&headers, body).await?;
     if req.messages.is_empty() || req.messages.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
             "a batch holds 1 to {MAX_BATCH} messages, got {}",

@@ -11,7 +11,7 @@ use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList
 use narad_meta::{MetaCommand, MetaResponse, Topic, TopicConfig, TopicPatch};
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, parse_json, read_body, AppState, Name, Query};
+use super::{find_topic, json, read_json, AppState, Name, Query};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::now_ms;
@@ -118,8 +118,7 @@ pub async fn create(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let body = read_body(&headers, body).await?;
-    let req: CreateTopicRequest = parse_json(&body)?;
+    let req: CreateTopicRequest = read_json(&headers, body).await?;
     validate_name(&req.name)?;
     {
         // `create` on the name (403); with a parent, the parent exists (404) and the caller
@@ -281,8 +280,7 @@ pub async fn alter(
     let topic = find_topic(&node, &name);
     authz::manage(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
-    let body = read_body(&headers, body).await?;
-    let req: AlterTopicRequest = parse_json(&body)?;
+    let req: AlterTopicRequest = read_json(&headers, body).await?;
     let mut patch = TopicPatch::default();
     if let Some(p) = non_negative("partitions", req.partitions)? {
         if p <= topic.config.partitions as u64 {

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use narad_api::{CreateUserRequest, PasswordRequest, PutGrantsRequest};
 use narad_meta::{MetaCommand, MetaResponse, User};
 
-use super::{json, parse_json, read_body, AppState, Name};
+use super::{json, read_json, AppState, Name};
 use crate::error::{ApiError, ApiResult};
 use crate::partition::now_ms;
 use crate::security::authz::{self, PasswordChange};
@@ -51,8 +51,7 @@ pub async fn create(
     body: Body,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let body = read_body(&headers, body).await?;
-    let req: CreateUserRequest = parse_json(&body)?;
+    let req: CreateUserRequest = read_json(&headers, body).await?;
     let grants = users::validate_create(&req).map_err(ApiError::bad_request)?;
     authz::create_user(&caller, &grants)?;
     // Refuse a taken name before paying for a hash (the state machine refuses it anyway).
@@ -115,8 +114,7 @@ pub async fn put_grants(
     body: Body,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let body = read_body(&headers, body).await?;
-    let req: PutGrantsRequest = parse_json(&body)?;
+    let req: PutGrantsRequest = read_json(&headers, body).await?;
     let grants = users::validate_put_grants(&req).map_err(ApiError::bad_request)?;
     authz::set_grants(
         &caller,
@@ -148,8 +146,7 @@ pub async fn put_password(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let body = read_body(&headers, body).await?;
-    let req: PasswordRequest = parse_json(&body)?;
+    let req: PasswordRequest = read_json(&headers, body).await?;
     users::validate_password_request(&req).map_err(ApiError::bad_request)?;
     let target = node.meta.view().user(&name).cloned();
     match authz::change_password(
