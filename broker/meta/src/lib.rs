@@ -21,6 +21,7 @@
 //! a quorum of others, one network round trip plus their fsyncs. Concurrent writes share
 //! appends when openraft batches them.
 
+mod children;
 pub mod raft;
 mod state;
 pub mod types;

@@ -64,9 +64,13 @@ impl MetaState {
                     .topics
                     .get(name)
                     .ok_or_else(|| ApplyError::NotFound(format!("topic {name} not found")))?;
+                self.check_alter_links(current, patch)?;
                 let altered = self.altered(current, patch)?;
                 let altered = Arc::new(altered);
                 self.topics.insert(name.clone(), altered.clone());
+                if patch.schema.is_some() {
+                    self.propagate_schema(&altered);
+                }
                 Ok(MetaResponse::Topic(altered))
             }
             MetaCommand::DeleteTopic { name } => {
@@ -75,6 +79,7 @@ impl MetaState {
                     .remove(name)
                     .ok_or_else(|| ApplyError::NotFound(format!("topic {name} not found")))?;
                 self.topic_names_folded.remove(&fold(name));
+                self.unlink_deleted(name);
                 Ok(MetaResponse::Deleted(topic))
             }
             MetaCommand::RegisterMember {
@@ -105,6 +110,9 @@ impl MetaState {
             | MetaCommand::SetPassword { .. }
             | MetaCommand::DeleteUser { .. }
             | MetaCommand::SeedRoot { .. } => self.apply_user(cmd),
+            MetaCommand::AttachChild { .. }
+            | MetaCommand::DetachChild { .. }
+            | MetaCommand::CreateChildTopic { .. } => self.apply_child(cmd),
         }
     }
 
@@ -327,7 +335,7 @@ fn assign(live: &[NodeId], p: u32) -> Assignment {
 }
 
 /// The case-folded form of a topic name (names are ASCII `[A-Za-z0-9._-]`).
-fn fold(name: &str) -> String {
+pub(crate) fn fold(name: &str) -> String {
     name.to_ascii_lowercase()
 }
 

@@ -146,6 +146,76 @@ pub enum MetaCommand {
         password_hash: String,
         now_ms: u64,
     },
+    /// Attaches the existing topic `child` to `parent` (SPEC §5.1–5.3, §3.7) with a fresh
+    /// attach epoch. Refused (state unchanged) when either is missing (404), or on any rule of
+    /// §5.1 (409: child = parent, already attached, one parent, no chains, ≤ 108 children,
+    /// schema history, parent retention vs delay). `delay_ms` 0 = fan-out child.
+    AttachChild {
+        parent: String,
+        child: String,
+        delay_ms: u64,
+        now_ms: u64,
+    },
+    /// Detaches `child` from `parent` (404 when not attached there); the child keeps its data
+    /// and becomes standalone.
+    DetachChild {
+        parent: String,
+        child: String,
+    },
+    /// `POST /v1/topics` with `parent` (SPEC §3.3, §5.4): creates the topic and attaches it in
+    /// one atomic step, so a refused attach leaves nothing behind. `config.partitions == 0`
+    /// inherits the parent's count. Placement of partition p avoids the owner of parent
+    /// partition p (see `state::assign_replica`).
+    CreateChildTopic {
+        name: String,
+        config: TopicConfig,
+        owner: Option<String>,
+        schema: Option<String>,
+        created_at_ms: u64,
+        parent: String,
+        delay_ms: u64,
+    },
+}
+
+/// Most children (local and remote) per parent (SPEC §5.1, §11).
+pub const MAX_CHILDREN: usize = 108;
+/// Longest fan-out delay: one year (365 days).
+pub const MAX_FANOUT_DELAY_MS: u64 = 365 * 24 * 3600 * 1000;
+/// A delay child needs parent retention of at least delay + this (SPEC §5.3).
+pub const DELAY_RETENTION_MARGIN_MS: u64 = 3_600_000;
+
+/// A local child link (SPEC §5): every record committed to `parent` from the attach on is
+/// copied into `child`. One per child (a child has one parent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildLink {
+    pub parent: String,
+    pub child: String,
+    /// This attachment's id: unique for the cluster's lifetime, so a detach and re-attach
+    /// starts fresh (cursor state is keyed by child and epoch) and never resumes.
+    pub epoch: u64,
+    /// 0 = fan-out child; else the copy of a record is committed no earlier than the parent
+    /// commit time plus this. Immutable while attached.
+    pub delay_ms: u64,
+    /// Born attached by a create with `parent` (placement anti-affine to the parent).
+    pub replica: bool,
+    /// The parent's partition count at attach: parent partitions added later are copied
+    /// from their first record, earlier ones from their tail at attach.
+    pub parent_partitions_at_attach: u32,
+    /// The proposer's clock at attach (informational).
+    pub attached_at_ms: u64,
+}
+
+impl ChildLink {
+    /// `fanout`, `delay` or `replica` (SPEC §3.7 `kind`); a delayed replica reports `delay`.
+    pub fn kind(&self) -> &'static str {
+        if self.delay_ms > 0 {
+            "delay"
+        } else if self.replica {
+            "replica"
+        } else {
+            "fanout"
+        }
+    }
 }
 
 /// The name of the root user seeded on first start (SPEC §4.4).
@@ -283,4 +353,10 @@ pub struct MetaState {
     /// The next `User::version`; only grows.
     #[serde(default)]
     pub next_user_version: u64,
+    /// Local child links by child name (SPEC §5).
+    #[serde(default)]
+    pub child_links: BTreeMap<String, ChildLink>,
+    /// The last attach epoch handed out; only grows.
+    #[serde(default)]
+    pub last_attach_epoch: u64,
 }
