@@ -14,6 +14,8 @@ pub struct Config {
     pub topic: TopicDefaults,
     pub log: LogConfig,
     pub security: SecurityConfig,
+    /// `fanout.*` (SPEC §8).
+    pub fanout: crate::fanout::FanoutConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -91,6 +93,7 @@ pub struct SecurityConfig {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            fanout: Default::default(),
             dev: false,
             http: HttpConfig {
                 addr: ":7942".into(),
@@ -241,10 +244,8 @@ mod file {
         pub default_max_in_flight_per_partition: Option<u64>,
         pub default_max_acked_ahead_per_partition: Option<u64>,
     }
-    /// Accepted so that one file serves this build and the fan-out engine's.
     #[derive(Debug, Default, Deserialize)]
     #[serde(deny_unknown_fields)]
-    #[allow(dead_code)]
     pub struct Fanout {
         pub max_batch_records: Option<u64>,
         pub max_batch_bytes: Option<u64>,
@@ -295,6 +296,37 @@ fn parse_num<T: std::str::FromStr>(key: &str, v: &str) -> Result<T, ConfigError>
 }
 
 impl Config {
+    /// `fanout.{max_batch_records,max_batch_bytes,linger_ms}`: batches of at least one
+    /// record and one byte; linger ≤ 10 s.
+    fn apply_fanout(
+        &mut self,
+        records: Option<String>,
+        bytes: Option<String>,
+        linger_ms: Option<String>,
+    ) -> Result<(), ConfigError> {
+        let f = &mut self.fanout;
+        if let Some(v) = records {
+            f.max_batch_records = parse_num::<usize>("fanout.max_batch_records", &v)?;
+            if f.max_batch_records == 0 {
+                return Err(bad("fanout.max_batch_records must be at least 1"));
+            }
+        }
+        if let Some(v) = bytes {
+            f.max_batch_bytes = parse_num::<usize>("fanout.max_batch_bytes", &v)?;
+            if f.max_batch_bytes == 0 {
+                return Err(bad("fanout.max_batch_bytes must be at least 1"));
+            }
+        }
+        if let Some(v) = linger_ms {
+            let ms = parse_num::<u64>("fanout.linger_ms", &v)?;
+            if ms > 10_000 {
+                return Err(bad("fanout.linger_ms must be at most 10000"));
+            }
+            f.linger = std::time::Duration::from_millis(ms);
+        }
+        Ok(())
+    }
+
     /// Layers defaults < config file < environment (`env` lookup) < flags, then validates.
     pub fn load(
         args: &ServerArgs,
@@ -450,7 +482,13 @@ impl Config {
                 .default_max_acked_ahead_per_partition
                 .unwrap_or(d.default_max_acked_ahead_per_partition);
         }
-        let _ = f.fanout;
+        if let Some(fo) = f.fanout {
+            self.apply_fanout(
+                fo.max_batch_records.map(|v| v.to_string()),
+                fo.max_batch_bytes.map(|v| v.to_string()),
+                fo.linger_ms.map(|v| v.to_string()),
+            )?;
+        }
         if let Some(l) = f.log {
             if let Some(v) = l.level {
                 self.log.level = v;
@@ -548,6 +586,11 @@ impl Config {
             t.default_max_acked_ahead_per_partition =
                 parse_num("NARAD_TOPIC_DEFAULT_MAX_ACKED_AHEAD_PER_PARTITION", &v)?;
         }
+        self.apply_fanout(
+            get("NARAD_FANOUT_MAX_BATCH_RECORDS"),
+            get("NARAD_FANOUT_MAX_BATCH_BYTES"),
+            get("NARAD_FANOUT_LINGER_MS"),
+        )?;
         if let Some(v) = get("NARAD_LOG_LEVEL") {
             self.log.level = v;
         }

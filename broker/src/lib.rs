@@ -3,8 +3,10 @@
 //! The map (who owns what):
 //! - `config`: the effective `Config`, layered from defaults, file, env and flags.
 //! - `node`: the composition root; `Node` holds handles to everything below and nothing else.
-//! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, the only writer
-//!   into partition logs. Its module doc states the durability contract.
+//! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
+//!   produced records into partition logs. Its module doc states the durability contract.
+//! - `fanout`: child topics (SPEC §5): cursors copying committed parent records into child
+//!   partitions through the same commit path.
 //! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
 //!   `Registry` of local topics.
 //! - `queue`: `LeaseTable`, the pure queue core (leases, redelivery, frontier, caps).
@@ -18,6 +20,7 @@
 pub mod api;
 pub mod config;
 pub mod error;
+pub mod fanout;
 pub mod metrics;
 pub mod node;
 pub mod partition;

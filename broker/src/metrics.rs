@@ -65,6 +65,19 @@ pub struct StatusLabels {
     pub status: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FanoutLabels {
+    pub parent: String,
+    pub child: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FanoutPartitionLabels {
+    pub parent: String,
+    pub child: String,
+    pub partition: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -131,6 +144,17 @@ pub struct Metrics {
     pub cluster_members: Family<StatusLabels, Gauge>,
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
+    pub fanout: FanoutMetrics,
+}
+
+/// Child-topic metrics (SPEC §9 "Children").
+pub struct FanoutMetrics {
+    pub lag: Family<FanoutPartitionLabels, Gauge>,
+    pub due_lag: Family<FanoutPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub committed: Family<FanoutLabels, Counter>,
+    pub dropped: Family<FanoutLabels, Counter>,
+    pub batch_records: Histogram,
+    pub batch_bytes: Histogram,
 }
 
 impl Default for Metrics {
@@ -379,6 +403,44 @@ impl Metrics {
                 "Records written to the ingress WAL",
                 Counter::default()
             ),
+            fanout: FanoutMetrics {
+                lag: reg!(
+                    r,
+                    "fanout_lag_messages",
+                    "Parent records not yet copied to the child",
+                    Family::default()
+                ),
+                due_lag: reg!(
+                    r,
+                    "fanout_due_lag_seconds",
+                    "How long the oldest uncopied record has been due",
+                    Family::default()
+                ),
+                committed: reg!(
+                    r,
+                    "fanout_committed",
+                    "Records copied to the child",
+                    Family::default()
+                ),
+                dropped: reg!(
+                    r,
+                    "fanout_child_dropped_messages",
+                    "Parent records that retention removed before they were copied",
+                    Family::default()
+                ),
+                batch_records: reg!(
+                    r,
+                    "fanout_batch_records",
+                    "Records per fan-out batch",
+                    Histogram::new(exponential_buckets(1.0, 4.0, 7))
+                ),
+                batch_bytes: reg!(
+                    r,
+                    "fanout_batch_bytes",
+                    "Bytes per fan-out batch",
+                    Histogram::new(exponential_buckets(256.0, 4.0, 9))
+                ),
+            },
             registry: r,
         }
     }

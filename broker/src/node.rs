@@ -48,6 +48,8 @@ pub struct Node {
     /// Checks Basic credentials (verified-credential cache, throttle); used only with
     /// security on.
     pub auth: Authenticator,
+    /// Child topics: the cursors copying parent records into children (SPEC §5).
+    pub fanout: Arc<crate::fanout::Fanout>,
     ready: AtomicBool,
     shutdown: CancellationToken,
     data_dir: PathBuf,
@@ -278,6 +280,7 @@ impl Node {
                 .set(topic_bytes as i64);
         }
         m.open_partition_logs.set(open);
+        self.fanout.refresh_gauges();
         if let Some((total, avail)) = fs_space(&self.data_dir) {
             m.data_dir_size.set((total - avail) as i64);
             m.data_dir_available.set(avail as i64);
@@ -347,6 +350,7 @@ impl Running {
         while node.wal.outstanding() > 0 && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        node.fanout.shutdown().await;
         self.rpc.shutdown(Duration::from_secs(1)).await;
         self.dispatcher.abort();
         node.registry.persist_frontiers();
@@ -420,6 +424,18 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     )
     .context("open the ingress wal")?;
+    // Cluster hook: the remote committer for child partitions owned by other nodes.
+    let fanout = crate::fanout::Fanout::new(
+        meta.clone(),
+        registry.clone(),
+        metrics.clone(),
+        Arc::new(crate::fanout::RoutedCommitter::new(
+            node_id.clone(),
+            registry.clone(),
+            None,
+        )),
+        config.fanout.clone(),
+    );
     let node = Arc::new(Node {
         config: config.clone(),
         node_id,
@@ -429,6 +445,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics: metrics.clone(),
         schemas: SchemaCache::default(),
         auth: Authenticator::default(),
+        fanout,
         ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
         data_dir: data_dir.clone(),
@@ -455,6 +472,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
 
     spawn_background(node.clone());
+    node.fanout.sync().await;
     if node.security_on() {
         tokio::spawn(seed_root(node.clone()));
     }
@@ -649,6 +667,7 @@ fn spawn_background(node: Arc<Node>) {
             if let Err(e) = n.apply_topics() {
                 tracing::error!(error = %e.message, "applying metadata to local partitions failed");
             }
+            n.fanout.sync().await;
         }
     });
 }

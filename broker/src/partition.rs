@@ -75,6 +75,11 @@ pub struct Partition {
     /// The log's files are closed and nothing used it since.
     evicted: AtomicBool,
     pub metrics: PartitionMetrics,
+    /// Serialises append + commit: the dispatcher and the fan-out engine both write here.
+    write_lock: Mutex<()>,
+    /// Woken (all waiters) after every commit that moved the high watermark: fan-out
+    /// cursors wait on it.
+    pub committed: Notify,
 }
 
 const FRONTIER_FILE: &str = "frontier";
@@ -106,6 +111,8 @@ impl Partition {
             last_used_ms: AtomicU64::new(now_ms()),
             evicted: AtomicBool::new(true),
             metrics,
+            write_lock: Mutex::new(()),
+            committed: Notify::new(),
         })
     }
 
@@ -184,6 +191,17 @@ impl Partition {
 
     pub fn nack(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
         self.queue.lock().nack(offset, nonce, Instant::now())
+    }
+
+    /// Held across one append + commit, so two writers never interleave (a failed commit
+    /// rolls back everything appended since the last commit).
+    pub fn write_guard(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.write_lock.lock()
+    }
+
+    /// The directory of this partition (its log, frontier and fan-out cursors live in it).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Marks the partition as in use (idle logs are closed after a while).

@@ -8,6 +8,7 @@
 //! request extensions, where handlers take it as an extractor and ask `security::authz`
 //! (`403`/`404`) before doing anything else.
 
+mod children;
 mod consume;
 mod produce;
 mod query;
@@ -34,6 +35,7 @@ use crate::metrics::{HttpLabels, RouteLabels};
 use crate::node::Node;
 use crate::security::Caller;
 
+pub use produce::fnv1a32;
 pub use query::Query;
 
 /// Largest produce body and JSON request body (SPEC §11).
@@ -56,6 +58,14 @@ pub fn router(node: AppState) -> Router {
         )
         .route("/v1/topics/{topic}/consume", get(consume::consume))
         .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route(
+            "/v1/topics/{topic}/children",
+            post(children::attach).get(children::list),
+        )
+        .route(
+            "/v1/topics/{topic}/children/{child}",
+            axum::routing::delete(children::detach),
+        )
         .route("/v1/users", post(users::create).get(users::list))
         .route("/v1/users/{user}", get(users::get).delete(users::delete))
         .route("/v1/users/{user}/grants", put(users::put_grants))
@@ -127,6 +137,8 @@ fn route_label(path: Option<&MatchedPath>) -> &'static str {
         Some("/v1/topics/{topic}/produce/batch") => "/v1/topics/{topic}/produce/batch",
         Some("/v1/topics/{topic}/consume") => "/v1/topics/{topic}/consume",
         Some("/v1/topics/{topic}/ack") => "/v1/topics/{topic}/ack",
+        Some("/v1/topics/{topic}/children") => "/v1/topics/{topic}/children",
+        Some("/v1/topics/{topic}/children/{child}") => "/v1/topics/{topic}/children/{child}",
         Some("/v1/users") => "/v1/users",
         Some("/v1/users/{user}") => "/v1/users/{user}",
         Some("/v1/users/{user}/grants") => "/v1/users/{user}/grants",

@@ -72,7 +72,22 @@ async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
 fn produce_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<std::sync::Arc<Topic>> {
     let topic = find_topic(node, name);
     authz::produce(caller, name, topic.as_deref())?;
-    topic.ok_or_else(|| ApiError::topic_not_found(name))
+    let topic = topic.ok_or_else(|| ApiError::topic_not_found(name))?;
+    // SPEC §5.3: a delay child receives only delayed copies of its parent.
+    if let Some(link) = node
+        .meta
+        .view()
+        .parent_link(name)
+        .filter(|l| l.delay_ms > 0)
+    {
+        node.reject(&topic, "delayed_child");
+        return Err(ApiError::conflict(format!(
+            "produce to a delayed child topic is not allowed: {name} receives the copies of \
+             {} after {} ms",
+            link.parent, link.delay_ms
+        )));
+    }
+    Ok(topic)
 }
 
 pub async fn produce(

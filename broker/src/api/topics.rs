@@ -8,7 +8,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList, TopicRecord};
-use narad_meta::{MetaCommand, MetaResponse, Topic, TopicConfig, TopicPatch};
+use narad_meta::{MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch};
 use serde_json::value::RawValue;
 
 use super::{find_topic, json, read_json, AppState, Name, Query};
@@ -93,9 +93,10 @@ fn check_schema(raw: &RawValue) -> ApiResult<String> {
     Ok(text)
 }
 
-/// The topic record of SPEC §3.2 (without stats).
-pub fn record(t: &Topic) -> TopicRecord {
+/// The topic record of SPEC §3.2 (without stats), with its links as `view` has them.
+pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
     let schema = t.current_schema();
+    let link = view.parent_link(&t.name);
     TopicRecord {
         name: t.name.clone(),
         partitions: t.config.partitions,
@@ -105,7 +106,15 @@ pub fn record(t: &Topic) -> TopicRecord {
         max_acked_ahead_per_partition: t.config.max_acked_ahead_per_partition,
         created_at: t.created_at_ms,
         owner: t.owner.clone(),
-        role: "standalone".into(),
+        role: view.role(&t.name).into(),
+        parent: link.map(|l| l.parent.clone()),
+        attach_epoch: link.map(|l| l.epoch.to_string()),
+        fanout_delay_ms: link.map_or(0, |l| l.delay_ms),
+        children: view
+            .children_of(&t.name)
+            .into_iter()
+            .map(|l| l.child.clone())
+            .collect(),
         schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
         schema_version: schema.map_or(0, |s| s.version),
         ..Default::default()
@@ -120,6 +129,9 @@ pub async fn create(
 ) -> ApiResult<Response> {
     let req: CreateTopicRequest = read_json(&headers, body).await?;
     validate_name(&req.name)?;
+    if req.parent.as_deref() == Some(req.name.as_str()) {
+        return Err(ApiError::bad_request("a topic cannot be its own parent"));
+    }
     {
         // `create` on the name (403); with a parent, the parent exists (404) and the caller
         // owns it or is admin (403). A sent `owner` is ignored: the owner is the caller.
@@ -132,6 +144,8 @@ pub async fn create(
     }
     let d = &node.config.topic;
     let partitions = match non_negative("partitions", req.partitions)? {
+        // A child created with its parent inherits the parent's count (resolved in apply).
+        None | Some(0) if req.parent.is_some() => 0,
         None | Some(0) => d.default_partitions,
         Some(p) => check_partitions(&node, p)?,
     };
@@ -160,32 +174,41 @@ pub async fn create(
     if req.parent.is_none() && delay.is_some_and(|d| d > 0) {
         return Err(ApiError::bad_request("fanout_delay_ms needs parent"));
     }
+    let delay = super::children::check_delay("fanout_delay_ms", delay.unwrap_or(0))?;
     let schema = req.schema.as_deref().map(check_schema).transpose()?;
-    if let Some(parent) = &req.parent {
-        if parent == &req.name {
-            return Err(ApiError::bad_request("a topic cannot be its own parent"));
+    let config = TopicConfig {
+        partitions,
+        retention_ms,
+        visibility_timeout_ms,
+        max_in_flight_per_partition: max_in_flight,
+        max_acked_ahead_per_partition: max_acked_ahead,
+    };
+    let cmd = match &req.parent {
+        Some(parent) => {
+            if !node.meta.view().topics.contains_key(parent) {
+                return Err(ApiError::not_found(format!(
+                    "parent topic {parent} not found"
+                )));
+            }
+            // Created and attached in one metadata command: a refused attach (409) leaves
+            // nothing behind. Placement of the replica's partitions is decided in apply.
+            MetaCommand::CreateChildTopic {
+                name: req.name.clone(),
+                config,
+                owner: caller.owner(),
+                schema,
+                created_at_ms: now_ms(),
+                parent: parent.clone(),
+                delay_ms: delay,
+            }
         }
-        if !node.meta.view().topics.contains_key(parent) {
-            return Err(ApiError::not_found(format!(
-                "parent topic {parent} not found"
-            )));
-        }
-        return Err(ApiError::bad_request(
-            "child topics (parent) are not supported by this node yet",
-        ));
-    }
-    let cmd = MetaCommand::CreateTopic {
-        name: req.name.clone(),
-        config: TopicConfig {
-            partitions,
-            retention_ms,
-            visibility_timeout_ms,
-            max_in_flight_per_partition: max_in_flight,
-            max_acked_ahead_per_partition: max_acked_ahead,
+        None => MetaCommand::CreateTopic {
+            name: req.name.clone(),
+            config,
+            owner: caller.owner(),
+            schema,
+            created_at_ms: now_ms(),
         },
-        owner: caller.owner(),
-        schema,
-        created_at_ms: now_ms(),
     };
     let topic = match node.meta.write(cmd).await? {
         MetaResponse::Topic(t) => t,
@@ -196,8 +219,19 @@ pub async fn create(
         }
     };
     node.apply_topics()?;
+    node.fanout.sync().await;
     audit::event("topic.create", caller.actor(), &topic.name);
-    Ok(json(StatusCode::CREATED, &record(&topic)))
+    if let Some(parent) = &req.parent {
+        audit::event(
+            "topic.attach",
+            caller.actor(),
+            &format!("{parent}/{}", topic.name),
+        );
+    }
+    Ok(json(
+        StatusCode::CREATED,
+        &record(&node.meta.view(), &topic),
+    ))
 }
 
 /// Pages over the topics the caller sees (SPEC §4.3), by name: the token is the last name
@@ -233,7 +267,7 @@ pub async fn list(
     let page: Vec<TopicRecord> = it
         .by_ref()
         .take(limit as usize)
-        .map(|(_, t)| record(t))
+        .map(|(_, t)| record(&view, t))
         .collect();
     let next_page_token = if it.next().is_some() {
         page.last().map(|r| r.name.clone()).unwrap_or_default()
@@ -260,7 +294,7 @@ pub async fn get(
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let q = Query::parse(q.as_deref());
     let only = q.partition(topic.config.partitions)?;
-    let mut rec = record(&topic);
+    let mut rec = record(&node.meta.view(), &topic);
     let stats: Vec<PartitionStats> = (0..topic.config.partitions)
         .filter(|p| only.is_none_or(|o| o == *p))
         .map(|p| node.partition_stats(&topic, p))
@@ -355,7 +389,7 @@ pub async fn alter(
         }
     };
     node.apply_topics()?;
-    Ok(json(StatusCode::OK, &record(&updated)))
+    Ok(json(StatusCode::OK, &record(&node.meta.view(), &updated)))
 }
 
 pub async fn delete(
@@ -377,6 +411,8 @@ pub async fn delete(
         }
     };
     node.schemas.forget(deleted.id);
+    // Cursors copying into or out of it stop before its data goes.
+    node.fanout.sync().await;
     node.apply_topics()?;
     audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())

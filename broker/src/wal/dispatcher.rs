@@ -266,7 +266,6 @@ impl Dispatcher {
 
 /// Appends and commits one batch to a local partition (blocking: fsync).
 fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
-    part.touch();
     let batch: Vec<NewRecord> = records
         .iter()
         .map(|r| NewRecord {
@@ -274,10 +273,18 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
             payload: r.record.payload.clone(),
         })
         .collect();
+    commit_records(part, &batch)
+}
+
+/// The one commit path into a local partition log (the dispatcher's and fan-out's): append,
+/// fsync, re-read and verify, move the high watermark, wake fan-out cursors. Blocking.
+pub(crate) fn commit_records(part: &Partition, batch: &[NewRecord]) -> Result<(), String> {
+    part.touch();
+    let _writer = part.write_guard();
     let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
     let started = std::time::Instant::now();
     part.log
-        .append(&batch, now_ms())
+        .append(batch, now_ms())
         .map_err(|e| e.to_string())?;
     let appended = std::time::Instant::now();
     part.metrics
@@ -288,5 +295,6 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
     part.metrics
         .fsync_seconds
         .observe(appended.elapsed().as_secs_f64());
+    part.committed.notify_waiters();
     Ok(())
 }

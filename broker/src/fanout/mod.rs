@@ -1,0 +1,680 @@
+//! Child topics (SPEC §5): the fan-out engine.
+//!
+//! For each (parent partition owned here, attached local child) one cursor task runs. It
+//! reads committed parent records in batches (≤ `max_batch_records` / `max_batch_bytes`,
+//! lingering `linger` for a fuller batch), maps each to a child partition ([`route`]),
+//! commits the groups through a [`ChildCommitter`] (locally: the dispatcher's own
+//! fsync-and-verify commit), and only then durably advances its cursor file ([`cursor`]). A
+//! crash re-sends the last batch (duplicates), never skips one (gaps). Each cursor stalls only
+//! itself: a failing child commit is retried with backoff while every other cursor goes on.
+//!
+//! Delay children: a record is copied no earlier than its parent commit time (this node's
+//! clock, stamped by the parent log) plus the delay. Commit times are monotonic per
+//! partition, so a cursor whose head is not due sleeps until it is (waking at least every
+//! `max_idle_sleep`), reading nothing else: an idle cursor with a huge delayed backlog costs
+//! one sleeping task.
+//!
+//! Lifecycle: [`Fanout::sync`] brings the running cursors in line with the metadata (the
+//! links and the locally open parent partitions) and waits until stopped cursors have
+//! stopped; the attach, detach, delete and create handlers call it before answering, so an
+//! attach copies everything committed after its answer and a detach stops copying at once.
+//! A new cursor is anchored at the parent partition's high watermark (a partition added to
+//! the parent after the attach: at its start) and written to disk before `sync` returns.
+//!
+//! Cluster hooks (see also `sink`): a remote [`ChildCommitter`] for child partitions owned
+//! elsewhere; cursors of parent partitions owned elsewhere report lag over node RPC
+//! (`FanoutCursors`; [`Fanout::lag`] marks them incomplete until then); anchoring a cursor
+//! on a node whose view may be stale needs the leader's confirmation (SPEC §6.1) — here the
+//! standalone view is the truth; a moved partition keeps its cursors if the move copies the
+//! partition directory (they live in `<partition dir>/fanout/`).
+
+pub mod cursor;
+pub mod route;
+pub mod sink;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use narad_meta::{ChildLink, Meta, MetaState, Topic};
+use narad_storage::{NewRecord, StorageError, StoredRecord};
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics};
+use crate::partition::{now_ms, Partition, Registry};
+use cursor::{CursorDir, CursorId, Loaded};
+pub use sink::{ChildCommitter, CommitError, RoutedCommitter};
+
+/// Tunables (SPEC §8 `fanout.*`, §11).
+#[derive(Debug, Clone)]
+pub struct FanoutConfig {
+    pub max_batch_records: usize,
+    pub max_batch_bytes: usize,
+    pub linger: Duration,
+    /// The longest an idle cursor sleeps without looking (SPEC: a delay cursor wakes ≤ 30 s).
+    pub max_idle_sleep: Duration,
+}
+
+impl Default for FanoutConfig {
+    fn default() -> Self {
+        FanoutConfig {
+            max_batch_records: 4096,
+            max_batch_bytes: 4 * 1024 * 1024,
+            linger: Duration::from_millis(25),
+            max_idle_sleep: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Smallest read of a delay cursor (it adapts up to `max_batch_records`).
+const MIN_DELAY_CHUNK: usize = 64;
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// How long `sync` waits for a stopping cursor.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// One running cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Key {
+    parent_id: u64,
+    partition: u32,
+    child_id: u64,
+    epoch: u64,
+}
+
+/// What the outside may read of a cursor.
+pub struct CursorState {
+    pub parent: String,
+    pub child: String,
+    pub partition: u32,
+    pub delay_ms: u64,
+    pub epoch: u64,
+    pub child_id: u64,
+    /// The next parent offset to copy (in memory; the file may trail it by one batch).
+    pub next: AtomicU64,
+    part: Arc<Partition>,
+    /// Set when the link is gone: the cursor removes its file when it stops.
+    detached: AtomicBool,
+    cancel: CancellationToken,
+    done: watch::Receiver<bool>,
+}
+
+impl CursorState {
+    fn id(&self) -> CursorId {
+        CursorId {
+            child_id: self.child_id,
+            epoch: self.epoch,
+        }
+    }
+    fn labels(&self) -> FanoutLabels {
+        FanoutLabels {
+            parent: self.parent.clone(),
+            child: self.child.clone(),
+        }
+    }
+    fn partition_labels(&self) -> FanoutPartitionLabels {
+        FanoutPartitionLabels {
+            parent: self.parent.clone(),
+            child: self.child.clone(),
+            partition: self.partition.to_string(),
+        }
+    }
+}
+
+/// The fan-out engine of one node.
+pub struct Fanout {
+    meta: Meta,
+    registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
+    committer: Arc<dyn ChildCommitter>,
+    cfg: FanoutConfig,
+    cursors: Mutex<HashMap<Key, Arc<CursorState>>>,
+    /// Cursors told to stop whose tasks may still run.
+    stopping: Mutex<Vec<Arc<CursorState>>>,
+    /// Serialises reconciles (they do file I/O outside the `cursors` lock).
+    reconcile_lock: Mutex<()>,
+    shutdown: CancellationToken,
+    swept: AtomicBool,
+    rt: tokio::runtime::Handle,
+}
+
+impl Fanout {
+    /// Must be called inside the tokio runtime the cursors will run on.
+    pub fn new(
+        meta: Meta,
+        registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
+        committer: Arc<dyn ChildCommitter>,
+        cfg: FanoutConfig,
+    ) -> Arc<Self> {
+        Arc::new(Fanout {
+            meta,
+            registry,
+            metrics,
+            committer,
+            cfg,
+            cursors: Mutex::new(HashMap::new()),
+            stopping: Mutex::new(Vec::new()),
+            reconcile_lock: Mutex::new(()),
+            shutdown: CancellationToken::new(),
+            swept: AtomicBool::new(false),
+            rt: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// Starts the cursors the metadata asks for (anchoring new ones durably), stops the
+    /// others, and returns once every stopped cursor has stopped.
+    pub async fn sync(self: &Arc<Self>) {
+        let me = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || me.reconcile()).await {
+            tracing::error!(error = %e, "fan-out reconcile failed");
+        }
+        let waiting: Vec<Arc<CursorState>> = self.stopping.lock().clone();
+        for st in &waiting {
+            let mut done = st.done.clone();
+            if tokio::time::timeout(STOP_WAIT, done.wait_for(|d| *d))
+                .await
+                .is_err()
+            {
+                tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
+                    "a fan-out cursor did not stop in time");
+            }
+        }
+        self.stopping.lock().retain(|st| !*st.done.borrow());
+    }
+
+    /// Stops every cursor (positions are persisted as they stop).
+    pub async fn shutdown(self: &Arc<Self>) {
+        self.shutdown.cancel();
+        self.sync().await;
+    }
+
+    /// (child name → (lag, complete)) for the children of `parent`: the parent high
+    /// watermark minus the cursor, summed over the parent's partitions; incomplete when a
+    /// partition's cursor is not known here (not local, or not started yet).
+    pub fn lag(&self, view: &MetaState, parent: &Topic) -> BTreeMap<String, (u64, bool)> {
+        let cursors = self.cursors.lock();
+        let mut out = BTreeMap::new();
+        for link in view.children_of(&parent.name) {
+            let Some(child) = view.topics.get(&link.child) else {
+                continue;
+            };
+            let (mut lag, mut complete) = (0u64, true);
+            for p in 0..parent.config.partitions {
+                let key = Key {
+                    parent_id: parent.id,
+                    partition: p,
+                    child_id: child.id,
+                    epoch: link.epoch,
+                };
+                match cursors.get(&key) {
+                    Some(st) => {
+                        lag += st
+                            .part
+                            .log
+                            .high_watermark()
+                            .saturating_sub(st.next.load(Ordering::Acquire))
+                    }
+                    None => complete = false,
+                }
+            }
+            out.insert(link.child.clone(), (lag, complete));
+        }
+        out
+    }
+
+    /// Refreshes `fanout_lag_messages` and `fanout_due_lag_seconds` (on scrape).
+    pub fn refresh_gauges(&self) {
+        let all: Vec<Arc<CursorState>> = self.cursors.lock().values().cloned().collect();
+        let now = now_ms();
+        for st in all {
+            let next = st.next.load(Ordering::Acquire);
+            let hwm = st.part.log.high_watermark();
+            let l = st.partition_labels();
+            self.metrics
+                .fanout
+                .lag
+                .get_or_create(&l)
+                .set(hwm.saturating_sub(next) as i64);
+            let due_lag = if next < hwm {
+                match st.part.log.read(next) {
+                    Ok(Some(r)) => route::due_lag_seconds(r.timestamp_ms, st.delay_ms, now),
+                    _ => 0.0,
+                }
+            } else {
+                0.0
+            };
+            self.metrics.fanout.due_lag.get_or_create(&l).set(due_lag);
+        }
+    }
+
+    /// The cursors the metadata wants on this node.
+    fn desired(&self, view: &MetaState) -> HashMap<Key, (ChildLink, Arc<Partition>)> {
+        let mut want = HashMap::new();
+        if self.shutdown.is_cancelled() {
+            return want;
+        }
+        for link in view.child_links.values() {
+            let (Some(p), Some(c)) = (view.topics.get(&link.parent), view.topics.get(&link.child))
+            else {
+                continue;
+            };
+            let Some(rt) = self.registry.topic(p.id) else {
+                continue;
+            };
+            for part in rt.partitions() {
+                want.insert(
+                    Key {
+                        parent_id: p.id,
+                        partition: part.index,
+                        child_id: c.id,
+                        epoch: link.epoch,
+                    },
+                    (link.clone(), part),
+                );
+            }
+        }
+        want
+    }
+
+    /// Blocking: file I/O for new cursors.
+    fn reconcile(self: &Arc<Self>) {
+        let _g = self.reconcile_lock.lock();
+        let view = self.meta.view();
+        let want = self.desired(&view);
+        let linked: HashSet<(u64, u64)> = view
+            .child_links
+            .values()
+            .filter_map(|l| Some((view.topics.get(&l.child)?.id, l.epoch)))
+            .collect();
+        // Stop what is no longer wanted.
+        {
+            let mut cursors = self.cursors.lock();
+            let gone: Vec<Key> = cursors
+                .keys()
+                .filter(|k| !want.contains_key(k))
+                .copied()
+                .collect();
+            let mut stopping = self.stopping.lock();
+            for k in gone {
+                let st = cursors
+                    .remove(&k)
+                    .expect("invariant: key taken from the map");
+                if !linked.contains(&(k.child_id, k.epoch)) {
+                    st.detached.store(true, Ordering::Release);
+                }
+                st.cancel.cancel();
+                stopping.push(st);
+            }
+        }
+        // Start what is missing.
+        let missing: Vec<(Key, ChildLink, Arc<Partition>)> = {
+            let cursors = self.cursors.lock();
+            want.iter()
+                .filter(|(k, _)| !cursors.contains_key(k))
+                .map(|(k, (l, p))| (*k, l.clone(), p.clone()))
+                .collect()
+        };
+        for (key, link, part) in missing {
+            match open_cursor(&link, &part, key.child_id) {
+                Ok(next) => {
+                    let st = self.spawn(key, &link, part, next);
+                    self.cursors.lock().insert(key, st);
+                }
+                Err(e) => {
+                    self.metrics.error("fanout", "cursor_open");
+                    tracing::error!(parent = %link.parent, child = %link.child, partition = key.partition,
+                        error = %e, "cannot open a fan-out cursor; retried on the next change");
+                }
+            }
+        }
+        // Once per process: remove cursor files of links that no longer exist (detached or
+        // deleted while the node was down). The standalone view is the whole truth here.
+        if !self.shutdown.is_cancelled() && !self.swept.swap(true, Ordering::AcqRel) {
+            for rt in self.registry.all() {
+                for part in rt.partitions() {
+                    let dir = CursorDir::new(part.dir());
+                    for id in dir.list() {
+                        if !linked.contains(&(id.child_id, id.epoch)) {
+                            let _ = dir.remove(id);
+                            tracing::info!(topic = %rt.name, partition = part.index, child_id = id.child_id,
+                                epoch = id.epoch, "removed the cursor of a link that no longer exists");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn spawn(
+        self: &Arc<Self>,
+        key: Key,
+        link: &ChildLink,
+        part: Arc<Partition>,
+        next: u64,
+    ) -> Arc<CursorState> {
+        let (done_tx, done_rx) = watch::channel(false);
+        let st = Arc::new(CursorState {
+            parent: link.parent.clone(),
+            child: link.child.clone(),
+            partition: key.partition,
+            delay_ms: link.delay_ms,
+            epoch: link.epoch,
+            child_id: key.child_id,
+            next: AtomicU64::new(next),
+            part,
+            detached: AtomicBool::new(false),
+            cancel: self.shutdown.child_token(),
+            done: done_rx,
+        });
+        tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, epoch = st.epoch,
+            next, delay_ms = st.delay_ms, "fan-out cursor started");
+        let me = self.clone();
+        let task_state = st.clone();
+        self.rt.spawn(async move {
+            me.run(&task_state).await;
+            let _ = done_tx.send(true);
+        });
+        st
+    }
+
+    /// One cursor's loop; returns when cancelled or when its link is gone.
+    async fn run(&self, st: &CursorState) {
+        let part = st.part.clone();
+        let dir = CursorDir::new(part.dir());
+        let max = self.cfg.max_batch_records.max(1);
+        let mut chunk = if st.delay_ms > 0 {
+            MIN_DELAY_CHUNK.min(max)
+        } else {
+            max
+        };
+        let id = st.id();
+        let mut pos = st.next.load(Ordering::Acquire);
+        let mut dirty = false;
+        let mut backoff = RETRY_MIN;
+        loop {
+            if st.cancel.is_cancelled() {
+                break;
+            }
+            if dirty {
+                match blocking(dir.clone(), move |d| d.store(id, pos)).await {
+                    Ok(()) => dirty = false,
+                    Err(e) => {
+                        self.metrics.error("fanout", "cursor_persist");
+                        tracing::error!(parent = %st.parent, child = %st.child, partition = st.partition,
+                            error = %e, "cannot persist a fan-out cursor; retrying");
+                        self.pause(st, &mut backoff).await;
+                        continue;
+                    }
+                }
+            }
+            let oldest = part.log.oldest_offset();
+            if pos < oldest {
+                // Retention removed records this cursor had not copied yet.
+                let lost = oldest - pos;
+                self.metrics
+                    .fanout
+                    .dropped
+                    .get_or_create(&st.labels())
+                    .inc_by(lost);
+                tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
+                    from = pos, to = oldest, "retention removed parent records before they were copied to the child");
+                pos = oldest;
+                st.next.store(pos, Ordering::Release);
+                dirty = true;
+                continue;
+            }
+            let hwm = part.log.high_watermark();
+            if pos >= hwm {
+                self.wait_commit(st, pos).await;
+                continue;
+            }
+            if st.delay_ms > 0 {
+                let p2 = part.clone();
+                let head = match blocking_read(move || p2.log.read(pos)).await {
+                    Ok(Some(r)) => r.timestamp_ms,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        if self.read_failed(st, &mut pos, &mut dirty, e) {
+                            self.pause(st, &mut backoff).await;
+                        }
+                        continue;
+                    }
+                };
+                let now = now_ms();
+                let due = route::due_ms(head, st.delay_ms);
+                if due > now {
+                    let nap = route::sleep_until_due(due, now, self.cfg.max_idle_sleep);
+                    tokio::select! {
+                        _ = tokio::time::sleep(nap) => {}
+                        _ = st.cancel.cancelled() => {}
+                    }
+                    continue;
+                }
+            }
+            if hwm - pos < max as u64 && !self.cfg.linger.is_zero() {
+                tokio::select! {
+                    _ = tokio::time::sleep(self.cfg.linger) => {}
+                    _ = st.cancel.cancelled() => continue,
+                }
+            }
+            let want = if st.delay_ms > 0 { chunk } else { max };
+            let bytes = self.cfg.max_batch_bytes;
+            let p2 = part.clone();
+            let recs = match blocking_read(move || p2.log.read_from(pos, want, bytes)).await {
+                Ok(r) => r,
+                Err(e) => {
+                    if self.read_failed(st, &mut pos, &mut dirty, e) {
+                        self.pause(st, &mut backoff).await;
+                    }
+                    continue;
+                }
+            };
+            if recs.is_empty() {
+                continue;
+            }
+            let n = if st.delay_ms > 0 {
+                let due = route::due_prefix(&recs, st.delay_ms, now_ms());
+                chunk = route::next_chunk(chunk, recs.len(), due, MIN_DELAY_CHUNK.min(max), max);
+                due
+            } else {
+                recs.len()
+            };
+            if n == 0 {
+                continue;
+            }
+            let batch = &recs[..n];
+            if !self.commit(st, batch).await {
+                break;
+            }
+            pos = batch[n - 1].offset + 1;
+            st.next.store(pos, Ordering::Release);
+            dirty = true;
+            backoff = RETRY_MIN;
+            let bytes: usize = batch.iter().map(|r| r.payload.len()).sum();
+            let m = &self.metrics.fanout;
+            m.committed.get_or_create(&st.labels()).inc_by(n as u64);
+            m.batch_records.observe(n as f64);
+            m.batch_bytes.observe(bytes as f64);
+        }
+        if st.detached.load(Ordering::Acquire) {
+            let _ = blocking(dir, move |d| d.remove(id)).await;
+            let l = st.partition_labels();
+            self.metrics.fanout.lag.remove(&l);
+            self.metrics.fanout.due_lag.remove(&l);
+            tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, "fan-out cursor removed");
+        } else if dirty {
+            if let Err(e) = blocking(dir, move |d| d.store(id, pos)).await {
+                tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition, error = %e,
+                    "cannot persist a stopping fan-out cursor; its last batch will be copied again");
+            }
+        }
+    }
+
+    /// Handles a failed parent read: skips an unreadable record (loudly, counted as
+    /// dropped for this child); `true` when the caller should back off (transient error).
+    fn read_failed(
+        &self,
+        st: &CursorState,
+        pos: &mut u64,
+        dirty: &mut bool,
+        e: StorageError,
+    ) -> bool {
+        match e {
+            StorageError::Gone { .. } => false,
+            StorageError::Unreadable { offset, reason } if offset >= *pos => {
+                tracing::error!(parent = %st.parent, child = %st.child, partition = st.partition, offset,
+                    %reason, "skipping an unreadable parent record; it is not copied");
+                self.metrics
+                    .fanout
+                    .dropped
+                    .get_or_create(&st.labels())
+                    .inc_by(offset + 1 - *pos);
+                *pos = offset + 1;
+                st.next.store(*pos, Ordering::Release);
+                *dirty = true;
+                false
+            }
+            e => {
+                self.metrics.error("fanout", "read");
+                tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
+                    error = %e, "reading the parent partition failed; retrying");
+                true
+            }
+        }
+    }
+
+    async fn pause(&self, st: &CursorState, backoff: &mut Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(*backoff) => {}
+            _ = st.cancel.cancelled() => {}
+        }
+        *backoff = (*backoff * 2).min(RETRY_MAX);
+    }
+
+    /// Waits until the parent partition commits past `pos` (or the idle bound, or a stop).
+    async fn wait_commit(&self, st: &CursorState, pos: u64) {
+        let notified = st.part.committed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if st.part.log.high_watermark() > pos {
+            return;
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(self.cfg.max_idle_sleep) => {}
+            _ = st.cancel.cancelled() => {}
+        }
+    }
+
+    /// The child topic as the metadata has it now, while this cursor's link still holds.
+    fn child_topic(&self, st: &CursorState) -> Option<Arc<Topic>> {
+        let view = self.meta.view();
+        let link = view.child_links.get(&st.child)?;
+        if link.epoch != st.epoch || link.parent != st.parent {
+            return None;
+        }
+        view.topics
+            .get(&st.child)
+            .filter(|t| t.id == st.child_id)
+            .cloned()
+    }
+
+    /// Commits `batch` to the child's partitions, each group retried until it is durable.
+    /// `false` when the cursor must stop (cancelled, or its link is gone).
+    async fn commit(&self, st: &CursorState, batch: &[StoredRecord]) -> bool {
+        let Some(child) = self.child_topic(st) else {
+            return false;
+        };
+        let mut groups: BTreeMap<u32, Vec<NewRecord>> = BTreeMap::new();
+        for r in batch {
+            let p = route::child_partition(r.key.as_deref(), st.partition, child.config.partitions);
+            groups.entry(p).or_default().push(NewRecord {
+                key: r.key.clone(),
+                payload: r.payload.clone(),
+            });
+        }
+        let results = futures::future::join_all(
+            groups
+                .into_iter()
+                .map(|(p, records)| self.commit_group(st, p, records)),
+        )
+        .await;
+        results.into_iter().all(|ok| ok)
+    }
+
+    async fn commit_group(&self, st: &CursorState, p: u32, records: Vec<NewRecord>) -> bool {
+        let mut backoff = RETRY_MIN;
+        loop {
+            if st.cancel.is_cancelled() {
+                return false;
+            }
+            let Some(child) = self.child_topic(st) else {
+                return false;
+            };
+            match self.committer.commit(child, p, records.clone()).await {
+                Ok(()) => return true,
+                Err(e) => {
+                    self.metrics.error("fanout", "child_commit");
+                    tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
+                        child_partition = p, error = %e, "fan-out commit failed; retrying (this cursor waits)");
+                    self.pause(st, &mut backoff).await;
+                }
+            }
+        }
+    }
+}
+
+/// Loads (or anchors) a cursor. Blocking.
+fn open_cursor(link: &ChildLink, part: &Partition, child_id: u64) -> std::io::Result<u64> {
+    let dir = CursorDir::new(part.dir());
+    let id = CursorId {
+        child_id,
+        epoch: link.epoch,
+    };
+    let hwm = part.log.high_watermark();
+    match dir.load(id)? {
+        // Never ahead of what the partition holds (duplicates, never gaps).
+        Loaded::At(n) => Ok(n.min(hwm)),
+        Loaded::Missing => {
+            let anchor = if part.index >= link.parent_partitions_at_attach {
+                // Added to the parent after the attach: copy it from its start.
+                part.log.oldest_offset()
+            } else {
+                hwm
+            };
+            dir.store(id, anchor)?;
+            Ok(anchor)
+        }
+        Loaded::Corrupt => {
+            let from = part.log.oldest_offset();
+            tracing::error!(parent = %link.parent, child = %link.child, partition = part.index, from,
+                "fan-out cursor file is damaged; copying again from the oldest retained record");
+            dir.store(id, from)?;
+            Ok(from)
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    dir: CursorDir,
+    f: impl FnOnce(&CursorDir) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    tokio::task::spawn_blocking(move || f(&dir))
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+}
+
+async fn blocking_read<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+) -> Result<T, StorageError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(StorageError::Io {
+            path: Default::default(),
+            source: std::io::Error::other(e.to_string()),
+        })
+    })
+}

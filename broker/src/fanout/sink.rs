@@ -1,0 +1,120 @@
+//! Where fan-out copies go: [`ChildCommitter`] commits a batch to one child partition and
+//! answers only once it is durable and visible (the same fsync-and-verify commit as a
+//! produce). [`RoutedCommitter`] commits locally when this node owns the child partition and
+//! hands everything else to a remote committer.
+//!
+//! Cluster hook: the cluster work provides the remote [`ChildCommitter`] (node RPC
+//! `CommitProduceBatch` to the child partition's owner, which runs [`commit_local`]) and
+//! passes it to [`RoutedCommitter::new`]. Until then a child partition owned elsewhere
+//! stalls its cursor (`Retry`), which SPEC §5.1 asks for anyway while an owner is dead:
+//! fan-out never reroutes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use narad_meta::Topic;
+use narad_storage::NewRecord;
+
+use crate::partition::Registry;
+use crate::wal::dispatcher::commit_records;
+
+pub type CommitFuture<'a> = Pin<Box<dyn Future<Output = Result<(), CommitError>> + Send + 'a>>;
+
+/// A failed child commit. Nothing of the batch is visible; the cursor retries it (with
+/// backoff) and does not advance.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CommitError(pub String);
+
+/// Commits fan-out copies to a child partition.
+pub trait ChildCommitter: Send + Sync + 'static {
+    /// Commits `records` to partition `partition` of `child` (keys and payloads exact);
+    /// `Ok` only once they are fsynced, verified and below the high watermark.
+    fn commit(
+        &self,
+        child: Arc<Topic>,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> CommitFuture<'_>;
+}
+
+/// Commits a batch to a child partition this node owns (blocking work off the runtime),
+/// then wakes the child's waiting consumers.
+pub async fn commit_local(
+    registry: &Registry,
+    child: &Topic,
+    partition: u32,
+    records: Vec<NewRecord>,
+) -> Result<(), CommitError> {
+    let rt = registry
+        .topic(child.id)
+        .ok_or_else(|| CommitError(format!("child topic {} is not open here", child.name)))?;
+    let part = rt.partition(partition).ok_or_else(|| {
+        CommitError(format!(
+            "partition {partition} of child topic {} is not open here",
+            child.name
+        ))
+    })?;
+    let n = records.len();
+    tokio::task::spawn_blocking(move || commit_records(&part, &records))
+        .await
+        .map_err(|e| CommitError(format!("commit task failed: {e}")))?
+        .map_err(CommitError)?;
+    rt.wake_consumers(n);
+    Ok(())
+}
+
+/// Local when this node owns the child partition, else the remote committer (if any).
+pub struct RoutedCommitter {
+    node_id: String,
+    registry: Arc<Registry>,
+    remote: Option<Arc<dyn ChildCommitter>>,
+}
+
+impl RoutedCommitter {
+    pub fn new(
+        node_id: String,
+        registry: Arc<Registry>,
+        remote: Option<Arc<dyn ChildCommitter>>,
+    ) -> Self {
+        RoutedCommitter {
+            node_id,
+            registry,
+            remote,
+        }
+    }
+}
+
+impl ChildCommitter for RoutedCommitter {
+    fn commit(
+        &self,
+        child: Arc<Topic>,
+        partition: u32,
+        records: Vec<NewRecord>,
+    ) -> CommitFuture<'_> {
+        Box::pin(async move {
+            let owner = child
+                .assignments
+                .get(partition as usize)
+                .and_then(|a| a.owner.clone());
+            match owner {
+                Some(o) if o == self.node_id => {
+                    commit_local(&self.registry, &child, partition, records).await
+                }
+                Some(o) => match &self.remote {
+                    Some(r) => r.commit(child, partition, records).await,
+                    None => Err(CommitError(format!(
+                        "partition {partition} of child topic {} is owned by {o}; no remote \
+                         commit path on this node",
+                        child.name
+                    ))),
+                },
+                None => Err(CommitError(format!(
+                    "partition {partition} of child topic {} is not assigned yet",
+                    child.name
+                ))),
+            }
+        })
+    }
+}
