@@ -664,6 +664,9 @@ fn spawn_background(node: Arc<Node>) {
     tokio::spawn(async move {
         let mut rx = n.meta.subscribe();
         while rx.changed().await.is_ok() {
+            // Cursors of removed links stop before a deleted topic's data goes; new ones
+            // start once their partitions are open.
+            n.fanout.sync().await;
             if let Err(e) = n.apply_topics() {
                 tracing::error!(error = %e.message, "applying metadata to local partitions failed");
             }
@@ -683,6 +686,7 @@ fn run_retention(node: &Node) {
         for p in rt.partitions() {
             match p.run_retention(t.config.retention_ms, now) {
                 Ok(out) if out.segments_deleted > 0 => {
+                    node.fanout.poke(t.id, p.index);
                     let l = PartitionLabels {
                         topic: t.name.clone(),
                         partition: p.index.to_string(),

@@ -100,6 +100,8 @@ pub struct CursorState {
     detached: AtomicBool,
     cancel: CancellationToken,
     done: watch::Receiver<bool>,
+    /// Wakes a sleeping cursor early (retention removed parent records).
+    wake: tokio::sync::Notify,
 }
 
 impl CursorState {
@@ -224,6 +226,16 @@ impl Fanout {
             out.insert(link.child.clone(), (lag, complete));
         }
         out
+    }
+
+    /// Wakes the cursors of a parent partition whose oldest records retention just removed,
+    /// so that a sleeping (delay) cursor counts what it lost at once.
+    pub fn poke(&self, parent_id: u64, partition: u32) {
+        for (k, st) in self.cursors.lock().iter() {
+            if k.parent_id == parent_id && k.partition == partition {
+                st.wake.notify_one();
+            }
+        }
     }
 
     /// Refreshes `fanout_lag_messages` and `fanout_due_lag_seconds` (on scrape).
@@ -369,6 +381,7 @@ impl Fanout {
             detached: AtomicBool::new(false),
             cancel: self.shutdown.child_token(),
             done: done_rx,
+            wake: tokio::sync::Notify::new(),
         });
         tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, epoch = st.epoch,
             next, delay_ms = st.delay_ms, "fan-out cursor started");
@@ -450,6 +463,7 @@ impl Fanout {
                     let nap = route::sleep_until_due(due, now, self.cfg.max_idle_sleep);
                     tokio::select! {
                         _ = tokio::time::sleep(nap) => {}
+                        _ = st.wake.notified() => {}
                         _ = st.cancel.cancelled() => {}
                     }
                     continue;
@@ -565,6 +579,7 @@ impl Fanout {
         }
         tokio::select! {
             _ = notified => {}
+            _ = st.wake.notified() => {}
             _ = tokio::time::sleep(self.cfg.max_idle_sleep) => {}
             _ = st.cancel.cancelled() => {}
         }
