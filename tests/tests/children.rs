@@ -837,3 +837,72 @@ async fn partitions_added_to_the_parent_after_the_attach_are_copied_from_their_s
     let list = children(&http, "grow").await;
     assert_eq!(list["children"][0]["lag_complete"], json!(true), "{list}");
 }
+
+#[tokio::test]
+async fn with_security_attach_needs_ownership_of_parent_and_child() {
+    const ROOT_PW: &str = "root-pw";
+    let server = Server::start(ServerOpts::secured(ROOT_PW)).await;
+    let anon = Http::new(server.url());
+    let root = anon.as_user("admin", ROOT_PW);
+    for (name, grants) in [
+        (
+            "team",
+            json!([{"action": "create", "patterns": ["team-*"]}]),
+        ),
+        (
+            "other",
+            json!([{"action": "create", "patterns": ["other-*"]}]),
+        ),
+    ] {
+        root.post_json(
+            "/v1/users",
+            &json!({"username": name, "password": "pw", "grants": grants}),
+        )
+        .await
+        .expect(201);
+    }
+    let team = anon.as_user("team", "pw");
+    let other = anon.as_user("other", "pw");
+    team.create_topic_named("team-src").await;
+    team.create_topic_named("team-dst").await;
+    other.create_topic_named("other-dst").await;
+
+    // Owner of the parent but not of the child, and the reverse: 403. Missing: 404 first.
+    attach(&team, "team-src", &json!({"child": "other-dst"}))
+        .await
+        .expect_error(403);
+    attach(&other, "team-src", &json!({"child": "other-dst"}))
+        .await
+        .expect_error(403);
+    attach(&team, "team-src", &json!({"child": "team-nope"}))
+        .await
+        .expect_error(404);
+    // Invisible: 403 whether or not it exists.
+    other.get(children_path("team-src")).await.expect_error(403);
+    // Both owned: fine; the owner may list and detach.
+    attach(&team, "team-src", &json!({"child": "team-dst"}))
+        .await
+        .expect(200);
+    let list = team.get(children_path("team-src")).await.expect_json(200);
+    assert_eq!(list["children"][0]["name"], json!("team-dst"), "{list}");
+    detach(&other, "team-src", "team-dst")
+        .await
+        .expect_error(403);
+    detach(&team, "team-src", "team-dst").await.expect(204);
+    // Create with parent: `create` on the name plus ownership of the parent.
+    other
+        .post_json(
+            "/v1/topics",
+            &json!({"name": "other-r", "parent": "team-src"}),
+        )
+        .await
+        .expect_error(403);
+    let rec = team
+        .create_topic(&json!({"name": "team-r", "parent": "team-src"}))
+        .await;
+    assert_eq!(rec["owner"], json!("team"), "{rec}");
+    // The admin may attach anything.
+    attach(&root, "team-src", &json!({"child": "other-dst"}))
+        .await
+        .expect(200);
+}
