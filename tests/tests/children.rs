@@ -767,7 +767,7 @@ async fn retention_aging_out_a_lagging_cursor_is_counted() {
 
     server.set_env(
         "NARAD_TEST_CLOCK_OFFSET_MS",
-        &(2 * HOUR_MS + 60_000).to_string(),
+        (2 * HOUR_MS + 60_000).to_string(),
     );
     server.restart().await;
     // Everything the cursor had not copied and retention removed is counted, exactly
