@@ -146,6 +146,13 @@ pub enum MetaCommand {
         password_hash: String,
         now_ms: u64,
     },
+    /// The controller's verdict that a member went silent (SPEC §6.2): marks it dead, but only
+    /// if its last heartbeat is still `last_seen_ms` (a heartbeat that won the race keeps it
+    /// alive). Its next heartbeat (`RegisterMember`) makes it alive again.
+    MarkMemberDead {
+        id: NodeId,
+        last_seen_ms: u64,
+    },
 }
 
 /// The name of the root user seeded on first start (SPEC §4.4).
