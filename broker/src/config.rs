@@ -636,11 +636,6 @@ impl Config {
                 "NARAD_CLUSTER_SECRET is required with security on and peers",
             ));
         }
-        if n > 0 {
-            return Err(bad(
-                "clustering (--peers) is not available in this build yet; run standalone",
-            ));
-        }
         let t = &self.topic;
         if t.max_partitions < 3 || t.max_partitions > 108 {
             return Err(bad("topic.max_partitions must be between 3 and 108"));

@@ -51,6 +51,11 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
+    /// The same error with another status.
+    pub fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
     pub fn method_not_allowed() -> Self {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
     }

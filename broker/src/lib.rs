@@ -18,6 +18,7 @@
 //! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
 
 pub mod api;
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fanout;

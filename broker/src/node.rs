@@ -15,6 +15,9 @@ use narad_storage::LogConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::handler::NodeRpc;
+use crate::cluster::router::NodeRouter;
+use crate::cluster::{membership, Cluster, Timing};
 use crate::config::Config;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::{
@@ -50,7 +53,11 @@ pub struct Node {
     pub auth: Authenticator,
     /// Child topics: the cursors copying parent records into children (SPEC §5).
     pub fanout: Arc<crate::fanout::Fanout>,
+    /// Peers, placement, forwarding (a standalone node has one too).
+    pub cluster: Arc<Cluster>,
     ready: AtomicBool,
+    /// `/readyz` answered ready once.
+    was_ready: AtomicBool,
     shutdown: CancellationToken,
     data_dir: PathBuf,
     _lock: DirLock,
@@ -123,7 +130,7 @@ impl Node {
     pub fn apply_topics(&self) -> ApiResult<()> {
         let view = self.meta.view();
         self.registry
-            .reconcile(&view.topics, &self.node_id)
+            .reconcile(&view, &self.node_id)
             .map_err(|e| ApiError::internal(format!("opening partitions failed: {e}")))
     }
 
@@ -167,9 +174,118 @@ impl Node {
         }
     }
 
-    /// `/readyz` (SPEC §3.10): recovery done and, with security on, the root admin seeded.
+    /// Stats of `partitions` of `topic`: local ones read here, the others asked of their
+    /// owners (one call per owner, concurrently). An owner that is dead or does not answer
+    /// yields `status: owner_unavailable` for its partitions (SPEC §3.2).
+    pub async fn topic_stats(&self, topic: &Topic, partitions: &[u32]) -> Vec<PartitionStats> {
+        let mut by_owner: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
+        let mut out: Vec<PartitionStats> = Vec::with_capacity(partitions.len());
+        for &p in partitions {
+            match crate::cluster::Cluster::owner(topic, p) {
+                Some(o) if o != self.node_id => by_owner.entry(o.to_string()).or_default().push(p),
+                _ => out.push(self.partition_stats(topic, p)),
+            }
+        }
+        let view = self.meta.view();
+        let calls = by_owner.into_iter().map(|(owner, ps)| {
+            let alive = crate::cluster::Cluster::is_alive(&view, &owner);
+            async move {
+                let unavailable = |liveness: &str| -> Vec<PartitionStats> {
+                    ps.iter()
+                        .map(|p| PartitionStats {
+                            index: *p,
+                            owner_node: owner.clone(),
+                            status: "owner_unavailable".into(),
+                            owner_liveness: Some(liveness.into()),
+                            ..Default::default()
+                        })
+                        .collect()
+                };
+                if !alive {
+                    return unavailable("dead");
+                }
+                let body = serde_json::to_vec(&crate::cluster::wire::StatsRequest {
+                    topic_id: topic.id,
+                    topic: topic.name.clone(),
+                    partitions: ps.clone(),
+                })
+                .expect("invariant: a stats request serialises");
+                match self
+                    .cluster
+                    .call(
+                        &owner,
+                        crate::rpc::Opcode::TopicPartitionStats,
+                        bytes::Bytes::from(body),
+                        crate::rpc::DEFAULT_TIMEOUT,
+                    )
+                    .await
+                {
+                    Ok(r) if r.is_success() => {
+                        match serde_json::from_slice::<Vec<PartitionStats>>(&r.body) {
+                            Ok(got) => {
+                                let missing = unavailable("alive");
+                                ps.iter()
+                                    .map(|p| {
+                                        got.iter()
+                                            .chain(missing.iter())
+                                            .find(|g| g.index == *p)
+                                            .cloned()
+                                            .expect("invariant: missing covers every partition")
+                                    })
+                                    .collect()
+                            }
+                            Err(_) => unavailable("unreachable"),
+                        }
+                    }
+                    _ => unavailable("unreachable"),
+                }
+            }
+        });
+        for part in futures::future::join_all(calls).await {
+            out.extend(part);
+        }
+        out.sort_by_key(|s| s.index);
+        out.dedup_by_key(|s| s.index);
+        out
+    }
+
+    /// `/readyz` (SPEC §3.10): recovery done, admitted to the cluster with a leader known and
+    /// this node registered, and, with security on, the root admin seeded.
+    /// Once ready, a node stays ready while it runs: losing the metadata quorum later must
+    /// not take it out of service, since produce and consume go on without one (SPEC §1.1).
     pub fn is_ready(&self) -> bool {
-        self.startup_done() && (!self.security_on() || seeding_settled(&self.meta.view()))
+        if self.was_ready.load(Ordering::Acquire) {
+            return true;
+        }
+        let ready = self.startup_done()
+            && self.cluster.admitted()
+            && self.cluster.registered()
+            && self.meta.current_leader().is_some()
+            && (!self.security_on() || seeding_settled(&self.meta.view()));
+        if ready {
+            self.was_ready.store(true, Ordering::Release);
+        }
+        ready
+    }
+
+    /// Why `/readyz` is not ready (for its error body).
+    pub fn not_ready_reason(&self) -> &'static str {
+        if !self.startup_done() {
+            "starting up"
+        } else if !self.cluster.admitted() {
+            "not admitted to the cluster yet"
+        } else if self.meta.current_leader().is_none() {
+            "no metadata leader"
+        } else if !self.cluster.registered() {
+            "member not registered yet"
+        } else {
+            "root admin not seeded yet"
+        }
+    }
+
+    /// Proposes a metadata change (through the Raft leader) and returns what it applied.
+    pub async fn propose(&self, cmd: MetaCommand) -> ApiResult<MetaResponse> {
+        self.cluster.propose(cmd).await
     }
 
     /// Recovery and startup reconciliation are done (readiness but for root seeding).
@@ -243,7 +359,7 @@ impl Node {
                 .map(|t| t.config.partitions as i64)
                 .sum(),
         );
-        m.raft_is_leader.set(1);
+        m.raft_is_leader.set(i64::from(self.meta.is_leader()));
         let alive = view.members.values().filter(|x| !x.dead).count() as i64;
         m.cluster_members
             .get_or_create(&StatusLabels { status: "alive" })
@@ -361,7 +477,8 @@ impl Running {
     }
 }
 
-/// Starts a node: opens storage, recovers, and serves HTTP on `config.http.addr`.
+/// Starts a node: opens storage, recovers, joins its cluster (in the background), and serves
+/// HTTP on `config.http.addr`.
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let boot = Instant::now();
     let data_dir = config.storage.data_dir.clone();
@@ -369,30 +486,92 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .with_context(|| format!("create data dir {}", data_dir.display()))?;
     let lock = DirLock::acquire(&data_dir)?;
     let node_id = config.cluster.node_id.clone();
+    let clustered = !config.cluster.peers.is_empty();
 
-    let meta = Meta::open_standalone(
-        &data_dir.join("metastore"),
-        MetaOptions {
-            node_id: node_id.clone(),
-            cluster_addr: config.cluster.advertise_addr.clone().unwrap_or_default(),
-        },
+    // The cluster port first: Raft needs it from the moment the metadata node starts.
+    // Standalone without an explicit address it is an OS-assigned loopback port, so
+    // standalone servers run side by side (SPEC §7.1).
+    let cluster_listen = config.cluster.addr.clone().unwrap_or_else(|| {
+        if clustered {
+            ":7943".into()
+        } else {
+            "127.0.0.1:0".into()
+        }
+    });
+    let secret = match &config.security.cluster_secret {
+        Some(s) => crate::rpc::ClusterSecret::new(s.clone().into_bytes()),
+        None => crate::rpc::ClusterSecret::none(),
+    };
+    let rpc_handler = NodeRpc::new();
+    let rpc = crate::rpc::RpcServer::bind(
+        &listen_addr(&cluster_listen),
+        node_id.clone(),
+        secret.clone(),
+        rpc_handler.clone(),
     )
     .await
+    .with_context(|| format!("listen on cluster address {cluster_listen}"))?;
+    let cluster_addr = rpc.local_addr();
+    let advertise_addr = config
+        .cluster
+        .advertise_addr
+        .clone()
+        .or_else(|| {
+            config
+                .cluster
+                .peers
+                .iter()
+                .find(|(id, _)| *id == node_id)
+                .map(|(_, a)| a.clone())
+        })
+        .unwrap_or_else(|| routable(cluster_addr, &node_id));
+
+    let meta_opts = MetaOptions {
+        node_id: node_id.clone(),
+        cluster_addr: advertise_addr.clone(),
+    };
+    let meta = if clustered {
+        Meta::open(
+            &data_dir.join("metastore"),
+            meta_opts,
+            Arc::new(crate::rpc::RpcRaftTransport::new(
+                node_id.clone(),
+                secret.clone(),
+            )),
+        )
+        .await
+    } else {
+        Meta::open_standalone(&data_dir.join("metastore"), meta_opts).await
+    }
     .context("open metadata")?;
+    rpc.set_raft_handler(crate::rpc::MetaRaftHandler::new(meta.clone()));
 
     let listener = TcpListener::bind(listen_addr(&config.http.addr))
         .await
         .with_context(|| format!("listen on {}", config.http.addr))?;
     let addr = listener.local_addr()?;
-    meta.write(MetaCommand::RegisterMember {
-        id: node_id.clone(),
-        api_addr: addr.to_string(),
-        cluster_addr: config.cluster.advertise_addr.clone().unwrap_or_default(),
-        version: VERSION.to_string(),
-        now_ms: now_ms(),
-    })
-    .await
-    .context("register this node")?;
+
+    let cluster = Arc::new(Cluster::new(
+        node_id.clone(),
+        meta.clone(),
+        crate::rpc::Peers::new(node_id.clone(), secret),
+        config.cluster.peers.clone(),
+        config.cluster.initial_members.clone(),
+        advertise_addr,
+        Timing::from_env(),
+    ));
+    if !clustered {
+        meta.write(MetaCommand::RegisterMember {
+            id: node_id.clone(),
+            api_addr: addr.to_string(),
+            cluster_addr: String::new(),
+            version: VERSION.to_string(),
+            now_ms: now_ms(),
+        })
+        .await
+        .context("register this node")?;
+        cluster.set_registered();
+    }
 
     let metrics = Arc::new(Metrics::new());
     metrics
@@ -410,7 +589,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics.clone(),
     )?);
     registry
-        .reconcile(&meta.view().topics, &node_id)
+        .reconcile(&meta.view(), &node_id)
         .context("open partitions")?;
 
     let opened = Wal::open(
@@ -446,13 +625,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         schemas: SchemaCache::default(),
         auth: Authenticator::default(),
         fanout,
+        cluster: cluster.clone(),
         ready: AtomicBool::new(false),
+        was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
         data_dir: data_dir.clone(),
         _lock: lock,
     });
+    rpc_handler.set_node(node.clone());
 
-    let exists_meta = meta.clone();
     let linger = Duration::from_micros(
         std::env::var("NARAD_DISPATCH_LINGER_US")
             .ok()
@@ -461,8 +642,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     );
     let dispatcher = Dispatcher::new(
         opened.wal.clone(),
-        registry.clone(),
-        Arc::new(move |id| exists_meta.view().topics.values().any(|t| t.id == id)),
+        Arc::new(NodeRouter {
+            cluster: cluster.clone(),
+            registry: registry.clone(),
+        }),
+        metrics.clone(),
         linger,
         std::env::var("NARAD_DISPATCH_PARALLEL")
             .ok()
@@ -472,34 +656,21 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
 
     spawn_background(node.clone());
+    if clustered {
+        let token = node.shutdown.clone();
+        tokio::spawn(membership::establish(cluster.clone(), token.clone()));
+        tokio::spawn(membership::heartbeat(
+            cluster.clone(),
+            addr.to_string(),
+            VERSION.to_string(),
+            token.clone(),
+        ));
+        tokio::spawn(membership::controller(cluster.clone(), token));
+    }
     node.fanout.sync().await;
     if node.security_on() {
         tokio::spawn(seed_root(node.clone()));
     }
-
-    // The cluster port. Standalone without an explicit address it is an OS-assigned
-    // loopback port, so standalone servers run side by side (SPEC §7.1). No node RPC is
-    // served by a standalone node: every opcode answers "unsupported".
-    let cluster_listen = config
-        .cluster
-        .addr
-        .clone()
-        .unwrap_or_else(|| "127.0.0.1:0".into());
-    let secret = match &config.security.cluster_secret {
-        Some(s) => crate::rpc::ClusterSecret::new(s.clone().into_bytes()),
-        None => crate::rpc::ClusterSecret::none(),
-    };
-    let rpc = crate::rpc::RpcServer::bind(
-        &cluster_listen,
-        node.node_id.clone(),
-        secret,
-        crate::rpc::handler_fn(
-            |_from, op, _body| async move { crate::rpc::RpcReply::unsupported(op) },
-        ),
-    )
-    .await
-    .with_context(|| format!("listen on cluster address {cluster_listen}"))?;
-    let cluster_addr = rpc.local_addr();
 
     let app = crate::api::router(node.clone());
     let shutdown = node.shutdown.clone();
@@ -510,7 +681,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
     node.ready.store(true, Ordering::Release);
     metrics.boot_duration.set(boot.elapsed().as_secs_f64());
-    tracing::info!(addr = %addr, node_id = %node.node_id, data_dir = %data_dir.display(), boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
+    tracing::info!(addr = %addr, cluster_addr = %cluster_addr, node_id = %node.node_id, data_dir = %data_dir.display(), clustered, boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
     Ok(Running {
         node,
         addr,
@@ -519,6 +690,16 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         server,
         dispatcher,
     })
+}
+
+/// An address peers can reach a listener at: its own, unless it listens on every interface
+/// (then this node's id, which is its resolvable host name in a StatefulSet).
+fn routable(bound: SocketAddr, node_id: &str) -> String {
+    if bound.ip().is_unspecified() {
+        format!("{node_id}:{}", bound.port())
+    } else {
+        bound.to_string()
+    }
 }
 
 /// Whether root seeding is over: the root admin exists, or users exist without one (created
@@ -659,11 +840,15 @@ fn spawn_background(node: Arc<Node>) {
             }
         });
     }
-    // Metadata changes reach the local partitions even without a local request.
+    // Metadata changes reach the local partitions and the peer registry even without a
+    // local request.
     let n = node;
     tokio::spawn(async move {
         let mut rx = n.meta.subscribe();
         while rx.changed().await.is_ok() {
+            if n.cluster.clustered {
+                n.cluster.sync_peers(&n.meta.view());
+            }
             // Cursors of removed links stop before a deleted topic's data goes; new ones
             // start once their partitions are open.
             n.fanout.sync().await;

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use narad_meta::Topic;
-use narad_storage::{LogConfig, PartitionLog, StorageError, StoredRecord};
+use narad_meta::{MetaState, Topic};
+use narad_storage::{LogConfig, NewRecord, PartitionLog, StorageError, StoredRecord};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
@@ -75,7 +75,8 @@ pub struct Partition {
     /// The log's files are closed and nothing used it since.
     evicted: AtomicBool,
     pub metrics: PartitionMetrics,
-    /// Serialises append + commit: the dispatcher and the fan-out engine both write here.
+    /// Serialises append + commit (a failed commit rolls back everything appended since the
+    /// last one): the dispatcher, fan-out cursors and peers' commits over node RPC all write.
     write_lock: Mutex<()>,
     /// Woken (all waiters) after every commit that moved the high watermark: fan-out
     /// cursors wait on it.
@@ -114,6 +115,30 @@ impl Partition {
             write_lock: Mutex::new(()),
             committed: Notify::new(),
         })
+    }
+
+    /// Appends and commits one batch (blocking: fsync, re-read and verify, then the high
+    /// watermark moves). The one write path into a partition log, for the local dispatcher
+    /// and for batches peers commit over node RPC alike.
+    pub fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), StorageError> {
+        self.touch();
+        let _one_at_a_time = self.write_lock.lock();
+        let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
+        let started = Instant::now();
+        self.log.append(batch, now_ms())?;
+        let appended = Instant::now();
+        self.metrics
+            .flush_seconds
+            .observe(appended.duration_since(started).as_secs_f64());
+        self.metrics.flush_bytes.inc_by(bytes);
+        self.log.commit()?;
+        self.metrics
+            .fsync_seconds
+            .observe(appended.elapsed().as_secs_f64());
+        self.metrics.produced.inc_by(batch.len() as u64);
+        self.metrics.produced_bytes.inc_by(bytes);
+        self.committed.notify_waiters();
+        Ok(())
     }
 
     /// Leases the next deliverable record, skipping records that retention removed or that
@@ -191,12 +216,6 @@ impl Partition {
 
     pub fn nack(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
         self.queue.lock().nack(offset, nonce, Instant::now())
-    }
-
-    /// Held across one append + commit, so two writers never interleave (a failed commit
-    /// rolls back everything appended since the last commit).
-    pub fn write_guard(&self) -> parking_lot::MutexGuard<'_, ()> {
-        self.write_lock.lock()
     }
 
     /// The directory of this partition (its log, frontier and fan-out cursors live in it).
@@ -323,7 +342,8 @@ fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
 pub struct TopicRuntime {
     pub id: u64,
     pub name: String,
-    partitions: RwLock<Vec<Arc<Partition>>>,
+    /// Indexed by partition; `None` where another node owns the partition.
+    partitions: RwLock<Vec<Option<Arc<Partition>>>>,
     /// Woken by commits, nacks and expiries.
     pub notify: Notify,
     produce_rr: AtomicU32,
@@ -331,11 +351,16 @@ pub struct TopicRuntime {
 }
 
 impl TopicRuntime {
+    /// The partitions open on this node.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
-        self.partitions.read().clone()
+        self.partitions.read().iter().flatten().cloned().collect()
     }
     pub fn partition(&self, index: u32) -> Option<Arc<Partition>> {
-        self.partitions.read().get(index as usize).cloned()
+        self.partitions
+            .read()
+            .get(index as usize)
+            .cloned()
+            .flatten()
     }
     /// Next partition in turn for an unkeyed, unpinned produce.
     pub fn next_produce_partition(&self, count: u32) -> u32 {
@@ -359,6 +384,7 @@ impl TopicRuntime {
         self.partitions
             .read()
             .iter()
+            .flatten()
             .filter_map(|p| p.next_deadline())
             .min()
     }
@@ -411,18 +437,27 @@ impl Registry {
         self.root.join(id.to_string())
     }
 
-    /// Brings the local runtimes in line with the metadata: opens new topics and partitions,
-    /// and removes the data of deleted topics. In standalone mode the local replica is the
-    /// whole, applied truth, so deleting on it is safe.
-    pub fn reconcile(
-        &self,
-        topics: &std::collections::BTreeMap<String, Arc<Topic>>,
-        node_id: &str,
-    ) -> Result<(), StorageError> {
+    /// Brings the local runtimes in line with the metadata: opens the partitions assigned to
+    /// `node_id` that are not open yet, and removes the data of topics whose deletion the
+    /// local replica has applied. A replica that is merely behind (a restarted node with an
+    /// old snapshot) never destroys data it does not know about (SPEC §6.1).
+    pub fn reconcile(&self, view: &MetaState, node_id: &str) -> Result<(), StorageError> {
+        let topics = &view.topics;
+        // Ids are never reused and only committed commands are applied, so an id below
+        // `next_topic_id` that the view lacks was deleted; an id at or above it belongs to a
+        // topic this replica has not caught up with yet and must be kept.
+        let deleted = |id: u64| id < view.next_topic_id;
         let _g = self.reconcile_lock.lock();
         let mut live = std::collections::HashSet::new();
         for t in topics.values() {
             live.insert(t.id);
+            let mine: Vec<u32> = t
+                .assignments
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| a.owner.as_deref() == Some(node_id))
+                .map(|(p, _)| p as u32)
+                .collect();
             let rt = self.topic(t.id).unwrap_or_else(|| {
                 let rt = Arc::new(TopicRuntime {
                     id: t.id,
@@ -435,20 +470,22 @@ impl Registry {
                 self.topics.write().insert(t.id, rt.clone());
                 rt
             });
-            let have = rt.partitions.read().len();
-            for (p, a) in t.assignments.iter().enumerate().skip(have) {
-                if a.owner.as_deref() != Some(node_id) {
-                    // Not ours (cluster placement comes with the cluster work).
-                    break;
+            for p in mine {
+                if rt.partition(p).is_some() {
+                    continue;
                 }
                 let dir = self.topic_dir(t.id).join(p.to_string());
                 fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
                     path: dir.clone(),
                     source,
                 })?;
-                let metrics = self.metrics.partition(&t.name, p as u32);
-                let part = Partition::open(dir, t.id, p as u32, self.log_cfg.clone(), metrics)?;
-                rt.partitions.write().push(Arc::new(part));
+                let metrics = self.metrics.partition(&t.name, p);
+                let part = Partition::open(dir, t.id, p, self.log_cfg.clone(), metrics)?;
+                let mut parts = rt.partitions.write();
+                if parts.len() <= p as usize {
+                    parts.resize(p as usize + 1, None);
+                }
+                parts[p as usize] = Some(Arc::new(part));
             }
         }
         let doomed: Vec<Arc<TopicRuntime>> = {
@@ -456,7 +493,7 @@ impl Registry {
             let ids: Vec<u64> = map
                 .keys()
                 .copied()
-                .filter(|id| !live.contains(id))
+                .filter(|id| !live.contains(id) && deleted(*id))
                 .collect();
             ids.into_iter().filter_map(|id| map.remove(&id)).collect()
         };
@@ -476,7 +513,7 @@ impl Registry {
         if let Ok(rd) = fs::read_dir(&self.root) {
             for e in rd.flatten() {
                 if let Some(id) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) {
-                    if !live.contains(&id) {
+                    if !live.contains(&id) && deleted(id) {
                         let _ = fs::remove_dir_all(e.path());
                         tracing::info!(
                             topic_id = id,

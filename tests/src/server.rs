@@ -83,6 +83,11 @@ pub struct ServerOpts {
     /// Also wait for `/readyz` (not just `/healthz`). Default true.
     pub wait_ready: bool,
     pub start_timeout: Duration,
+    /// The address the API listens on and the tests reach it at; default `127.0.0.1`.
+    pub host: String,
+    /// Run inside this network namespace (`ip netns exec <ns> narad …`; the PID is narad's,
+    /// since `ip` execs it), for tests that cut a node off the network.
+    pub netns: Option<String>,
 }
 
 impl Default for ServerOpts {
@@ -95,6 +100,8 @@ impl Default for ServerOpts {
             env: Vec::new(),
             wait_ready: true,
             start_timeout: START_TIMEOUT,
+            host: "127.0.0.1".into(),
+            netns: None,
         }
     }
 }
@@ -203,7 +210,7 @@ impl Server {
 
     /// Base URL, e.g. `http://127.0.0.1:41234`.
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.opts.host, self.port)
     }
 
     pub fn port(&self) -> u16 {
@@ -358,17 +365,24 @@ impl Server {
         let log_start = log.seek(SeekFrom::End(0)).unwrap_or(0);
         let _ = writeln!(
             log,
-            "=== narad-tests: start #{} on 127.0.0.1:{} ===",
-            self.starts, self.port
+            "=== narad-tests: start #{} on {}:{} ===",
+            self.starts, self.opts.host, self.port
         );
 
-        let mut cmd = Command::new(narad_bin());
+        let mut cmd = match &self.opts.netns {
+            None => Command::new(narad_bin()),
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.arg("netns").arg("exec").arg(ns).arg(narad_bin());
+                c
+            }
+        };
         cmd.arg("server").arg("start");
         if self.opts.dev {
             cmd.arg("--dev");
         }
         cmd.arg("--addr")
-            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(format!("{}:{}", self.opts.host, self.port))
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.opts.args);

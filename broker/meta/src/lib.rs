@@ -233,6 +233,12 @@ impl Meta {
 
     /// Proposes a command through Raft and waits until it is committed and applied locally.
     pub async fn write(&self, cmd: MetaCommand) -> Result<MetaResponse, MetaError> {
+        self.write_indexed(cmd).await.map(|(r, _)| r)
+    }
+
+    /// Like [`Meta::write`], also returning the log index the command was applied at (a
+    /// follower that forwarded the write waits until it has applied that index itself).
+    pub async fn write_indexed(&self, cmd: MetaCommand) -> Result<(MetaResponse, u64), MetaError> {
         // Errors before the entry is appended: nothing happened.
         let rx = self
             .inner
@@ -249,7 +255,10 @@ impl Meta {
             Ok(Err(_)) => Err(MetaError::Uncertain(
                 "the metadata node stopped or lost leadership".into(),
             )),
-            Ok(Ok(Ok(resp))) => resp.data.map_err(MetaError::Apply),
+            Ok(Ok(Ok(resp))) => {
+                let index = resp.log_id.index;
+                resp.data.map(|d| (d, index)).map_err(MetaError::Apply)
+            }
             // Not the leader, or the entry was overwritten by a new leader: never applied.
             Ok(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(MetaError::Unavailable(match f.leader_node {
@@ -261,6 +270,95 @@ impl Meta {
                 Err(MetaError::Unavailable(e.to_string()))
             }
         }
+    }
+
+    /// Whether this node's Raft state holds a membership (it bootstrapped or joined).
+    pub async fn is_initialized(&self) -> bool {
+        self.inner.raft.is_initialized().await.unwrap_or(false)
+    }
+
+    /// The voters of the current membership: (string id, cluster address), sorted by id.
+    pub fn voters(&self) -> Vec<(NodeId, String)> {
+        let metrics = self.metrics();
+        let cfg = &metrics.membership_config;
+        let mut out: Vec<(NodeId, String)> = cfg
+            .voter_ids()
+            .filter_map(|id| {
+                cfg.nodes()
+                    .find(|(n, _)| **n == id)
+                    .map(|(_, n)| (n.name.clone(), n.addr.clone()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Every node of the membership, voters and learners: (string id, cluster address).
+    pub fn membership_nodes(&self) -> Vec<(NodeId, String)> {
+        self.metrics()
+            .membership_config
+            .nodes()
+            .map(|(_, n)| (n.name.clone(), n.addr.clone()))
+            .collect()
+    }
+
+    /// Leader only: makes `name` (at cluster address `addr`) a voter. Idempotent: a node that
+    /// already votes answers `Ok` at once. Catches the node up as a learner first, so a slow
+    /// joiner never costs the quorum.
+    pub async fn add_voter(&self, name: &str, addr: &str) -> Result<(), MetaError> {
+        let id = raft_node_id(name);
+        let metrics = self.metrics();
+        let cfg = &metrics.membership_config;
+        let is_voter = cfg.voter_ids().any(|v| v == id);
+        let known_name = cfg
+            .nodes()
+            .find(|(n, _)| **n == id)
+            .map(|(_, n)| n.name.clone());
+        if let Some(known) = known_name.as_deref() {
+            if known != name {
+                return Err(MetaError::Unavailable(format!(
+                    "node id {name} collides with member {known}"
+                )));
+            }
+        }
+        if is_voter {
+            return Ok(());
+        }
+        let node = MetaNode {
+            name: name.to_string(),
+            addr: addr.to_string(),
+        };
+        self.inner
+            .raft
+            .add_learner(id, node, true)
+            .await
+            .map_err(|e| MetaError::Unavailable(format!("add learner {name}: {e}")))?;
+        self.inner
+            .raft
+            .change_membership(
+                openraft::ChangeMembers::AddVoterIds([id].into_iter().collect()),
+                false,
+            )
+            .await
+            .map_err(|e| MetaError::Unavailable(format!("add voter {name}: {e}")))?;
+        tracing::info!(node = %name, addr = %addr, "admitted a voter");
+        Ok(())
+    }
+
+    /// Waits until the local replica has applied `index` (false on timeout).
+    pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
+        let mut rx = self.subscribe();
+        let wait = async {
+            loop {
+                if *rx.borrow_and_update() >= index {
+                    return true;
+                }
+                if rx.changed().await.is_err() {
+                    return false;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(false)
     }
 
     /// The latest applied state (lock-free snapshot).
@@ -336,12 +434,13 @@ impl Meta {
     /// waits until the state machine has applied every entry committed before the call. After
     /// `Ok`, `view()` is current (SPEC §6.1 "never destroy on a stale view"). Fails with
     /// `Unavailable` on a non-leader or without a quorum.
-    pub async fn barrier(&self) -> Result<(), MetaError> {
+    /// Returns the log index the view is current to.
+    pub async fn barrier(&self) -> Result<u64, MetaError> {
         match tokio::time::timeout(BARRIER_TIMEOUT, self.inner.raft.ensure_linearizable()).await {
             Err(_) => Err(MetaError::Unavailable(
                 "leadership not confirmed in time".into(),
             )),
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(read)) => Ok(read.map_or(0, |l| l.index).max(self.applied_index())),
             Ok(Err(RaftError::APIError(e))) => Err(MetaError::Unavailable(e.to_string())),
             Ok(Err(RaftError::Fatal(e))) => Err(MetaError::Unavailable(e.to_string())),
         }

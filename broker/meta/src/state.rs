@@ -105,6 +105,16 @@ impl MetaState {
                 self.assign_unassigned();
                 Ok(MetaResponse::Ok)
             }
+            MetaCommand::MarkMemberDead { id, last_seen_ms } => {
+                let m = self
+                    .members
+                    .get_mut(id)
+                    .ok_or_else(|| ApplyError::NotFound(format!("member {id} not found")))?;
+                if m.last_seen_ms == *last_seen_ms && !m.dead {
+                    m.dead = true;
+                }
+                Ok(MetaResponse::Ok)
+            }
             MetaCommand::CreateUser { .. }
             | MetaCommand::SetGrants { .. }
             | MetaCommand::SetPassword { .. }

@@ -175,6 +175,13 @@ pub enum MetaCommand {
         parent: String,
         delay_ms: u64,
     },
+    /// The controller's verdict that a member went silent (SPEC §6.2): marks it dead, but only
+    /// if its last heartbeat is still `last_seen_ms` (a heartbeat that won the race keeps it
+    /// alive). Its next heartbeat (`RegisterMember`) makes it alive again.
+    MarkMemberDead {
+        id: NodeId,
+        last_seen_ms: u64,
+    },
 }
 
 /// Most children (local and remote) per parent (SPEC §5.1, §11).

@@ -51,7 +51,7 @@ pub async fn attach(
         authz::attach(
             &caller,
             &parent,
-            find_topic(&node, &parent).as_deref(),
+            find_topic(&node, &parent).await.as_deref(),
             authz::ChildRef::Remote,
         )?;
         return Err(ApiError::bad_request(
@@ -61,15 +61,14 @@ pub async fn attach(
     authz::attach(
         &caller,
         &parent,
-        find_topic(&node, &parent).as_deref(),
+        find_topic(&node, &parent).await.as_deref(),
         authz::ChildRef::Local {
             name: &req.child,
-            topic: find_topic(&node, &req.child).as_deref(),
+            topic: find_topic(&node, &req.child).await.as_deref(),
         },
     )?;
     let topic = match node
-        .meta
-        .write(MetaCommand::AttachChild {
+        .propose(MetaCommand::AttachChild {
             parent: parent.clone(),
             child: req.child.clone(),
             delay_ms: delay,
@@ -101,7 +100,7 @@ pub async fn list(
     caller: Caller,
     Name(parent): Name,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &parent);
+    let topic = find_topic(&node, &parent).await;
     authz::view(&caller, &parent, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
     let view = node.meta.view();
@@ -147,13 +146,16 @@ pub async fn detach(
     caller: Caller,
     ParentChild(parent, child): ParentChild,
 ) -> ApiResult<Response> {
-    authz::manage(&caller, &parent, find_topic(&node, &parent).as_deref())?;
-    node.meta
-        .write(MetaCommand::DetachChild {
-            parent: parent.clone(),
-            child: child.clone(),
-        })
-        .await?;
+    authz::manage(
+        &caller,
+        &parent,
+        find_topic(&node, &parent).await.as_deref(),
+    )?;
+    node.propose(MetaCommand::DetachChild {
+        parent: parent.clone(),
+        child: child.clone(),
+    })
+    .await?;
     node.fanout.sync().await;
     audit::event("topic.detach", caller.actor(), &format!("{parent}/{child}"));
     Ok(StatusCode::NO_CONTENT.into_response())

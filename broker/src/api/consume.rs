@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use narad_api::render::{render_key, render_payload, write_json_str};
 use narad_api::{AckResult, BatchAckRequest, BatchAckResponse};
 use narad_meta::Topic;
@@ -14,16 +15,19 @@ use narad_storage::{StorageError, StoredRecord};
 use tokio::time::Instant;
 
 use super::{find_topic, json, json_response, parse_json, read_body, AppState, Name, Query};
+use crate::cluster::wire::{ConsumeRequest, SettleKind, SettleRequest};
+use crate::cluster::{error_reply, Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::{Leased, Partition, QueuePolicy, TopicRuntime};
 use crate::queue::SettleError;
+use crate::rpc::{Opcode, RpcReply};
 use crate::security::{authz, Caller};
 
 /// The topic of a consume, replay, ack, extend or nack: the `consume` grant (`403`, whether
 /// or not it exists), then existence (`404`).
-fn consume_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
-    let topic = find_topic(node, name);
+async fn consume_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
+    let topic = find_topic(node, name).await;
     authz::consume(caller, name, topic.as_deref())?;
     topic.ok_or_else(|| ApiError::topic_not_found(name))
 }
@@ -67,14 +71,16 @@ fn write_message(
     out.push(b'}');
 }
 
-/// Leases up to `max` messages from the topic's partitions (or only `only`).
+/// A leased message: its partition, the record, the lease nonce.
+type Got = (Arc<Partition>, StoredRecord, u64);
+
+/// Leases up to `max` messages from the topic's local partitions (or only `only`).
 fn try_lease(
-    node: &Node,
     topic: &Topic,
     rt: &TopicRuntime,
     only: Option<u32>,
     max: usize,
-    out: &mut Vec<(Arc<Partition>, StoredRecord, u64)>,
+    out: &mut Vec<Got>,
 ) -> ApiResult<()> {
     let policy = QueuePolicy::of(topic);
     let parts = rt.partitions();
@@ -109,96 +115,146 @@ fn try_lease(
             break;
         }
     }
-    let _ = node;
     Ok(())
 }
 
-pub async fn consume(
-    State(node): State<AppState>,
-    caller: Caller,
-    Name(name): Name,
-    RawQuery(q): RawQuery,
-) -> ApiResult<Response> {
-    let topic = consume_target(&node, &caller, &name)?;
-    let q = Query::parse(q.as_deref());
-    let partition = q.partition(topic.config.partitions)?;
-    let offset = q.text("offset")?;
-    let max = match q.text("max")? {
-        None => None,
-        Some(s) => match s.parse::<u64>() {
-            Ok(m) if (1..=MAX_BATCH).contains(&m) => Some(m as usize),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "max must be an integer from 1 to {MAX_BATCH}, got {s:?}"
-                )))
-            }
-        },
-    };
-    let wait = match q.text("wait")? {
-        None | Some("") => Duration::ZERO,
-        Some(s) => narad_api::duration::parse_go_duration_nonnegative(s)
-            .map_err(|e| ApiError::bad_request(format!("invalid wait {s:?}: {e}")))?,
-    }
-    .min(node.config.http.max_consume_wait);
-    if let Some(o) = offset {
-        let offset = o.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("offset must be a non-negative integer, got {o:?}"))
-        })?;
-        let Some(partition) = partition else {
-            return Err(ApiError::bad_request("offset needs partition"));
-        };
-        if max.is_some() {
-            return Err(ApiError::bad_request("max cannot be combined with offset"));
-        }
-        return replay(&node, &topic, partition, offset);
-    }
-    let rt = node.runtime(&topic)?;
-    let want = max.unwrap_or(1);
-    let started = Instant::now();
-    let deadline = started + wait;
+/// What a consume found.
+enum Found {
+    Local(Vec<Got>),
+    /// A remote owner's answer, passed on as it is.
+    Remote(RpcReply),
+    Nothing,
+}
+
+/// How often a waiting consume asks remote owners again (SPEC §6.3).
+const REPROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// The queue consume loop: local partitions first, then each of `remotes` once (a
+/// non-blocking, local-only scan on the owner), then waits until `deadline` for a local
+/// commit, nack or expiry, asking the remote owners again every 250 ms.
+#[allow(clippy::too_many_arguments)]
+async fn lease_spread(
+    node: &Node,
+    topic: &Topic,
+    rt: &TopicRuntime,
+    only: Option<u32>,
+    want: usize,
+    max: Option<u32>,
+    deadline: Instant,
+    remotes: &[String],
+) -> ApiResult<Found> {
     let mut got = Vec::new();
+    let mut next_probe = Instant::now();
     loop {
         let notified = rt.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        try_lease(&node, &topic, &rt, partition, want, &mut got)?;
+        try_lease(topic, rt, only, want, &mut got)?;
         if !got.is_empty() {
-            break;
+            return Ok(Found::Local(got));
+        }
+        if !remotes.is_empty() && Instant::now() >= next_probe {
+            if let Some(reply) = probe_remotes(node, topic, max, remotes).await {
+                return Ok(Found::Remote(reply));
+            }
+            next_probe = Instant::now() + REPROBE_EVERY;
         }
         let now = Instant::now();
         if now >= deadline || node.is_shutting_down() {
-            break;
+            return Ok(Found::Nothing);
         }
-        let wake = rt
+        let mut wake = rt
             .next_deadline()
             .map(|d| Instant::from_std(d) + Duration::from_millis(1))
             .unwrap_or(deadline)
             .min(deadline);
+        if !remotes.is_empty() {
+            wake = wake.min(next_probe);
+        }
         tokio::select! {
             _ = notified => {}
             _ = tokio::time::sleep_until(wake) => {}
             _ = node.shutdown_signal() => {}
         }
     }
-    let outcome = match (got.is_empty(), wait.is_zero()) {
-        (false, true) => "no_wait",
-        (false, false) => "hit",
-        (true, true) => "no_wait",
-        (true, false) => {
-            if node.is_shutting_down() {
-                "cancelled"
-            } else {
-                "timeout"
-            }
+}
+
+/// Asks each remote owner once for messages (`wait` 0); the first `200` wins.
+async fn probe_remotes(
+    node: &Node,
+    topic: &Topic,
+    max: Option<u32>,
+    remotes: &[String],
+) -> Option<RpcReply> {
+    for owner in remotes {
+        let req = ConsumeRequest {
+            topic_id: topic.id,
+            topic: topic.name.clone(),
+            partition: None,
+            offset: None,
+            max,
+            wait_ms: 0,
+        };
+        match forward_consume(node, owner, &req).await {
+            Ok(r) if r.status == 200 => return Some(r),
+            Ok(_) => {}
+            Err(e) => tracing::debug!(owner = %owner, error = %e.message, "consume probe failed"),
         }
-    };
-    node.observe_consume_wait(&topic.name, outcome, started.elapsed());
-    if got.is_empty() {
-        node.consume_empty(&topic.name);
-        return Ok(StatusCode::NO_CONTENT.into_response());
     }
+    None
+}
+
+async fn forward_consume(node: &Node, owner: &str, req: &ConsumeRequest) -> ApiResult<RpcReply> {
+    let body = serde_json::to_vec(req).expect("invariant: a consume request serialises");
+    node.cluster
+        .call(
+            owner,
+            Opcode::Consume,
+            Bytes::from(body),
+            Duration::from_millis(req.wait_ms) + crate::rpc::DEFAULT_TIMEOUT,
+        )
+        .await
+}
+
+/// The live owners of the topic's partitions other than this node, rotated per call so
+/// consumers spread over them.
+fn remote_owners(node: &Node, topic: &Topic) -> Vec<String> {
+    if !node.cluster.clustered {
+        return Vec::new();
+    }
+    let view = node.meta.view();
+    let mut owners: Vec<String> = topic
+        .assignments
+        .iter()
+        .filter_map(|a| a.owner.as_deref())
+        .filter(|o| *o != node.node_id && Cluster::is_alive(&view, o))
+        .map(str::to_string)
+        .collect();
+    owners.sort();
+    owners.dedup();
+    if owners.len() > 1 {
+        let k = (crate::partition::now_micros() as usize) % owners.len();
+        owners.rotate_left(k);
+    }
+    owners
+}
+
+/// The owner of partition `p` when it is another node (`503` if it is unassigned).
+fn remote_owner_of(node: &Node, topic: &Topic, p: u32) -> ApiResult<Option<String>> {
+    match Cluster::owner(topic, p) {
+        Some(o) if o == node.node_id => Ok(None),
+        Some(o) => Ok(Some(o.to_string())),
+        None => Err(ApiError::unavailable(
+            format!("partition {p} of {} has no owner yet", topic.name),
+            1,
+        )),
+    }
+}
+
+/// Renders leased messages: one object, or `{"messages":[…]}` when `max` was given.
+fn render(topic: &Topic, got: &[Got], batch: bool) -> Vec<u8> {
     let mut out = Vec::with_capacity(256 * got.len());
-    if max.is_some() {
+    if batch {
         out.extend_from_slice(b"{\"messages\":[");
         for (i, (part, rec, nonce)) in got.iter().enumerate() {
             if i > 0 {
@@ -223,10 +279,185 @@ pub async fn consume(
             Some((rec.offset, *nonce)),
         );
     }
-    Ok(json_response(StatusCode::OK, out))
+    out
 }
 
-fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<Response> {
+fn reply_response(reply: RpcReply) -> Response {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status == StatusCode::NO_CONTENT {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    if !reply.is_success() {
+        return crate::cluster::reply_error(&reply).into_response();
+    }
+    json_response(status, reply.body.to_vec())
+}
+
+pub async fn consume(
+    State(node): State<AppState>,
+    caller: Caller,
+    Name(name): Name,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let topic = consume_target(&node, &caller, &name).await?;
+    let q = Query::parse(q.as_deref());
+    let partition = q.partition(topic.config.partitions)?;
+    let offset = q.text("offset")?;
+    let max = match q.text("max")? {
+        None => None,
+        Some(s) => match s.parse::<u64>() {
+            Ok(m) if (1..=MAX_BATCH).contains(&m) => Some(m as u32),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "max must be an integer from 1 to {MAX_BATCH}, got {s:?}"
+                )))
+            }
+        },
+    };
+    let wait = match q.text("wait")? {
+        None | Some("") => Duration::ZERO,
+        Some(s) => narad_api::duration::parse_go_duration_nonnegative(s)
+            .map_err(|e| ApiError::bad_request(format!("invalid wait {s:?}: {e}")))?,
+    }
+    .min(node.config.http.max_consume_wait);
+    if let Some(o) = offset {
+        let offset = o.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("offset must be a non-negative integer, got {o:?}"))
+        })?;
+        let Some(partition) = partition else {
+            return Err(ApiError::bad_request("offset needs partition"));
+        };
+        if max.is_some() {
+            return Err(ApiError::bad_request("max cannot be combined with offset"));
+        }
+        if let Some(owner) = remote_owner_of(&node, &topic, partition)? {
+            let req = ConsumeRequest {
+                topic_id: topic.id,
+                topic: topic.name.clone(),
+                partition: Some(partition),
+                offset: Some(offset),
+                max: None,
+                wait_ms: 0,
+            };
+            return Ok(reply_response(forward_consume(&node, &owner, &req).await?));
+        }
+        return Ok(match replay(&node, &topic, partition, offset)? {
+            Some(body) => json_response(StatusCode::OK, body),
+            None => StatusCode::NO_CONTENT.into_response(),
+        });
+    }
+    let started = Instant::now();
+    let deadline = started + wait;
+    let want = max.unwrap_or(1) as usize;
+    let found = match partition {
+        // A pinned consume goes to the owner with its full wait.
+        Some(p) => match remote_owner_of(&node, &topic, p)? {
+            Some(owner) => {
+                let req = ConsumeRequest {
+                    topic_id: topic.id,
+                    topic: topic.name.clone(),
+                    partition: Some(p),
+                    offset: None,
+                    max,
+                    wait_ms: wait.as_millis() as u64,
+                };
+                let reply = forward_consume(&node, &owner, &req).await?;
+                if reply.status == 204 {
+                    Found::Nothing
+                } else {
+                    Found::Remote(reply)
+                }
+            }
+            None => {
+                let rt = node.runtime(&topic)?;
+                lease_spread(&node, &topic, &rt, Some(p), want, max, deadline, &[]).await?
+            }
+        },
+        None => {
+            let rt = node.runtime(&topic)?;
+            let remotes = remote_owners(&node, &topic);
+            lease_spread(&node, &topic, &rt, None, want, max, deadline, &remotes).await?
+        }
+    };
+    let empty = matches!(found, Found::Nothing);
+    let outcome = match (empty, wait.is_zero()) {
+        (_, true) => "no_wait",
+        (false, false) => "hit",
+        (true, false) if node.is_shutting_down() => "cancelled",
+        (true, false) => "timeout",
+    };
+    node.observe_consume_wait(&topic.name, outcome, started.elapsed());
+    match found {
+        Found::Nothing => {
+            node.consume_empty(&topic.name);
+            Ok(StatusCode::NO_CONTENT.into_response())
+        }
+        Found::Remote(reply) => Ok(reply_response(reply)),
+        Found::Local(got) => Ok(json_response(
+            StatusCode::OK,
+            render(&topic, &got, max.is_some()),
+        )),
+    }
+}
+
+/// A consume, pinned consume or replay forwarded by another node: served from this node's
+/// own partitions only (never forwarded again); the reply is the HTTP answer.
+pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply {
+    let topic = match node.cluster.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => {
+            return error_reply(&ApiError::topic_not_found(&req.topic));
+        }
+        TopicLookup::Unknown => {
+            return RpcReply::error(503, "topic not known on its owner yet; retry");
+        }
+    };
+    if let Some(p) = req.partition {
+        if p >= topic.config.partitions {
+            return RpcReply::error(400, &format!("partition {p} out of range"));
+        }
+        if !node.cluster.is_mine(&topic, p) {
+            return RpcReply::error(503, &format!("partition {p} is not owned by this node"));
+        }
+    }
+    if let Some(offset) = req.offset {
+        let p = req.partition.unwrap_or(0);
+        return match replay(node, &topic, p, offset) {
+            Ok(Some(body)) => RpcReply::new(200, crate::rpc::proto::JSON, body),
+            Ok(None) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+            Err(e) => error_reply(&e),
+        };
+    }
+    let rt = match node.runtime(&topic) {
+        Ok(rt) => rt,
+        Err(e) => return error_reply(&e),
+    };
+    let wait = Duration::from_millis(req.wait_ms).min(node.config.http.max_consume_wait);
+    let want = req.max.unwrap_or(1).clamp(1, MAX_BATCH as u32) as usize;
+    match lease_spread(
+        node,
+        &topic,
+        &rt,
+        req.partition,
+        want,
+        req.max,
+        Instant::now() + wait,
+        &[],
+    )
+    .await
+    {
+        Ok(Found::Local(got)) => RpcReply::new(
+            200,
+            crate::rpc::proto::JSON,
+            render(&topic, &got, req.max.is_some()),
+        ),
+        Ok(_) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+        Err(e) => error_reply(&e),
+    }
+}
+
+/// Reads one record of a local partition: `None` when `offset` is not written yet.
+fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<Option<Vec<u8>>> {
     let rt = node.runtime(topic)?;
     let part = rt.partition(partition).ok_or_else(|| {
         ApiError::unavailable(format!("partition {partition} is not open on this node"), 1)
@@ -236,9 +467,9 @@ fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<
         Ok(Some(rec)) => {
             let mut out = Vec::with_capacity(rec.payload.len() + 128);
             write_message(&mut out, &topic.name, &rec, partition, None);
-            Ok(json_response(StatusCode::OK, out))
+            Ok(Some(out))
         }
-        Ok(None) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Ok(None) => Ok(None),
         Err(StorageError::Gone { offset, oldest }) => Err(ApiError::gone(format!(
             "offset {offset} is gone: the oldest retained offset is {oldest}"
         ))),
@@ -252,18 +483,11 @@ fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Settle {
-    Ack,
-    Extend,
-    Nack,
-}
-
-fn parse_extend(v: Option<&str>) -> ApiResult<Settle> {
+fn parse_extend(v: Option<&str>) -> ApiResult<SettleKind> {
     match v {
-        None | Some("") | Some("false") => Ok(Settle::Ack),
-        Some("true") | Some("1") => Ok(Settle::Extend),
-        Some("0") => Ok(Settle::Nack),
+        None | Some("") | Some("false") => Ok(SettleKind::Ack),
+        Some("true") | Some("1") => Ok(SettleKind::Extend),
+        Some("0") => Ok(SettleKind::Nack),
         Some(other) => Err(ApiError::bad_request(format!(
             "extend must be true, 1, 0 or false, got {other:?}"
         ))),
@@ -273,6 +497,9 @@ fn parse_extend(v: Option<&str>) -> ApiResult<Settle> {
 /// Parses `partition:offset:nonce`.
 fn parse_handle(h: &str) -> ApiResult<(u32, u64, u64)> {
     let bad = || ApiError::bad_request(format!("malformed receipt_handle {h:?}"));
+    if h.is_empty() {
+        return Err(ApiError::bad_request("receipt_handle is empty"));
+    }
     let mut it = h.split(':');
     let (Some(p), Some(o), Some(n), None) = (it.next(), it.next(), it.next(), it.next()) else {
         return Err(bad());
@@ -284,48 +511,42 @@ fn parse_handle(h: &str) -> ApiResult<(u32, u64, u64)> {
     ))
 }
 
-fn settle_one(
-    node: &Node,
-    topic: &Topic,
-    rt: &TopicRuntime,
-    handle: &str,
-    how: Settle,
-) -> ApiResult<()> {
-    if handle.is_empty() {
-        return Err(ApiError::bad_request("receipt_handle is empty"));
-    }
+fn stale(node: &Node, why: &str) -> ApiError {
+    node.ack_rejected("stale");
+    ApiError::gone(format!(
+        "lease expired, superseded or already settled ({why})"
+    ))
+}
+
+/// Settles one handle of a partition this node owns.
+fn settle_local(node: &Node, topic: &Topic, handle: &str, how: SettleKind) -> ApiResult<()> {
     let (p, offset, nonce) = parse_handle(handle)?;
-    let stale = |why: &str| {
-        node.ack_rejected("stale");
-        ApiError::gone(format!(
-            "lease expired, superseded or already settled ({why})"
-        ))
-    };
+    let rt = node.runtime(topic)?;
     let Some(part) = (p < topic.config.partitions)
         .then(|| rt.partition(p))
         .flatten()
     else {
-        return Err(stale("no such partition"));
+        return Err(stale(node, "no such partition"));
     };
     let policy = QueuePolicy::of(topic);
     let res = match how {
-        Settle::Ack => part.ack(offset, nonce, policy),
-        Settle::Extend => part.extend(offset, nonce, policy),
-        Settle::Nack => part.nack(offset, nonce),
+        SettleKind::Ack => part.ack(offset, nonce, policy),
+        SettleKind::Extend => part.extend(offset, nonce, policy),
+        SettleKind::Nack => part.nack(offset, nonce),
     };
     match res {
         Ok(()) => {
             match how {
-                Settle::Extend => node.count_extend(&topic.name),
-                Settle::Nack => {
+                SettleKind::Extend => node.count_extend(&topic.name),
+                SettleKind::Nack => {
                     node.count_nack(&topic.name);
                     rt.wake_consumers(1);
                 }
-                Settle::Ack => {}
+                SettleKind::Ack => {}
             }
             Ok(())
         }
-        Err(SettleError::Stale) => Err(stale("handle no longer valid")),
+        Err(SettleError::Stale) => Err(stale(node, "handle no longer valid")),
         Err(SettleError::AckedAheadFull) => {
             node.ack_rejected("acked_ahead_full");
             Err(ApiError::unavailable(
@@ -333,6 +554,101 @@ fn settle_one(
                 1,
             ))
         }
+    }
+}
+
+/// Where a handle is settled: `None` here, else the owner's id.
+fn settle_owner(node: &Node, topic: &Topic, handle: &str) -> ApiResult<Option<String>> {
+    let (p, _, _) = parse_handle(handle)?;
+    if p >= topic.config.partitions {
+        return Err(stale(node, "no such partition"));
+    }
+    remote_owner_of(node, topic, p)
+}
+
+/// Settles handles on their owner over node RPC; one result per handle, in order.
+async fn settle_remote(
+    node: &Node,
+    topic: &Topic,
+    owner: &str,
+    handles: Vec<String>,
+    how: SettleKind,
+) -> Vec<AckResult> {
+    let n = handles.len();
+    let fail = |e: &ApiError| AckResult {
+        status: e.status.as_u16(),
+        error: Some(e.message.clone()),
+    };
+    let body = serde_json::to_vec(&SettleRequest {
+        topic_id: topic.id,
+        topic: topic.name.clone(),
+        how,
+        handles,
+    })
+    .expect("invariant: a settle request serialises");
+    match node
+        .cluster
+        .call(
+            owner,
+            Opcode::AckBatch,
+            Bytes::from(body),
+            crate::rpc::DEFAULT_TIMEOUT,
+        )
+        .await
+    {
+        Ok(r) if r.is_success() => match serde_json::from_slice::<BatchAckResponse>(&r.body) {
+            Ok(b) if b.results.len() == n => b.results,
+            _ => vec![
+                fail(&ApiError::internal(format!(
+                    "bad settle reply from {owner}"
+                )));
+                n
+            ],
+        },
+        Ok(r) => vec![fail(&crate::cluster::reply_error(&r)); n],
+        Err(e) => vec![fail(&e); n],
+    }
+}
+
+/// Settle requests forwarded by another node (`Ack`, `ExtendAck`, `Nack`: one handle, `204`
+/// or an error; `AckBatch`: a `BatchAckResponse`).
+pub fn settle_forwarded(node: &Arc<Node>, req: SettleRequest, batch: bool) -> RpcReply {
+    let topic = match node.cluster.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return error_reply(&ApiError::topic_not_found(&req.topic)),
+        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet; retry"),
+    };
+    let one = |h: &str| -> ApiResult<()> {
+        let (p, _, _) = parse_handle(h)?;
+        if p < topic.config.partitions && !node.cluster.is_mine(&topic, p) {
+            return Err(ApiError::unavailable(
+                format!("partition {p} is not owned by this node"),
+                1,
+            ));
+        }
+        settle_local(node, &topic, h, req.how)
+    };
+    if batch {
+        let results: Vec<AckResult> = req
+            .handles
+            .iter()
+            .map(|h| match one(h) {
+                Ok(()) => AckResult {
+                    status: 204,
+                    error: None,
+                },
+                Err(e) => AckResult {
+                    status: e.status.as_u16(),
+                    error: Some(e.message),
+                },
+            })
+            .collect();
+        return RpcReply::json(200, &BatchAckResponse { results });
+    }
+    match req.handles.first().map(|h| one(h)) {
+        Some(Ok(())) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+        Some(Err(e)) => error_reply(&e),
+        None => RpcReply::error(400, "receipt_handle required"),
     }
 }
 
@@ -344,12 +660,29 @@ pub async fn ack(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = consume_target(&node, &caller, &name)?;
+    let topic = consume_target(&node, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let how = parse_extend(q.text("extend")?)?;
-    let rt = node.runtime(&topic)?;
     if let Some(handle) = q.text("receipt_handle")? {
-        settle_one(&node, &topic, &rt, handle, how)?;
+        match settle_owner(&node, &topic, handle)? {
+            None => settle_local(&node, &topic, handle, how)?,
+            Some(owner) => {
+                let r = settle_remote(&node, &topic, &owner, vec![handle.to_string()], how)
+                    .await
+                    .pop()
+                    .expect("invariant: one result per handle");
+                if r.status != 204 {
+                    let status =
+                        StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    let e = ApiError::new(status, r.error.unwrap_or_default());
+                    return Err(if status == StatusCode::SERVICE_UNAVAILABLE {
+                        ApiError::unavailable(e.message, 1)
+                    } else {
+                        e
+                    });
+                }
+            }
+        }
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let body = read_body(&headers, body).await?;
@@ -363,10 +696,22 @@ pub async fn ack(
             req.receipt_handles.len()
         )));
     }
-    let results = req
-        .receipt_handles
-        .iter()
-        .map(|h| match settle_one(&node, &topic, &rt, h, how) {
+    let mut results: Vec<Option<AckResult>> = vec![None; req.receipt_handles.len()];
+    // Remote handles grouped by owner: (owner, [(index, handle)]).
+    let mut remote: Vec<(String, Vec<(usize, String)>)> = Vec::new();
+    for (i, h) in req.receipt_handles.iter().enumerate() {
+        let local = match settle_owner(&node, &topic, h) {
+            Ok(None) => settle_local(&node, &topic, h, how),
+            Ok(Some(owner)) => {
+                match remote.iter_mut().find(|(o, _)| *o == owner) {
+                    Some((_, v)) => v.push((i, h.clone())),
+                    None => remote.push((owner, vec![(i, h.clone())])),
+                }
+                continue;
+            }
+            Err(e) => Err(e),
+        };
+        results[i] = Some(match local {
             Ok(()) => AckResult {
                 status: 204,
                 error: None,
@@ -375,7 +720,18 @@ pub async fn ack(
                 status: e.status.as_u16(),
                 error: Some(e.message),
             },
-        })
+        });
+    }
+    for (owner, items) in remote {
+        let (idx, handles): (Vec<usize>, Vec<String>) = items.into_iter().unzip();
+        let answers = settle_remote(&node, &topic, &owner, handles, how).await;
+        for (i, r) in idx.into_iter().zip(answers) {
+            results[i] = Some(r);
+        }
+    }
+    let results = results
+        .into_iter()
+        .map(|r| r.expect("invariant: every handle got a result"))
         .collect();
     Ok(json(StatusCode::OK, &BatchAckResponse { results }))
 }

@@ -9,7 +9,7 @@
 //! (`403`/`404`) before doing anything else.
 
 mod children;
-mod consume;
+pub mod consume;
 mod produce;
 mod query;
 pub mod server;
@@ -286,8 +286,23 @@ pub fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
 
 /// The topic `name` in the node's current metadata view (`None` = missing), for the
 /// `security::authz` decisions that weigh existence and permission together.
-pub fn find_topic(node: &Node, name: &str) -> Option<Arc<narad_meta::Topic>> {
-    node.meta.view().topics.get(name).cloned()
+/// Looks a topic up in the local replica; in a cluster, a name this replica does not know
+/// is first checked with the leader (it may have been created through another node a moment
+/// ago: SPEC §6.1), so a `404` is never the answer of a replica that was merely behind.
+pub async fn find_topic(node: &Node, name: &str) -> Option<Arc<narad_meta::Topic>> {
+    if let Some(t) = node.meta.view().topics.get(name) {
+        return Some(t.clone());
+    }
+    if !node.cluster.clustered {
+        return None;
+    }
+    match node.cluster.read_current(Some(name)).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::debug!(topic = name, error = %e.message, "catch-up read failed");
+            None
+        }
+    }
 }
 
 /// The one `{name}` segment of a route (a topic or a username), percent-decoded; a bad

@@ -12,6 +12,7 @@ use narad_meta::Topic;
 use serde_json::value::RawValue;
 
 use super::{find_topic, json, read_body, read_json, AppState, Name, Query, MAX_BODY};
+use crate::cluster::Cluster;
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
@@ -31,19 +32,28 @@ pub fn fnv1a32(bytes: &[u8]) -> u32 {
     h
 }
 
-/// SPEC §2.3: pinned, else key hash, else round robin.
+/// SPEC §2.3: pinned, else key hash, else round robin; an unpinned choice whose owner
+/// membership marks dead walks forward to the first partition with a live owner (if none,
+/// the original choice stands: the WAL holds the message until the owner returns).
 fn choose_partition(
+    node: &Node,
     topic: &Topic,
     rt: &TopicRuntime,
     key: Option<&[u8]>,
     pinned: Option<u32>,
 ) -> u32 {
     let n = topic.config.partitions;
-    match (pinned, key) {
-        (Some(p), _) => p,
+    let p = match (pinned, key) {
+        (Some(p), _) => return p,
         (None, Some(k)) => fnv1a32(k) % n,
         (None, None) => rt.next_produce_partition(n),
+    };
+    if !node.cluster.clustered {
+        return p;
     }
+    let view = node.meta.view();
+    let live = |q: u32| Cluster::owner(topic, q).is_some_and(|o| Cluster::is_alive(&view, o));
+    (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
 }
 
 fn validate_schema(node: &Node, topic: &Topic, body: &[u8]) -> ApiResult<()> {
@@ -69,8 +79,12 @@ async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
 
 /// The topic of a produce: the `produce` grant (`403`, whether or not it exists), then
 /// existence (`404`).
-fn produce_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<std::sync::Arc<Topic>> {
-    let topic = find_topic(node, name);
+async fn produce_target(
+    node: &Node,
+    caller: &Caller,
+    name: &str,
+) -> ApiResult<std::sync::Arc<Topic>> {
+    let topic = find_topic(node, name).await;
     authz::produce(caller, name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(name))?;
     // SPEC §5.3: a delay child receives only delayed copies of its parent.
@@ -98,7 +112,7 @@ pub async fn produce(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = produce_target(&node, &caller, &name)?;
+    let topic = produce_target(&node, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let pinned = q.partition(topic.config.partitions)?;
     let key = q
@@ -111,7 +125,7 @@ pub async fn produce(
     }
     validate_schema(&node, &topic, &payload)?;
     let rt = node.runtime(&topic)?;
-    let partition = choose_partition(&topic, &rt, key.as_deref(), pinned);
+    let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
     stage(
         &node,
         vec![WalRecord {
@@ -146,7 +160,7 @@ pub async fn produce_batch(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = produce_target(&node, &caller, &name)?;
+    let topic = produce_target(&node, &caller, &name).await?;
     let req: RawBatch = read_json(&headers, body).await?;
     if req.messages.is_empty() || req.messages.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
@@ -196,7 +210,7 @@ pub async fn produce_batch(
         if let Err(e) = validate_schema(&node, &topic, &payload) {
             return Err(fail(e.message));
         }
-        let partition = choose_partition(&topic, &rt, key.as_deref(), pinned);
+        let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
         records.push(WalRecord {
             topic_id: topic.id,
             partition,

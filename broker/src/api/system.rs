@@ -31,10 +31,12 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
         return ApiError::unavailable("shutting down", 1).into_response();
     }
     if !node.is_ready() {
-        let why = if node.startup_done() {
-            "starting: waiting for the root admin to be seeded"
-        } else {
-            "starting: recovery not finished"
+        let why = match node.not_ready_reason() {
+            "starting up" => "starting: recovery not finished".to_string(),
+            "root admin not seeded yet" => {
+                "starting: waiting for the root admin to be seeded".to_string()
+            }
+            other => format!("starting: {other}"),
         };
         return ApiError::unavailable(why, 1).into_response();
     }
@@ -59,6 +61,7 @@ pub async fn metrics(State(node): State<AppState>) -> Response {
 pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
     let view = node.meta.view();
+    let leader = node.meta.current_leader().map(|l| l.0);
     let members = view
         .members
         .values()
@@ -78,7 +81,7 @@ pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<
                 .filter(|a| a.owner.as_deref() == Some(m.id.as_str()))
                 .count() as u64,
             outbound_moves: 0,
-            leader: m.id == node.node_id,
+            leader: leader.as_deref() == Some(m.id.as_str()),
             version: m.version.clone(),
         })
         .collect();

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{AlterTopicRequest, CreateTopicRequest, PartitionStats, TopicList, TopicRecord};
+use narad_api::{AlterTopicRequest, CreateTopicRequest, TopicList, TopicRecord};
 use narad_meta::{MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch};
 use serde_json::value::RawValue;
 
@@ -210,7 +210,7 @@ pub async fn create(
             created_at_ms: now_ms(),
         },
     };
-    let topic = match node.meta.write(cmd).await? {
+    let topic = match node.propose(cmd).await? {
         MetaResponse::Topic(t) => t,
         other => {
             return Err(ApiError::internal(format!(
@@ -289,16 +289,16 @@ pub async fn get(
     Name(name): Name,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &name);
+    let topic = find_topic(&node, &name).await;
     authz::view(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let q = Query::parse(q.as_deref());
     let only = q.partition(topic.config.partitions)?;
     let mut rec = record(&node.meta.view(), &topic);
-    let stats: Vec<PartitionStats> = (0..topic.config.partitions)
+    let wanted: Vec<u32> = (0..topic.config.partitions)
         .filter(|p| only.is_none_or(|o| o == *p))
-        .map(|p| node.partition_stats(&topic, p))
         .collect();
+    let stats = node.topic_stats(&topic, &wanted).await;
     rec.partial = stats.iter().any(|s| s.status != "ok");
     rec.partition_stats = Some(stats);
     Ok(json(StatusCode::OK, &rec))
@@ -311,7 +311,7 @@ pub async fn alter(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &name);
+    let topic = find_topic(&node, &name).await;
     authz::manage(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let req: AlterTopicRequest = read_json(&headers, body).await?;
@@ -374,8 +374,7 @@ pub async fn alter(
         return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema"));
     }
     let updated = match node
-        .meta
-        .write(MetaCommand::AlterTopic {
+        .propose(MetaCommand::AlterTopic {
             name: name.clone(),
             patch,
         })
@@ -397,10 +396,9 @@ pub async fn delete(
     caller: Caller,
     Name(name): Name,
 ) -> ApiResult<Response> {
-    authz::manage(&caller, &name, find_topic(&node, &name).as_deref())?;
+    authz::manage(&caller, &name, find_topic(&node, &name).await.as_deref())?;
     let deleted: Arc<Topic> = match node
-        .meta
-        .write(MetaCommand::DeleteTopic { name: name.clone() })
+        .propose(MetaCommand::DeleteTopic { name: name.clone() })
         .await?
     {
         MetaResponse::Deleted(t) => t,

@@ -66,15 +66,14 @@ pub async fn create(
     } = req;
     let password_hash = hash(password).await?;
     let user = user_answer(
-        node.meta
-            .write(MetaCommand::CreateUser {
-                username,
-                password_hash,
-                grants,
-                root: false,
-                now_ms: now_ms(),
-            })
-            .await?,
+        node.propose(MetaCommand::CreateUser {
+            username,
+            password_hash,
+            grants,
+            root: false,
+            now_ms: now_ms(),
+        })
+        .await?,
     )?;
     audit::event("user.create", caller.actor(), &user.username);
     Ok(json(StatusCode::CREATED, &users::to_wire(&user)))
@@ -123,13 +122,12 @@ pub async fn put_grants(
         &grants,
     )?;
     let user = user_answer(
-        node.meta
-            .write(MetaCommand::SetGrants {
-                username: name,
-                grants,
-                now_ms: now_ms(),
-            })
-            .await?,
+        node.propose(MetaCommand::SetGrants {
+            username: name,
+            grants,
+            now_ms: now_ms(),
+        })
+        .await?,
     )?;
     audit::event("user.grants", caller.actor(), &user.username);
     Ok(json(StatusCode::OK, &users::to_wire(&user)))
@@ -168,13 +166,12 @@ pub async fn put_password(
     let PasswordRequest { new_password, .. } = req;
     let password_hash = hash(new_password).await?;
     user_answer(
-        node.meta
-            .write(MetaCommand::SetPassword {
-                username: name.clone(),
-                password_hash,
-                now_ms: now_ms(),
-            })
-            .await?,
+        node.propose(MetaCommand::SetPassword {
+            username: name.clone(),
+            password_hash,
+            now_ms: now_ms(),
+        })
+        .await?,
     )?;
     audit::event("user.password", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -190,8 +187,7 @@ pub async fn delete(
     authz::user_admin(&caller)?;
     authz::delete_user(&caller, &name, node.meta.view().user(&name).map(|u| &**u))?;
     match node
-        .meta
-        .write(MetaCommand::DeleteUser {
+        .propose(MetaCommand::DeleteUser {
             username: name.clone(),
         })
         .await?

@@ -3,6 +3,13 @@
 //! read back and verify, move the high watermark), wakes the partition's consumers, and
 //! only then lets the WAL drop the records. Records for a healthy partition flow past a
 //! stuck one; a failed commit is retried with backoff and its records stay in the WAL.
+//!
+//! Where a batch goes is the [`Router`]'s call: a local partition (committed here, on a
+//! blocking thread), or its owner on another node (`CommitProduceBatch` over node RPC, which
+//! answers only once the owner has verified the commit). A record whose partition failed
+//! [`REROUTE_AFTER_FAILURES`] passes in a row — at once if membership says the owner is dead —
+//! is committed to the next live, non-stuck partition of the same topic instead, pinned
+//! records included (SPEC §6.4).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -14,7 +21,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{DurableRecord, Wal};
-use crate::partition::{now_ms, Partition, Registry, Resolve, TopicRuntime};
+use crate::cluster::wire::{CommitBatch, CommitRecord};
+use crate::partition::{Partition, TopicRuntime};
+use crate::rpc::BoxFuture;
 
 /// Most batches committing at once (SPEC §11).
 pub const MAX_PARALLEL: usize = 16;
@@ -23,18 +32,45 @@ pub const MAX_BATCH_RECORDS: usize = 4096;
 /// About the most bytes in one partition commit.
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+/// Failed passes after which a partition's records go to a sibling partition.
+pub const REROUTE_AFTER_FAILURES: u32 = 3;
 /// A partition with at least this many pending records commits without lingering.
 const LINGER_RECORDS: usize = 256;
 
 type Key = (u64, u32);
 
-/// Tells the dispatcher whether a topic id still exists in the metadata.
-pub type TopicExists = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+/// Where a batch for (topic id, partition) goes.
+pub enum Route {
+    Local(Arc<TopicRuntime>, Arc<Partition>),
+    /// Owned by another node; `dead` when membership says it is.
+    Remote {
+        owner: String,
+        dead: bool,
+    },
+    /// The topic was deleted: drop the records.
+    Gone,
+    /// Not known or not open yet (a create or growth still being applied): try again soon.
+    NotReady,
+}
+
+/// The dispatcher's view of placement and the way to remote owners.
+pub trait Router: Send + Sync + 'static {
+    fn route(&self, topic_id: u64, partition: u32) -> Route;
+    /// The first partition after `from` (`from`+1, +2, … mod the count) of the topic whose
+    /// owner is alive and that `usable` accepts; `None` if there is none.
+    fn reroute(&self, topic_id: u64, from: u32, usable: &dyn Fn(u32) -> bool) -> Option<u32>;
+    /// Commits a batch on `owner`; `Ok` once the owner has made it visible.
+    fn commit_remote(
+        &self,
+        owner: String,
+        batch: CommitBatch,
+    ) -> BoxFuture<'static, Result<(), String>>;
+}
 
 pub struct Dispatcher {
     wal: Wal,
-    registry: Arc<Registry>,
-    topic_exists: TopicExists,
+    router: Arc<dyn Router>,
+    metrics: Arc<crate::metrics::Metrics>,
     pending: HashMap<Key, VecDeque<DurableRecord>>,
     /// When each pending queue last went from empty to non-empty.
     first_pending_at: HashMap<Key, Instant>,
@@ -47,33 +83,40 @@ pub struct Dispatcher {
     parallel: usize,
     busy: HashMap<Key, ()>,
     retry_at: HashMap<Key, Instant>,
+    /// Consecutive failed passes per partition.
+    failures: HashMap<Key, u32>,
+    /// Local commits in flight (at most `parallel`; remote ones up to `MAX_PARALLEL`).
+    local_busy: usize,
 }
 
 struct Outcome {
     key: Key,
     records: Vec<DurableRecord>,
     result: Result<(), String>,
-    target: Option<(Arc<TopicRuntime>, Arc<Partition>)>,
+    /// Set for local commits: whose consumers to wake.
+    local: Option<Arc<TopicRuntime>>,
 }
 
 impl Dispatcher {
     pub fn new(
         wal: Wal,
-        registry: Arc<Registry>,
-        topic_exists: TopicExists,
+        router: Arc<dyn Router>,
+        metrics: Arc<crate::metrics::Metrics>,
         linger: Duration,
         parallel: usize,
     ) -> Self {
         Dispatcher {
             wal,
-            registry,
-            topic_exists,
+            router,
+            metrics,
             pending: HashMap::new(),
             first_pending_at: HashMap::new(),
             linger,
             parallel: parallel.clamp(1, MAX_PARALLEL),
             busy: HashMap::new(),
             retry_at: HashMap::new(),
+            failures: HashMap::new(),
+            local_busy: 0,
         }
     }
 
@@ -151,8 +194,18 @@ impl Dispatcher {
     }
 
     fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) {
-        if jobs.len() >= self.parallel {
-            return;
+        // Rerouting moves records to other keys, which may then be ready too.
+        for _ in 0..4 {
+            if !self.start_jobs_once(jobs) {
+                break;
+            }
+        }
+    }
+
+    /// One pass; returns whether records were rerouted (worth another pass).
+    fn start_jobs_once(&mut self, jobs: &mut JoinSet<Outcome>) -> bool {
+        if jobs.len() >= MAX_PARALLEL {
+            return false;
         }
         let now = Instant::now();
         // With no commit in flight the disk is idle: commit at once. Linger only while
@@ -163,67 +216,155 @@ impl Dispatcher {
             .iter()
             .filter(|(k, q)| {
                 !self.busy.contains_key(k)
-                    && !self.retry_at.contains_key(k)
+                    && (!self.retry_at.contains_key(k)
+                        || self.failures.get(k).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES)
                     && (idle || self.due(k, q.len(), now).is_ok())
             })
             .map(|(k, _)| *k)
             .collect();
+        let mut rerouted = false;
         for key in ready {
-            if jobs.len() >= self.parallel {
+            if jobs.len() >= MAX_PARALLEL {
                 break;
             }
-            let queue = self
-                .pending
-                .get_mut(&key)
-                .expect("invariant: key taken from pending");
-            let mut records = Vec::new();
-            let mut bytes = 0usize;
-            while let Some(r) = queue.front() {
-                if records.len() >= MAX_BATCH_RECORDS
-                    || (bytes > 0 && bytes + r.record.payload.len() > MAX_BATCH_BYTES)
-                {
-                    break;
+            let route = self.router.route(key.0, key.1);
+            let owner_dead = matches!(route, Route::Remote { dead: true, .. });
+            let failing = self.failures.get(&key).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES;
+            if (owner_dead || failing) && !matches!(route, Route::Gone) {
+                if self.reroute(key) {
+                    rerouted = true;
+                    continue;
                 }
-                bytes += r.record.payload.len();
-                records.push(queue.pop_front().expect("invariant: front exists"));
+                if self.retry_at.contains_key(&key) {
+                    continue;
+                }
+                if owner_dead {
+                    // No live sibling: keep the records (the WAL holds them) and try later.
+                    self.retry_at.insert(key, now + RETRY_BACKOFF);
+                    continue;
+                }
             }
-            if queue.is_empty() {
-                self.pending.remove(&key);
-                self.first_pending_at.remove(&key);
-            } else {
-                self.first_pending_at.insert(key, now);
+            if matches!(route, Route::Local(..)) && self.local_busy >= self.parallel {
+                continue;
             }
-            match self
-                .registry
-                .resolve(key.0, key.1, |id| (self.topic_exists)(id))
-            {
-                Resolve::Gone => {
+            let records = self.take_batch(key, now);
+            match route {
+                Route::Gone => {
                     tracing::debug!(
                         topic_id = key.0,
                         records = records.len(),
                         "discarding wal records of a deleted topic"
                     );
+                    self.failures.remove(&key);
                     self.wal.committed(&records);
                 }
-                Resolve::NotReady => {
+                Route::NotReady => {
                     self.requeue(key, records);
                     self.retry_at
                         .insert(key, Instant::now() + Duration::from_millis(20));
                 }
-                Resolve::Local(rt, part) => {
+                Route::Local(rt, part) => {
                     self.busy.insert(key, ());
+                    self.local_busy += 1;
                     jobs.spawn_blocking(move || {
                         let result = commit(&part, &records);
                         Outcome {
                             key,
                             records,
                             result,
-                            target: Some((rt, part)),
+                            local: Some(rt),
+                        }
+                    });
+                }
+                Route::Remote { owner, .. } => {
+                    self.busy.insert(key, ());
+                    let batch = CommitBatch {
+                        topic_id: key.0,
+                        partition: key.1,
+                        records: records
+                            .iter()
+                            .map(|r| CommitRecord {
+                                key: r.record.key.clone(),
+                                payload: r.record.payload.clone(),
+                            })
+                            .collect(),
+                    };
+                    let fut = self.router.commit_remote(owner, batch);
+                    jobs.spawn(async move {
+                        let result = fut.await;
+                        Outcome {
+                            key,
+                            records,
+                            result,
+                            local: None,
                         }
                     });
                 }
             }
         }
+        rerouted
+    }
+
+    /// Takes the next batch of `key`'s pending records.
+    fn take_batch(&mut self, key: Key, now: Instant) -> Vec<DurableRecord> {
+        let queue = self
+            .pending
+            .get_mut(&key)
+            .expect("invariant: key taken from pending");
+        let mut records = Vec::new();
+        let mut bytes = 0usize;
+        while let Some(r) = queue.front() {
+            if records.len() >= MAX_BATCH_RECORDS
+                || (bytes > 0 && bytes + r.record.payload.len() > MAX_BATCH_BYTES)
+            {
+                break;
+            }
+            bytes += r.record.payload.len();
+            records.push(queue.pop_front().expect("invariant: front exists"));
+        }
+        if queue.is_empty() {
+            self.pending.remove(&key);
+            self.first_pending_at.remove(&key);
+        } else {
+            self.first_pending_at.insert(key, now);
+        }
+        records
+    }
+
+    /// Moves every pending record of `key` to the next live, non-stuck partition of its
+    /// topic. Returns false (and moves nothing) when there is none.
+    fn reroute(&mut self, key: Key) -> bool {
+        let failures = &self.failures;
+        let stuck = |p: u32| {
+            p != key.1 && failures.get(&(key.0, p)).copied().unwrap_or(0) < REROUTE_AFTER_FAILURES
+        };
+        let Some(to) = self.router.reroute(key.0, key.1, &stuck) else {
+            return false;
+        };
+        let Some(queue) = self.pending.remove(&key) else {
+            return false;
+        };
+        self.first_pending_at.remove(&key);
+        self.retry_at.remove(&key);
+        let n = queue.len();
+        let target = (key.0, to);
+        self.first_pending_at
+            .entry(target)
+            .or_insert_with(Instant::now);
+        let q = self.pending.entry(target).or_default();
+        for mut r in queue {
+            r.record.partition = to;
+            q.push_back(r);
+        }
+        self.metrics.error("dispatcher", "reroute");
+        tracing::warn!(
+            topic_id = key.0,
+            from = key.1,
+            to,
+            records = n,
+            "rerouting records of an unavailable partition"
+        );
+        true
     }
 
     fn requeue(&mut self, key: Key, records: Vec<DurableRecord>) {
@@ -238,23 +379,22 @@ impl Dispatcher {
 
     fn finish(&mut self, outcome: Outcome) {
         self.busy.remove(&outcome.key);
+        if outcome.local.is_some() {
+            self.local_busy -= 1;
+        }
         match outcome.result {
             Ok(()) => {
-                if let Some((rt, part)) = outcome.target {
-                    let bytes: u64 = outcome
-                        .records
-                        .iter()
-                        .map(|r| r.record.payload.len() as u64)
-                        .sum();
-                    part.metrics.produced.inc_by(outcome.records.len() as u64);
-                    part.metrics.produced_bytes.inc_by(bytes);
+                self.failures.remove(&outcome.key);
+                if let Some(rt) = outcome.local {
                     rt.wake_consumers(outcome.records.len());
                 }
                 self.wal.committed(&outcome.records);
             }
             Err(e) => {
-                self.registry.metrics().error("dispatcher", "commit");
-                tracing::error!(topic_id = outcome.key.0, partition = outcome.key.1, error = %e,
+                self.metrics.error("dispatcher", "commit");
+                let n = self.failures.entry(outcome.key).or_insert(0);
+                *n += 1;
+                tracing::warn!(topic_id = outcome.key.0, partition = outcome.key.1, failures = *n, error = %e,
                     "partition commit failed; the records stay in the wal and are retried");
                 self.requeue(outcome.key, outcome.records);
                 self.retry_at
@@ -276,25 +416,8 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
     commit_records(part, &batch)
 }
 
-/// The one commit path into a local partition log (the dispatcher's and fan-out's): append,
-/// fsync, re-read and verify, move the high watermark, wake fan-out cursors. Blocking.
+/// The one commit path into a local partition log (the dispatcher's and fan-out's); see
+/// `Partition::commit_batch`. Blocking.
 pub(crate) fn commit_records(part: &Partition, batch: &[NewRecord]) -> Result<(), String> {
-    part.touch();
-    let _writer = part.write_guard();
-    let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
-    let started = std::time::Instant::now();
-    part.log
-        .append(batch, now_ms())
-        .map_err(|e| e.to_string())?;
-    let appended = std::time::Instant::now();
-    part.metrics
-        .flush_seconds
-        .observe(appended.duration_since(started).as_secs_f64());
-    part.metrics.flush_bytes.inc_by(bytes);
-    part.log.commit().map_err(|e| e.to_string())?;
-    part.metrics
-        .fsync_seconds
-        .observe(appended.elapsed().as_secs_f64());
-    part.committed.notify_waiters();
-    Ok(())
+    part.commit_batch(batch).map_err(|e| e.to_string())
 }

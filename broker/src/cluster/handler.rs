@@ -1,0 +1,252 @@
+//! The node-RPC server side: every opcode this build serves (SPEC §6.6). Anything else is
+//! answered `400 unsupported rpc operation <n>`, which a caller reads as "peer too old".
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use narad_meta::{MetaCommand, MetaError};
+use narad_storage::NewRecord;
+
+use super::wire::{
+    CommitBatch, ConsumeRequest, GetTopicReply, GetTopicRequest, JoinReply, JoinRequest,
+    ProposeReply, ProposeRequest, SettleRequest, StatsRequest,
+};
+use super::{error_reply, forward_opcode, TopicLookup};
+use crate::error::ApiError;
+use crate::node::Node;
+use crate::partition::now_ms;
+use crate::rpc::{BoxFuture, Opcode, RpcHandler, RpcReply};
+
+/// Serves node RPCs once the node is built (`503` before).
+#[derive(Default)]
+pub struct NodeRpc {
+    node: OnceLock<Arc<Node>>,
+}
+
+impl NodeRpc {
+    pub fn new() -> Arc<NodeRpc> {
+        Arc::new(NodeRpc::default())
+    }
+    pub fn set_node(&self, node: Arc<Node>) {
+        let _ = self.node.set(node);
+    }
+}
+
+impl RpcHandler for NodeRpc {
+    fn handle<'a>(&'a self, from: &'a str, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply> {
+        Box::pin(async move {
+            let Some(node) = self.node.get().cloned() else {
+                return RpcReply::error(503, "node is starting");
+            };
+            let Some(opcode) = Opcode::from_u8(op) else {
+                return RpcReply::unsupported(op);
+            };
+            match opcode {
+                Opcode::CreateTopic
+                | Opcode::AlterTopic
+                | Opcode::DeleteTopic
+                | Opcode::RegisterMember
+                | Opcode::CreateUser
+                | Opcode::UpdateUser
+                | Opcode::DeleteUser
+                | Opcode::AttachChild
+                | Opcode::DetachChild => propose(&node, from, opcode, &body).await,
+                Opcode::GetTopic => get_topic(&node, &body).await,
+                Opcode::JoinCluster => join(&node, &body).await,
+                Opcode::CommitProduceBatch => commit(&node, body).await,
+                Opcode::Consume => match json::<ConsumeRequest>(&body) {
+                    Ok(req) => crate::api::consume::serve_forwarded(&node, req).await,
+                    Err(r) => r,
+                },
+                Opcode::Ack | Opcode::ExtendAck | Opcode::Nack | Opcode::AckBatch => {
+                    match json::<SettleRequest>(&body) {
+                        Ok(req) => crate::api::consume::settle_forwarded(
+                            &node,
+                            req,
+                            opcode == Opcode::AckBatch,
+                        ),
+                        Err(r) => r,
+                    }
+                }
+                Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
+                    Ok(req) => stats(&node, req),
+                    Err(r) => r,
+                },
+                _ => RpcReply::unsupported(op),
+            }
+        })
+    }
+}
+
+fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RpcReply> {
+    serde_json::from_slice(body).map_err(|e| RpcReply::error(400, &format!("bad request: {e}")))
+}
+
+fn meta_error_reply(e: MetaError) -> RpcReply {
+    error_reply(&ApiError::from(e))
+}
+
+/// A metadata command forwarded to this node as leader.
+async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
+    let req: ProposeRequest = match json(body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let mut cmd = req.command;
+    if forward_opcode(&cmd) != Some(op) {
+        return RpcReply::error(
+            400,
+            &format!("command does not travel with opcode {}", op.code()),
+        );
+    }
+    if let MetaCommand::RegisterMember { id, now_ms: at, .. } = &mut cmd {
+        // Heartbeats are judged on the leader's clock.
+        if id != from {
+            return RpcReply::error(403, "a node registers only itself");
+        }
+        *at = now_ms();
+    }
+    if !node.meta.is_leader() {
+        let leader = node.meta.current_leader().map(|l| l.0);
+        return RpcReply::error(
+            503,
+            &match leader {
+                Some(l) => format!("not the metadata leader; the leader is {l}"),
+                None => "not the metadata leader; no leader known".into(),
+            },
+        );
+    }
+    match node.meta.write_indexed(cmd).await {
+        Ok((response, index)) => RpcReply::json(200, &ProposeReply { response, index }),
+        Err(e) => meta_error_reply(e),
+    }
+}
+
+async fn get_topic(node: &Node, body: &[u8]) -> RpcReply {
+    let req: GetTopicRequest = match json(body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    if !node.meta.is_leader() {
+        return RpcReply::error(503, "not the metadata leader");
+    }
+    match node.meta.barrier().await {
+        Ok(index) => RpcReply::json(
+            200,
+            &GetTopicReply {
+                index,
+                topic: req
+                    .name
+                    .and_then(|n| node.meta.view().topics.get(&n).map(|t| (**t).clone())),
+            },
+        ),
+        Err(e) => meta_error_reply(e),
+    }
+}
+
+async fn join(node: &Node, body: &[u8]) -> RpcReply {
+    let req: JoinRequest = match json(body) {
+        Ok(r) => r,
+        Err(r) => return r,
+    };
+    let initialized = node.meta.is_initialized().await;
+    let leader = node.meta.current_leader().map(|l| l.0);
+    if req.probe || !initialized {
+        return RpcReply::json(
+            200,
+            &JoinReply {
+                initialized,
+                leader,
+                admitted: false,
+            },
+        );
+    }
+    if !node.meta.is_leader() {
+        return RpcReply::error(
+            503,
+            &format!(
+                "not the metadata leader; the leader is {}",
+                leader.as_deref().unwrap_or("unknown")
+            ),
+        );
+    }
+    if !node.cluster.clustered {
+        return RpcReply::error(409, "a standalone node cannot be joined");
+    }
+    match node.meta.add_voter(&req.id, &req.cluster_addr).await {
+        Ok(()) => RpcReply::json(
+            200,
+            &JoinReply {
+                initialized: true,
+                leader,
+                admitted: true,
+            },
+        ),
+        Err(e) => meta_error_reply(e),
+    }
+}
+
+/// `CommitProduceBatch`: commit into a partition this node owns; `200` once visible.
+async fn commit(node: &Arc<Node>, body: Bytes) -> RpcReply {
+    let batch = match CommitBatch::decode(body) {
+        Ok(b) => b,
+        Err(e) => return RpcReply::error(400, &e),
+    };
+    let topic = match node.cluster.topic_by_id(batch.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return RpcReply::error(404, "topic deleted"),
+        // Our replica is behind the sender's: let it retry.
+        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet"),
+    };
+    if !node.cluster.is_mine(&topic, batch.partition) {
+        return RpcReply::error(
+            409,
+            &format!(
+                "partition {} of {} is not owned by {}",
+                batch.partition, topic.name, node.node_id
+            ),
+        );
+    }
+    let rt = match node.runtime(&topic) {
+        Ok(rt) => rt,
+        Err(e) => return error_reply(&e),
+    };
+    let Some(part) = rt.partition(batch.partition) else {
+        return RpcReply::error(503, "partition not open here yet");
+    };
+    let n = batch.records.len();
+    let records: Vec<NewRecord> = batch
+        .records
+        .into_iter()
+        .map(|r| NewRecord {
+            key: r.key,
+            payload: r.payload,
+        })
+        .collect();
+    let p = part.clone();
+    match tokio::task::spawn_blocking(move || p.commit_batch(&records)).await {
+        Ok(Ok(())) => {
+            rt.wake_consumers(n);
+            RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))
+        }
+        Ok(Err(e)) => {
+            node.metrics.error("dispatcher", "commit");
+            RpcReply::error(500, &format!("commit failed: {e}"))
+        }
+        Err(e) => RpcReply::error(500, &format!("commit task failed: {e}")),
+    }
+}
+
+fn stats(node: &Node, req: StatsRequest) -> RpcReply {
+    let topic = match node.cluster.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        _ => return RpcReply::error(503, "topic not known here"),
+    };
+    let stats: Vec<narad_api::PartitionStats> = req
+        .partitions
+        .iter()
+        .filter(|p| node.cluster.is_mine(&topic, **p))
+        .map(|p| node.partition_stats(&topic, *p))
+        .collect();
+    RpcReply::json(200, &stats)
+}

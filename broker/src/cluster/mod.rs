@@ -1,0 +1,379 @@
+//! The cluster: how a node finds, joins and serves its peers (SPEC §6).
+//!
+//! - [`Cluster`]: the node's view of the others — node-RPC connections ([`Peers`]), metadata
+//!   writes forwarded to the Raft leader ([`Cluster::propose`]), catch-up reads
+//!   ([`Cluster::read_current`]), ownership and liveness lookups, and calls to partition
+//!   owners ([`Cluster::call`]).
+//! - `membership`: bootstrap from `--peers`, join-only admission, heartbeats, and the
+//!   leader's controller (dead-member marking).
+//! - `handler`: the node-RPC server side: every opcode this build serves.
+//! - `wire`: the payload of each opcode.
+//!
+//! A standalone node (no `--peers`) has a `Cluster` too: it is its own leader and owner of
+//! everything, and nothing here leaves the process.
+
+pub mod handler;
+pub mod membership;
+pub mod router;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use axum::http::StatusCode;
+use bytes::Bytes;
+use narad_meta::{Meta, MetaCommand, MetaError, MetaResponse, MetaState, Topic};
+
+use crate::error::{ApiError, ApiResult};
+use crate::rpc::{Opcode, Peers, RpcError, RpcReply};
+use wire::{GetTopicReply, GetTopicRequest, ProposeReply, ProposeRequest};
+
+/// How long a forwarded metadata write may take (SPEC §6.3: a forwarded create may wait up
+/// to 75 s).
+pub const FORWARD_TIMEOUT: Duration = Duration::from_secs(75);
+/// How long a follower waits for its replica to apply what the leader applied.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Heartbeat and failure-detection timing (SPEC §6.2: 5 s and 30 s; tests shorten them).
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub heartbeat: Duration,
+    pub dead_after: Duration,
+}
+
+impl Timing {
+    /// The SPEC's timing, unless `NARAD_TEST_HEARTBEAT_MS` / `NARAD_TEST_DEAD_AFTER_MS`
+    /// override it (for tests that must not wait 30 s for a verdict).
+    pub fn from_env() -> Timing {
+        let ms = |k: &str, d: u64| {
+            Duration::from_millis(
+                std::env::var(k)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(d),
+            )
+        };
+        Timing {
+            heartbeat: ms("NARAD_TEST_HEARTBEAT_MS", 5_000),
+            dead_after: ms("NARAD_TEST_DEAD_AFTER_MS", 30_000),
+        }
+    }
+}
+
+/// What the metadata says about a topic id.
+pub enum TopicLookup {
+    Known(Arc<Topic>),
+    /// Deleted: the local replica applied its deletion (ids are never reused, so a missing id
+    /// below `next_topic_id` was deleted by a committed command — not a stale view).
+    Deleted,
+    /// Not in this replica yet (created after the state it has applied).
+    Unknown,
+}
+
+pub struct Cluster {
+    pub node_id: String,
+    pub meta: Meta,
+    /// Node-RPC connections (Raft has its own, in the transport).
+    pub peers: Peers,
+    /// Started with `--peers`.
+    pub clustered: bool,
+    /// `--peers`: the seed voters (id, cluster address).
+    pub seeds: Vec<(String, String)>,
+    /// Initial members (bootstrap voters); default all seeds.
+    pub initial_members: Vec<String>,
+    /// The cluster address peers reach this node at.
+    pub advertise_addr: String,
+    pub timing: Timing,
+    /// This node is a voter of an initialized cluster (always true standalone).
+    admitted: AtomicBool,
+    /// This node's member record reached the metadata.
+    registered: AtomicBool,
+    by_id: ArcSwap<(Arc<MetaState>, HashMap<u64, Arc<Topic>>)>,
+}
+
+impl Cluster {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        node_id: String,
+        meta: Meta,
+        peers: Peers,
+        seeds: Vec<(String, String)>,
+        initial_members: Vec<String>,
+        advertise_addr: String,
+        timing: Timing,
+    ) -> Cluster {
+        let clustered = !seeds.is_empty();
+        let initial_members = if initial_members.is_empty() {
+            seeds.iter().map(|(id, _)| id.clone()).collect()
+        } else {
+            initial_members
+        };
+        let view = meta.view();
+        let by_id: HashMap<u64, Arc<Topic>> =
+            view.topics.values().map(|t| (t.id, t.clone())).collect();
+        Cluster {
+            node_id,
+            meta,
+            peers,
+            clustered,
+            seeds,
+            initial_members,
+            advertise_addr,
+            timing,
+            admitted: AtomicBool::new(!clustered),
+            registered: AtomicBool::new(false),
+            by_id: ArcSwap::from_pointee((view, by_id)),
+        }
+    }
+
+    /// Whether this node is admitted (a voter of an initialized cluster).
+    pub fn admitted(&self) -> bool {
+        self.admitted.load(Ordering::Acquire)
+    }
+    pub(crate) fn set_admitted(&self) {
+        self.admitted.store(true, Ordering::Release);
+    }
+    pub fn registered(&self) -> bool {
+        self.registered.load(Ordering::Acquire)
+    }
+    pub(crate) fn set_registered(&self) {
+        self.registered.store(true, Ordering::Release);
+    }
+
+    /// Looks a topic up by id in the current view (index rebuilt when the view changes).
+    pub fn topic_by_id(&self, id: u64) -> TopicLookup {
+        let view = self.meta.view();
+        let cached = self.by_id.load();
+        let found = if Arc::ptr_eq(&cached.0, &view) {
+            cached.1.get(&id).cloned()
+        } else {
+            let map: HashMap<u64, Arc<Topic>> =
+                view.topics.values().map(|t| (t.id, t.clone())).collect();
+            let found = map.get(&id).cloned();
+            self.by_id.store(Arc::new((view.clone(), map)));
+            found
+        };
+        match found {
+            Some(t) => TopicLookup::Known(t),
+            None if id < view.next_topic_id => TopicLookup::Deleted,
+            None => TopicLookup::Unknown,
+        }
+    }
+
+    /// Whether member `id` is alive in `view` (unknown members count as dead).
+    pub fn is_alive(view: &MetaState, id: &str) -> bool {
+        view.members.get(id).is_some_and(|m| !m.dead)
+    }
+
+    /// The owner of partition `p` of `topic`, if assigned.
+    pub fn owner<'t>(topic: &'t Topic, p: u32) -> Option<&'t str> {
+        topic
+            .assignments
+            .get(p as usize)
+            .and_then(|a| a.owner.as_deref())
+    }
+
+    /// Whether partition `p` of `topic` is owned by this node.
+    pub fn is_mine(&self, topic: &Topic, p: u32) -> bool {
+        Cluster::owner(topic, p) == Some(self.node_id.as_str())
+    }
+
+    /// Brings the node-RPC peer registry in line with the members and seeds.
+    pub fn sync_peers(&self, view: &MetaState) {
+        let mut addrs: HashMap<&str, &str> = self
+            .seeds
+            .iter()
+            .map(|(id, a)| (id.as_str(), a.as_str()))
+            .collect();
+        for m in view.members.values() {
+            if !m.cluster_addr.is_empty() {
+                addrs.insert(m.id.as_str(), m.cluster_addr.as_str());
+            }
+        }
+        self.peers.sync(addrs);
+    }
+
+    /// Calls `op` on node `id`; transport failures become `503` (the peer is down or cut off;
+    /// SPEC §6.4), replies are returned whatever their status.
+    pub async fn call(
+        &self,
+        id: &str,
+        op: Opcode,
+        body: Bytes,
+        timeout: Duration,
+    ) -> ApiResult<RpcReply> {
+        if self.peers.get(id).is_none() {
+            self.sync_peers(&self.meta.view());
+        }
+        self.peers
+            .call(id, op, body, timeout)
+            .await
+            .map_err(|e| rpc_unavailable(id, &e))
+    }
+
+    /// Proposes a metadata command: on the leader directly, elsewhere forwarded to the leader
+    /// (SPEC §6.3); returns once the local replica has applied it, so the caller reads its
+    /// own write. No leader, no quorum → `503`.
+    pub async fn propose(&self, cmd: MetaCommand) -> ApiResult<MetaResponse> {
+        if !self.clustered {
+            return self.meta.write(cmd).await.map_err(ApiError::from);
+        }
+        let op = forward_opcode(&cmd);
+        let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
+        let mut last = ApiError::unavailable("no metadata leader", 1);
+        // A leader change while forwarding answers "not the leader": try the new one, a few
+        // times, within the forwarding budget.
+        for attempt in 0..5u32 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+            if self.meta.is_leader() {
+                match self.meta.write(cmd.clone()).await {
+                    Err(MetaError::Unavailable(m)) if m.contains("not the metadata leader") => {
+                        last = ApiError::from(MetaError::Unavailable(m));
+                        continue;
+                    }
+                    other => return other.map_err(ApiError::from),
+                }
+            }
+            let Some(op) = op else {
+                return Err(ApiError::unavailable(
+                    "this change can only be made on the metadata leader",
+                    1,
+                ));
+            };
+            let Some((leader, _)) = self.meta.current_leader() else {
+                last = ApiError::unavailable("metadata unavailable: no metadata leader", 1);
+                continue;
+            };
+            let body = match serde_json::to_vec(&ProposeRequest {
+                command: cmd.clone(),
+            }) {
+                Ok(b) => Bytes::from(b),
+                Err(e) => return Err(ApiError::internal(format!("encode command: {e}"))),
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let reply = match self.call(&leader, op, body, left).await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            if reply.is_success() {
+                let r: ProposeReply = serde_json::from_slice(&reply.body)
+                    .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
+                if !self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await {
+                    tracing::warn!(
+                        index = r.index,
+                        "local replica slow to apply a forwarded write"
+                    );
+                }
+                return Ok(r.response);
+            }
+            let e = reply_error(&reply);
+            if e.status == StatusCode::SERVICE_UNAVAILABLE
+                && e.message.contains("not the metadata leader")
+            {
+                last = e;
+                continue;
+            }
+            return Err(e);
+        }
+        Err(last)
+    }
+
+    /// A current read of the metadata (SPEC §6.1 "before answering 404 … catches up"): the
+    /// leader confirms its leadership (a Raft barrier) and says how far its state goes; this
+    /// node waits until its replica has applied that far. Returns the topic `name` as the
+    /// leader knows it, when asked. Fails (`503`) without a leader.
+    pub async fn read_current(&self, name: Option<&str>) -> ApiResult<Option<Arc<Topic>>> {
+        if !self.clustered || self.meta.is_leader() {
+            let index = self.meta.barrier().await.map_err(ApiError::from)?;
+            let _ = index;
+            return Ok(name.and_then(|n| self.meta.view().topics.get(n).cloned()));
+        }
+        let Some((leader, _)) = self.meta.current_leader() else {
+            return Err(ApiError::unavailable(
+                "metadata unavailable: no metadata leader",
+                1,
+            ));
+        };
+        let body = serde_json::to_vec(&GetTopicRequest {
+            name: name.map(str::to_string),
+        })
+        .expect("invariant: a string option serialises");
+        let reply = self
+            .call(
+                &leader,
+                Opcode::GetTopic,
+                Bytes::from(body),
+                Duration::from_secs(5),
+            )
+            .await?;
+        if !reply.is_success() {
+            return Err(reply_error(&reply));
+        }
+        let r: GetTopicReply = serde_json::from_slice(&reply.body)
+            .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
+        self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await;
+        Ok(match name {
+            Some(n) => self
+                .meta
+                .view()
+                .topics
+                .get(n)
+                .cloned()
+                .or(r.topic.map(Arc::new)),
+            None => None,
+        })
+    }
+}
+
+/// The opcode a command is forwarded with; `None` for leader-only commands.
+pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
+    Some(match cmd {
+        MetaCommand::CreateTopic { .. } | MetaCommand::CreateChildTopic { .. } => {
+            Opcode::CreateTopic
+        }
+        MetaCommand::AttachChild { .. } => Opcode::AttachChild,
+        MetaCommand::DetachChild { .. } => Opcode::DetachChild,
+        MetaCommand::AlterTopic { .. } => Opcode::AlterTopic,
+        MetaCommand::DeleteTopic { .. } => Opcode::DeleteTopic,
+        MetaCommand::RegisterMember { .. } => Opcode::RegisterMember,
+        MetaCommand::CreateUser { .. } => Opcode::CreateUser,
+        MetaCommand::SetGrants { .. } | MetaCommand::SetPassword { .. } => Opcode::UpdateUser,
+        MetaCommand::DeleteUser { .. } => Opcode::DeleteUser,
+        MetaCommand::SeedRoot { .. } | MetaCommand::MarkMemberDead { .. } => return None,
+    })
+}
+
+/// `503` for a peer that could not be reached or answered nothing usable.
+pub fn rpc_unavailable(id: &str, e: &RpcError) -> ApiError {
+    ApiError::unavailable(format!("node {id} is unavailable: {e}"), 1)
+}
+
+/// The error a non-2xx reply carries (its `{"error": …}` body, else the raw body).
+pub fn reply_error(reply: &RpcReply) -> ApiError {
+    #[derive(serde::Deserialize)]
+    struct E {
+        error: String,
+    }
+    let message = serde_json::from_slice::<E>(&reply.body)
+        .map(|e| e.error)
+        .unwrap_or_else(|_| String::from_utf8_lossy(&reply.body).into_owned());
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+        ApiError::unavailable(message, 1).with_status(status)
+    } else {
+        ApiError::new(status, message)
+    }
+}
+
+/// An `ApiError` as a reply (the same status and `{"error": …}` body).
+pub fn error_reply(e: &ApiError) -> RpcReply {
+    RpcReply::error(e.status.as_u16(), &e.message)
+}

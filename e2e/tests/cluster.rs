@@ -1,0 +1,172 @@
+//! A three-node cluster on loopback (SPEC §6): any node serves any request, a topic created
+//! through one node is usable through the others at once, and the data plane survives node
+//! loss and quorum loss.
+
+use std::time::Duration;
+
+use narad_e2e::load::Load;
+use narad_e2e::TestCluster;
+use narad_tests::{json, Msg};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_serves_any_request() {
+    let c = TestCluster::start(3).await;
+
+    // Membership: three alive members, exactly one leader, sorted by id.
+    let members = c.members(1).await;
+    let ids: Vec<&str> = members.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["n0", "n1", "n2"], "{members:?}");
+    assert!(
+        members.iter().all(|m| m["status"] == "alive"),
+        "{members:?}"
+    );
+    assert_eq!(
+        members.iter().filter(|m| m["leader"] == true).count(),
+        1,
+        "{members:?}"
+    );
+
+    // Created on n0, used at once on n1 and n2 (catch-up before 404).
+    c.http(0)
+        .create_topic(&json!({"name": "orders", "partitions": 6}))
+        .await;
+    for i in 0..30u32 {
+        c.http(1 + (i as usize % 2))
+            .produce_ok("orders", "", format!("m{i}"))
+            .await;
+    }
+    // Placement: partition p → member p mod 3.
+    assert_eq!(
+        c.owners(2, "orders").await,
+        ["n0", "n1", "n2", "n0", "n1", "n2"]
+    );
+    c.http(0).wait_total_visible("orders", 30).await;
+
+    // Consume through n2 (local partitions first, then remote owners), ack through n0.
+    let mut got = Vec::new();
+    while got.len() < 30 {
+        let m: Msg = c.http(2).consume_msg("orders", "wait=2s").await;
+        c.http(0)
+            .ack_ok("orders", m.receipt_handle.as_deref().unwrap())
+            .await;
+        got.push(String::from_utf8(m.payload_bytes()).unwrap());
+    }
+    got.sort();
+    let mut want: Vec<String> = (0..30).map(|i| format!("m{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    c.http(1).consume_none("orders", "").await;
+
+    // Pinned consume and replay of a remote partition are forwarded to its owner.
+    c.http(0)
+        .produce_ok("orders", "partition=2&key=k", "pinned")
+        .await;
+    let m = c.http(0).consume_msg("orders", "partition=2&wait=2s").await;
+    assert_eq!(m.payload_bytes(), b"pinned");
+    assert_eq!(m.key.as_deref(), Some("k"));
+    let replayed = c
+        .http(1)
+        .consume_msg("orders", &format!("partition=2&offset={}", m.offset))
+        .await;
+    assert_eq!(replayed.payload_bytes(), b"pinned");
+    assert!(replayed.receipt_handle.is_none());
+    // A settled handle is stale everywhere.
+    let h = m.receipt_handle.clone().unwrap();
+    c.http(1).ack_ok("orders", &h).await;
+    c.http(2).ack("orders", &h, None).await.expect_error(410);
+
+    // Batch ack across owners.
+    for i in 0..6 {
+        c.http(0)
+            .produce_ok("orders", &format!("partition={i}"), format!("b{i}"))
+            .await;
+    }
+    c.http(0).wait_total_visible("orders", 37).await;
+    let mut handles = Vec::new();
+    for i in 0..6 {
+        let m = c
+            .http(1)
+            .consume_msg("orders", &format!("partition={i}&wait=2s"))
+            .await;
+        handles.push(m.receipt_handle.unwrap());
+    }
+    let refs: Vec<&str> = handles.iter().map(String::as_str).collect();
+    let r = c
+        .http(2)
+        .ack_batch("orders", None, &refs)
+        .await
+        .expect_json(200);
+    let statuses: Vec<u64> = r["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [204; 6], "{r}");
+
+    // Alter and delete through a follower reach every node.
+    c.http(2)
+        .patch_json("/v1/topics/orders", &json!({"partitions": 9}))
+        .await
+        .expect(200);
+    assert_eq!(c.owners(0, "orders").await.len(), 9);
+    c.http(1).delete("/v1/topics/orders").await.expect(204);
+    for i in 0..3 {
+        c.http(i).get("/v1/topics/orders").await.expect_error(404);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_loss_keeps_the_data_plane() {
+    let mut c = TestCluster::start(3).await;
+    c.http(0)
+        .create_topic(&json!({"name": "q", "partitions": 6, "visibility_timeout_ms": 5000}))
+        .await;
+    let urls: Vec<String> = (0..3).map(|i| c.url(i)).collect();
+    let load = Load::start(&urls, "q", 8, 2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Two of three down: no quorum.
+    c.kill9(1);
+    c.kill9(2);
+    let before = load.ledger.acked_count();
+    // Produce still answers 202 on the survivor (rerouted to its own partitions).
+    for i in 0..20 {
+        c.http(0)
+            .produce_ok("q", "", narad_tests::payload::make(9999, i + 1))
+            .await;
+        load.ledger
+            .record_acked(narad_tests::payload::id(9999, i + 1));
+    }
+    // Control plane: 503.
+    let r = c
+        .http(0)
+        .post_json("/v1/topics", &json!({"name": "q2"}))
+        .await;
+    r.expect_error(503);
+    narad_tests::eventually(Duration::from_secs(20), Duration::from_millis(100), || {
+        let l = load.ledger.clone();
+        async move {
+            anyhow::ensure!(l.acked_count() > before + 100, "{}", l.progress());
+            Ok(())
+        }
+    })
+    .await;
+
+    // Quorum back: everything drains.
+    c.restart(1).await;
+    c.restart(2).await;
+    c.wait_ready(1).await;
+    c.wait_ready(2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (report, drained) = load.finish(Duration::from_secs(60)).await;
+    eprintln!("quorum loss: {report}");
+    if let Err(e) = drained {
+        eprintln!("drain incomplete: {e:#}");
+    }
+    report.assert_ok();
+    c.http(1)
+        .post_json("/v1/topics", &json!({"name": "q2"}))
+        .await
+        .expect(201);
+}
