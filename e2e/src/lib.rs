@@ -112,7 +112,7 @@ impl TestCluster {
                 server,
             });
         }
-        let mut c = TestCluster {
+        let c = TestCluster {
             nodes,
             peers,
             extra_env: opts.env,
@@ -179,7 +179,11 @@ impl TestCluster {
 
     /// `GET /v1/cluster/members` as seen by node `i`.
     pub async fn members(&self, i: usize) -> Vec<Value> {
-        let v = self.http(i).get("/v1/cluster/members").await.expect_json(200);
+        let v = self
+            .http(i)
+            .get("/v1/cluster/members")
+            .await
+            .expect_json(200);
         v["members"].as_array().cloned().unwrap_or_default()
     }
 

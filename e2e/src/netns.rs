@@ -52,9 +52,18 @@ impl NetLab {
         let br = lab.bridge();
         let _ = run(&["ip", "link", "del", &br]);
         run(&["ip", "link", "add", &br, "type", "bridge"])?;
-        run(&["ip", "addr", "add", &format!("{}.1/24", lab.subnet), "dev", &br])?;
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}.1/24", lab.subnet),
+            "dev",
+            &br,
+        ])?;
         run(&["ip", "link", "set", &br, "up"])?;
-        run(&["iptables", "-I", "FORWARD", "-i", &br, "-o", &br, "-j", "ACCEPT"])?;
+        run(&[
+            "iptables", "-I", "FORWARD", "-i", &br, "-o", &br, "-j", "ACCEPT",
+        ])?;
         lab.forward_rule = true;
         for i in 0..hosts {
             let ns = lab.ns(i);
@@ -62,13 +71,19 @@ impl NetLab {
             let _ = run(&["ip", "netns", "del", &ns]);
             run(&["ip", "netns", "add", &ns])?;
             lab.hosts = i + 1;
-            run(&["ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner])?;
+            run(&[
+                "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
             run(&["ip", "link", "set", &inner, "netns", &ns])?;
             run(&["ip", "link", "set", &outer, "master", &br])?;
             run(&["ip", "link", "set", &outer, "up"])?;
             let ip = format!("{}/24", lab.ip(i));
-            run(&["ip", "netns", "exec", &ns, "ip", "addr", "add", &ip, "dev", &inner])?;
-            run(&["ip", "netns", "exec", &ns, "ip", "link", "set", &inner, "up"])?;
+            run(&[
+                "ip", "netns", "exec", &ns, "ip", "addr", "add", &ip, "dev", &inner,
+            ])?;
+            run(&[
+                "ip", "netns", "exec", &ns, "ip", "link", "set", &inner, "up",
+            ])?;
             run(&["ip", "netns", "exec", &ns, "ip", "link", "set", "lo", "up"])?;
         }
         Ok(lab)
@@ -110,7 +125,9 @@ impl Drop for NetLab {
         }
         let br = self.bridge();
         if self.forward_rule {
-            let _ = run(&["iptables", "-D", "FORWARD", "-i", &br, "-o", &br, "-j", "ACCEPT"]);
+            let _ = run(&[
+                "iptables", "-D", "FORWARD", "-i", &br, "-o", &br, "-j", "ACCEPT",
+            ]);
         }
         let _ = run(&["ip", "link", "del", &br]);
     }

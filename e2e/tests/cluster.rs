@@ -16,7 +16,10 @@ async fn any_node_serves_any_request() {
     let members = c.members(1).await;
     let ids: Vec<&str> = members.iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["n0", "n1", "n2"], "{members:?}");
-    assert!(members.iter().all(|m| m["status"] == "alive"), "{members:?}");
+    assert!(
+        members.iter().all(|m| m["status"] == "alive"),
+        "{members:?}"
+    );
     assert_eq!(
         members.iter().filter(|m| m["leader"] == true).count(),
         1,
@@ -55,7 +58,9 @@ async fn any_node_serves_any_request() {
     c.http(1).consume_none("orders", "").await;
 
     // Pinned consume and replay of a remote partition are forwarded to its owner.
-    c.http(0).produce_ok("orders", "partition=2&key=k", "pinned").await;
+    c.http(0)
+        .produce_ok("orders", "partition=2&key=k", "pinned")
+        .await;
     let m = c.http(0).consume_msg("orders", "partition=2&wait=2s").await;
     assert_eq!(m.payload_bytes(), b"pinned");
     assert_eq!(m.key.as_deref(), Some("k"));
@@ -86,7 +91,11 @@ async fn any_node_serves_any_request() {
         handles.push(m.receipt_handle.unwrap());
     }
     let refs: Vec<&str> = handles.iter().map(String::as_str).collect();
-    let r = c.http(2).ack_batch("orders", None, &refs).await.expect_json(200);
+    let r = c
+        .http(2)
+        .ack_batch("orders", None, &refs)
+        .await
+        .expect_json(200);
     let statuses: Vec<u64> = r["results"]
         .as_array()
         .unwrap()
