@@ -112,7 +112,7 @@ impl TestCluster {
                 server,
             });
         }
-        let mut c = TestCluster {
+        let c = TestCluster {
             nodes,
             peers,
             extra_env: opts.env,

@@ -19,6 +19,8 @@ const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Load {
     pub ledger: Arc<Ledger>,
+    urls: Vec<String>,
+    topic: String,
     stop: Arc<AtomicBool>,
     producers: Vec<JoinHandle<()>>,
     consumers: Vec<Consumers>,
@@ -47,6 +49,8 @@ impl Load {
             .collect();
         Load {
             ledger,
+            urls: urls.to_vec(),
+            topic: topic.to_string(),
             stop,
             producers,
             consumers,
@@ -70,6 +74,9 @@ impl Load {
     pub async fn finish(mut self, drain: Duration) -> (Report, anyhow::Result<()>) {
         self.stop_producing().await;
         let drained = wait_all_consumed(&self.ledger, drain).await;
+        if drained.is_err() {
+            diagnose(&self.urls, &self.topic).await;
+        }
         for c in self.consumers.drain(..) {
             c.stop().await;
         }
@@ -117,6 +124,41 @@ async fn produce_loop(
                 ledger.record_ambiguous(id);
                 node = (node + 1) % clients.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Prints what each node says about the topic and its queues (for a drain that stalled).
+pub async fn diagnose(urls: &[String], topic: &str) {
+    for (i, u) in urls.iter().enumerate() {
+        let http = Http::new(u);
+        let t = http
+            .request(Method::GET, format!("/v1/topics/{topic}"))
+            .timeout(Duration::from_secs(5))
+            .try_send()
+            .await;
+        eprintln!(
+            "--- node {i} ({u}) topic: {}",
+            t.map(|r| r.text()).unwrap_or_else(|e| e.to_string())
+        );
+        if let Ok(m) = http
+            .request(Method::GET, "/metrics")
+            .timeout(Duration::from_secs(5))
+            .try_send()
+            .await
+        {
+            for line in m.text().lines() {
+                if !line.starts_with('#')
+                    && (line.contains("consumer_lag")
+                        || line.contains("inflight_size")
+                        || line.contains("acked_ahead_size")
+                        || line.contains("cluster_members")
+                        || line.contains("errors_total")
+                        || line.contains("wal_records"))
+                {
+                    eprintln!("    {line}");
+                }
             }
         }
     }

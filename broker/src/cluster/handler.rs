@@ -53,7 +53,7 @@ impl RpcHandler for NodeRpc {
                 | Opcode::DetachChild => propose(&node, from, opcode, &body).await,
                 Opcode::GetTopic => get_topic(&node, &body).await,
                 Opcode::JoinCluster => join(&node, &body).await,
-                Opcode::CommitProduceBatch => commit(&node, body).await,
+                Opcode::CommitProduceBatch => commit(&node, from, body).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {
                     Ok(req) => crate::api::consume::serve_forwarded(&node, req).await,
                     Err(r) => r,
@@ -187,7 +187,7 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
 }
 
 /// `CommitProduceBatch`: commit into a partition this node owns; `200` once visible.
-async fn commit(node: &Arc<Node>, body: Bytes) -> RpcReply {
+async fn commit(node: &Arc<Node>, from: &str, body: Bytes) -> RpcReply {
     let batch = match CommitBatch::decode(body) {
         Ok(b) => b,
         Err(e) => return RpcReply::error(400, &e),
@@ -224,7 +224,20 @@ async fn commit(node: &Arc<Node>, body: Bytes) -> RpcReply {
         })
         .collect();
     let p = part.clone();
-    match tokio::task::spawn_blocking(move || p.commit_batch(&records)).await {
+    let from = from.to_string();
+    match tokio::task::spawn_blocking(move || {
+        let r = p.commit_batch(&records);
+        if tracing::enabled!(target: "narad_trace", tracing::Level::TRACE) {
+            let ids: Vec<String> = records
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.payload[..r.payload.len().min(20)]).into_owned())
+                .collect();
+            tracing::trace!(target: "narad_trace", from, partition = p.index, hwm = p.log.high_watermark(), ok = r.is_ok(), records = ?ids, "owner commit");
+        }
+        r
+    })
+    .await
+    {
         Ok(Ok(())) => {
             rt.wake_consumers(n);
             RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))

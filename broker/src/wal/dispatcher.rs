@@ -34,10 +34,28 @@ pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 /// Failed passes after which a partition's records go to a sibling partition.
 pub const REROUTE_AFTER_FAILURES: u32 = 3;
+/// After that, new records for the partition go to siblings for this long before its owner
+/// is tried again (a partition is not retried 3 times for every new record).
+const STUCK_FOR: Duration = Duration::from_secs(1);
 /// A partition with at least this many pending records commits without lingering.
 const LINGER_RECORDS: usize = 256;
 
 type Key = (u64, u32);
+
+/// Debug tracing of every record's way (`RUST_LOG=narad_trace=trace`), for chasing a lost
+/// record in a fault test: the first bytes of each payload (test payloads start with their id).
+fn trace_records(what: &str, key: Key, records: &[DurableRecord]) {
+    if tracing::enabled!(target: "narad_trace", tracing::Level::TRACE) {
+        let ids: Vec<String> = records
+            .iter()
+            .map(|r| {
+                let p = &r.record.payload[..r.record.payload.len().min(20)];
+                format!("{}:{}", r.lsn, String::from_utf8_lossy(p))
+            })
+            .collect();
+        tracing::trace!(target: "narad_trace", what, topic_id = key.0, partition = key.1, records = ?ids);
+    }
+}
 
 /// Where a batch for (topic id, partition) goes.
 pub enum Route {
@@ -85,6 +103,8 @@ pub struct Dispatcher {
     retry_at: HashMap<Key, Instant>,
     /// Consecutive failed passes per partition.
     failures: HashMap<Key, u32>,
+    /// Partitions whose records go to siblings until then (after repeated failures).
+    stuck_until: HashMap<Key, Instant>,
     /// Local commits in flight (at most `parallel`; remote ones up to `MAX_PARALLEL`).
     local_busy: usize,
 }
@@ -116,11 +136,15 @@ impl Dispatcher {
             busy: HashMap::new(),
             retry_at: HashMap::new(),
             failures: HashMap::new(),
+            stuck_until: HashMap::new(),
             local_busy: 0,
         }
     }
 
     fn add(&mut self, recs: Vec<DurableRecord>) {
+        if let Some(r) = recs.first() {
+            trace_records("received", (r.record.topic_id, r.record.partition), &recs);
+        }
         let now = Instant::now();
         for r in recs {
             let key = (r.record.topic_id, r.record.partition);
@@ -208,6 +232,7 @@ impl Dispatcher {
             return false;
         }
         let now = Instant::now();
+        self.stuck_until.retain(|_, until| *until > now);
         // With no commit in flight the disk is idle: commit at once. Linger only while
         // other commits run, when waiting a little buys a larger batch.
         let idle = jobs.is_empty();
@@ -216,8 +241,7 @@ impl Dispatcher {
             .iter()
             .filter(|(k, q)| {
                 !self.busy.contains_key(k)
-                    && (!self.retry_at.contains_key(k)
-                        || self.failures.get(k).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES)
+                    && (!self.retry_at.contains_key(k) || self.is_stuck(k))
                     && (idle || self.due(k, q.len(), now).is_ok())
             })
             .map(|(k, _)| *k)
@@ -250,7 +274,8 @@ impl Dispatcher {
             let records = self.take_batch(key, now);
             match route {
                 Route::Gone => {
-                    tracing::debug!(
+                    trace_records("gone", key, &records);
+                    tracing::warn!(
                         topic_id = key.0,
                         records = records.len(),
                         "discarding wal records of a deleted topic"
@@ -264,6 +289,7 @@ impl Dispatcher {
                         .insert(key, Instant::now() + Duration::from_millis(20));
                 }
                 Route::Local(rt, part) => {
+                    trace_records("local", key, &records);
                     self.busy.insert(key, ());
                     self.local_busy += 1;
                     jobs.spawn_blocking(move || {
@@ -277,6 +303,7 @@ impl Dispatcher {
                     });
                 }
                 Route::Remote { owner, .. } => {
+                    trace_records(&format!("remote {owner}"), key, &records);
                     self.busy.insert(key, ());
                     let batch = CommitBatch {
                         topic_id: key.0,
@@ -331,19 +358,31 @@ impl Dispatcher {
         records
     }
 
+    /// Whether `key` failed too often lately: its records go to siblings.
+    fn is_stuck(&self, key: &Key) -> bool {
+        self.failures.get(key).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES
+            || self.stuck_until.contains_key(key)
+    }
+
     /// Moves every pending record of `key` to the next live, non-stuck partition of its
     /// topic. Returns false (and moves nothing) when there is none.
     fn reroute(&mut self, key: Key) -> bool {
-        let failures = &self.failures;
-        let stuck = |p: u32| {
-            p != key.1 && failures.get(&(key.0, p)).copied().unwrap_or(0) < REROUTE_AFTER_FAILURES
-        };
-        let Some(to) = self.router.reroute(key.0, key.1, &stuck) else {
+        let usable = |p: u32| p != key.1 && !self.is_stuck(&(key.0, p));
+        let Some(to) = self.router.reroute(key.0, key.1, &usable) else {
             return false;
         };
+        if self.failures.remove(&key).is_some() {
+            self.stuck_until.insert(key, Instant::now() + STUCK_FOR);
+            tracing::warn!(topic_id = key.0, partition = key.1, to,
+                "partition failed {REROUTE_AFTER_FAILURES} passes in a row; its records go to sibling partitions for now");
+        }
         let Some(queue) = self.pending.remove(&key) else {
             return false;
         };
+        {
+            let moved: Vec<DurableRecord> = queue.iter().cloned().collect();
+            trace_records(&format!("reroute to {to}"), key, &moved);
+        }
         self.first_pending_at.remove(&key);
         self.retry_at.remove(&key);
         let n = queue.len();
@@ -384,6 +423,7 @@ impl Dispatcher {
         }
         match outcome.result {
             Ok(()) => {
+                trace_records("done", outcome.key, &outcome.records);
                 self.failures.remove(&outcome.key);
                 if let Some(rt) = outcome.local {
                     rt.wake_consumers(outcome.records.len());
@@ -391,6 +431,7 @@ impl Dispatcher {
                 self.wal.committed(&outcome.records);
             }
             Err(e) => {
+                trace_records("failed", outcome.key, &outcome.records);
                 self.metrics.error("dispatcher", "commit");
                 let n = self.failures.entry(outcome.key).or_insert(0);
                 *n += 1;

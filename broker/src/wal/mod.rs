@@ -194,11 +194,11 @@ fn fsync_dir(dir: &Path) -> Result<(), WalError> {
 
 fn create_segment(dir: &Path, lane: usize, first_lsn: u64) -> Result<(PathBuf, File), WalError> {
     let path = segment_path(dir, lane, first_lsn);
+    // Never reuse a name: a file that exists may hold records (or be listed for deletion).
     let file = OpenOptions::new()
-        .create(true)
+        .create_new(true)
         .write(true)
         .read(true)
-        .truncate(true)
         .open(&path)
         .map_err(io_err(&path))?;
     Ok((path, file))
@@ -218,6 +218,13 @@ impl Wal {
             let newest_of_lane = !found[i + 1..].iter().any(|(l, _)| l == lane);
             let recs = recover_segment(path, newest_of_lane)?;
             let max_lsn = recs.iter().map(|r| r.lsn).max();
+            if max_lsn.is_none() {
+                // Holds nothing (a lane that never wrote before a crash, or a torn first
+                // frame): remove it now. Kept, its name could be the one a new lane file
+                // gets below, and the checkpointer would then delete that live file.
+                fs::remove_file(path).map_err(io_err(path))?;
+                continue;
+            }
             for r in recs {
                 next_lsn = next_lsn.max(r.lsn + 1);
                 if r.lsn >= checkpoint {
@@ -818,6 +825,54 @@ mod tests {
             vec![Bytes::from_static(b"two"), Bytes::from_static(b"three")]
         );
         assert_eq!(o.recovered[0].lsn, 1);
+    }
+
+    /// A crash before a lane wrote anything leaves empty segment files named after the next
+    /// LSN; the next open must not reuse those names (the checkpointer would delete the
+    /// stale entry's path, unlinking the live file with acknowledged records in it).
+    #[tokio::test]
+    async fn restarts_that_wrote_nothing_never_cost_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            checkpoint_interval: Duration::from_millis(5),
+            ..Default::default()
+        };
+        // Two incarnations that write nothing (killed right after start).
+        for _ in 0..2 {
+            let o = Wal::open(dir.path(), opts.clone()).unwrap();
+            assert!(o.recovered.is_empty());
+        }
+        let want: Vec<Bytes> = (0..8).map(|i| Bytes::from(format!("kept-{i}"))).collect();
+        {
+            let mut o = Wal::open(dir.path(), opts.clone()).unwrap();
+            for i in 0..4 {
+                o.wal
+                    .append(vec![rec(1, 0, None, &format!("done-{i}"))])
+                    .await
+                    .unwrap();
+            }
+            let mut got = Vec::new();
+            while got.len() < 4 {
+                got.extend(o.durable_rx.recv().await.unwrap());
+            }
+            // Everything so far committed: the checkpoint moves and old segments go.
+            o.wal.committed(&got);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            // Then more records, on every lane; the process dies without closing.
+            for p in &want {
+                o.wal
+                    .append(vec![rec(1, 0, None, std::str::from_utf8(p).unwrap())])
+                    .await
+                    .unwrap();
+            }
+        }
+        let o = Wal::open(dir.path(), opts).unwrap();
+        let payloads: Vec<_> = o
+            .recovered
+            .iter()
+            .map(|r| r.record.payload.clone())
+            .collect();
+        assert_eq!(payloads, want);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
