@@ -55,25 +55,32 @@ pub struct ClusterOpts {
     /// Nodes started as initial members (the rest of `size` start join-only later via
     /// [`TestCluster::add_node`]); default all.
     pub seeds: Option<usize>,
+    /// Run node i in network namespace `netns[i]` at address `hosts[i]` (ports 7942/7943),
+    /// instead of on loopback with free ports (see [`netns::NetLab`]).
+    pub hosts: Vec<(String, String)>,
 }
 
-fn node_opts(
-    id: &str,
-    api_port: u16,
-    cluster_port: u16,
-    peers: &str,
-    env: &[(String, String)],
-) -> ServerOpts {
+/// Where a node runs: its address, network namespace (if any) and ports.
+struct Place {
+    host: String,
+    netns: Option<String>,
+    api: u16,
+    cluster: u16,
+}
+
+fn node_opts(id: &str, place: &Place, peers: &str, env: &[(String, String)]) -> ServerOpts {
     let mut o = ServerOpts {
         dev: false,
-        port: Some(api_port),
+        port: Some(place.api),
         wait_ready: false,
+        host: place.host.clone(),
+        netns: place.netns.clone(),
         ..ServerOpts::default()
     }
     .arg("--node-id")
     .arg(id)
     .arg("--cluster-addr")
-    .arg(format!("127.0.0.1:{cluster_port}"))
+    .arg(format!("{}:{}", place.host, place.cluster))
     .arg("--peers")
     .arg(peers)
     .arg("--log-format")
@@ -94,21 +101,36 @@ impl TestCluster {
     }
 
     pub async fn start_with(n: usize, opts: ClusterOpts) -> TestCluster {
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let places: Vec<Place> = (0..n)
+            .map(|i| match opts.hosts.get(i) {
+                Some((host, ns)) => Place {
+                    host: host.clone(),
+                    netns: Some(ns.clone()),
+                    api: 7942,
+                    cluster: 7943,
+                },
+                None => Place {
+                    host: "127.0.0.1".into(),
+                    netns: None,
+                    api: free_port(),
+                    cluster: free_port(),
+                },
+            })
+            .collect();
         let seeds = opts.seeds.unwrap_or(n);
-        let peers = ports[..seeds]
+        let peers = places[..seeds]
             .iter()
             .enumerate()
-            .map(|(i, (_, c))| format!("n{i}@127.0.0.1:{c}"))
+            .map(|(i, p)| format!("n{i}@{}:{}", p.host, p.cluster))
             .collect::<Vec<_>>()
             .join(",");
         let mut nodes = Vec::new();
-        for (i, (api, cl)) in ports.iter().enumerate().take(seeds) {
+        for (i, place) in places.iter().enumerate().take(seeds) {
             let id = format!("n{i}");
-            let server = Server::start(node_opts(&id, *api, *cl, &peers, &opts.env)).await;
+            let server = Server::start(node_opts(&id, place, &peers, &opts.env)).await;
             nodes.push(Node {
                 id,
-                cluster_port: *cl,
+                cluster_port: place.cluster,
                 server,
             });
         }
@@ -125,16 +147,30 @@ impl TestCluster {
 
     /// Starts a join-only node (not in `--peers`) and waits until it is ready (admitted).
     pub async fn add_node(&mut self) -> usize {
+        let i = self.add_node_unready(Vec::new()).await;
+        self.wait_ready(i).await;
+        i
+    }
+
+    /// Starts a join-only node with `env` added (e.g. a wrong cluster secret) and returns as
+    /// soon as it serves `/healthz`.
+    pub async fn add_node_unready(&mut self, env: Vec<(String, String)>) -> usize {
         let i = self.nodes.len();
         let id = format!("n{i}");
-        let (api, cl) = (free_port(), free_port());
-        let server = Server::start(node_opts(&id, api, cl, &self.peers, &self.extra_env)).await;
+        let place = Place {
+            host: "127.0.0.1".into(),
+            netns: None,
+            api: free_port(),
+            cluster: free_port(),
+        };
+        let mut all_env = self.extra_env.clone();
+        all_env.extend(env);
+        let server = Server::start(node_opts(&id, &place, &self.peers, &all_env)).await;
         self.nodes.push(Node {
             id,
-            cluster_port: cl,
+            cluster_port: place.cluster,
             server,
         });
-        self.wait_ready(i).await;
         i
     }
 
