@@ -34,10 +34,8 @@ pub async fn establish(cluster: Arc<Cluster>, shutdown: CancellationToken) {
         return;
     }
     let me = cluster.node_id.clone();
-    if !cluster.meta.is_initialized().await {
-        if cluster.initial_members.contains(&me) {
-            bootstrap_or_find(&cluster, &shutdown).await;
-        }
+    if !cluster.meta.is_initialized().await && cluster.initial_members.contains(&me) {
+        bootstrap_or_find(&cluster, &shutdown).await;
     }
     // Join (join-only nodes, and initial members that found an existing cluster) until this
     // node is a voter of the membership it has applied.

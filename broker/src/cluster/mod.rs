@@ -63,6 +63,9 @@ impl Timing {
     }
 }
 
+/// Topics by id, for the view they were indexed from.
+type TopicIndex = (Arc<MetaState>, HashMap<u64, Arc<Topic>>);
+
 /// What the metadata says about a topic id.
 pub enum TopicLookup {
     Known(Arc<Topic>),
@@ -91,7 +94,7 @@ pub struct Cluster {
     admitted: AtomicBool,
     /// This node's member record reached the metadata.
     registered: AtomicBool,
-    by_id: ArcSwap<(Arc<MetaState>, HashMap<u64, Arc<Topic>>)>,
+    by_id: ArcSwap<TopicIndex>,
 }
 
 impl Cluster {
@@ -169,7 +172,7 @@ impl Cluster {
     }
 
     /// The owner of partition `p` of `topic`, if assigned.
-    pub fn owner<'t>(topic: &'t Topic, p: u32) -> Option<&'t str> {
+    pub fn owner(topic: &Topic, p: u32) -> Option<&str> {
         topic
             .assignments
             .get(p as usize)
