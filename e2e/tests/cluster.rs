@@ -170,3 +170,52 @@ async fn quorum_loss_keeps_the_data_plane() {
         .await
         .expect(201);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_member_with_an_empty_disk_rejoins_instead_of_bootstrapping() {
+    let mut c = TestCluster::start(3).await;
+    c.http(0)
+        .create_topic(&json!({"name": "before", "partitions": 3}))
+        .await;
+    // n2's volume is replaced: same id, same peers, empty data dir.
+    c.kill9(2);
+    let dir = c.nodes[2].server.data_dir().to_path_buf();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    c.restart(2).await;
+    c.wait_ready(2).await;
+    // It joined the existing cluster (a second, bootstrapped one would not know the topic
+    // and would elect its own leader).
+    let t = c.http(2).get("/v1/topics/before").await.expect_json(200);
+    assert_eq!(t["partitions"], 3, "{t}");
+    assert_eq!(c.leader(2).await, c.leader(0).await);
+    c.http(2)
+        .create_topic(&json!({"name": "after", "partitions": 3}))
+        .await;
+    c.http(0).get("/v1/topics/after").await.expect(200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_only_node_is_admitted_and_serves() {
+    let mut c = TestCluster::start(3).await;
+    let i = c.add_node().await;
+    let members = c.members(i).await;
+    assert_eq!(members.len(), 4, "{members:?}");
+    assert!(
+        members.iter().all(|m| m["status"] == "alive"),
+        "{members:?}"
+    );
+    // New partitions are placed on it too (p mod 4).
+    c.http(i)
+        .create_topic(&json!({"name": "four", "partitions": 4}))
+        .await;
+    assert_eq!(c.owners(0, "four").await, ["n0", "n1", "n2", "n3"]);
+    for k in 0..8 {
+        c.http(k % 4).produce_ok("four", "", format!("m{k}")).await;
+    }
+    c.http(3).wait_total_visible("four", 8).await;
+    // A restart keeps it a voter: it comes back ready without asking again.
+    c.restart(i).await;
+    c.wait_ready(i).await;
+    c.http(i).get("/v1/topics/four").await.expect(200);
+}
