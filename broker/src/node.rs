@@ -611,7 +611,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         Arc::new(crate::fanout::RoutedCommitter::new(
             node_id.clone(),
             registry.clone(),
-            None,
+            Some(Arc::new(crate::cluster::router::RemoteChildCommitter {
+                cluster: cluster.clone(),
+            })),
         )),
         config.fanout.clone(),
     );

@@ -72,3 +72,53 @@ impl Router for NodeRouter {
         })
     }
 }
+
+/// Fan-out copies to a child partition owned by another node: `CommitProduceBatch` to its
+/// owner, which commits with the same fsync-and-verify commit (SPEC §5.1). Fan-out never
+/// reroutes: a dead owner stalls the cursor until it returns.
+pub struct RemoteChildCommitter {
+    pub cluster: Arc<Cluster>,
+}
+
+impl crate::fanout::ChildCommitter for RemoteChildCommitter {
+    fn commit(
+        &self,
+        child: Arc<narad_meta::Topic>,
+        partition: u32,
+        records: Vec<narad_storage::NewRecord>,
+    ) -> crate::fanout::sink::CommitFuture<'_> {
+        Box::pin(async move {
+            let owner = Cluster::owner(&child, partition)
+                .ok_or_else(|| {
+                    crate::fanout::CommitError(format!(
+                        "partition {partition} of child topic {} is not assigned yet",
+                        child.name
+                    ))
+                })?
+                .to_string();
+            let batch = CommitBatch {
+                topic_id: child.id,
+                partition,
+                records: records
+                    .into_iter()
+                    .map(|r| super::wire::CommitRecord {
+                        key: r.key,
+                        payload: r.payload,
+                    })
+                    .collect(),
+            };
+            match self
+                .cluster
+                .call(&owner, Opcode::CommitProduceBatch, batch.encode(), COMMIT_TIMEOUT)
+                .await
+            {
+                Ok(r) if r.is_success() => Ok(()),
+                Ok(r) => Err(crate::fanout::CommitError(format!(
+                    "{owner} answered {}",
+                    reply_error(&r)
+                ))),
+                Err(e) => Err(crate::fanout::CommitError(e.message)),
+            }
+        })
+    }
+}

@@ -3,10 +3,9 @@
 //! produce). [`RoutedCommitter`] commits locally when this node owns the child partition and
 //! hands everything else to a remote committer.
 //!
-//! Cluster hook: the cluster work provides the remote [`ChildCommitter`] (node RPC
-//! `CommitProduceBatch` to the child partition's owner, which runs [`commit_local`]) and
-//! passes it to [`RoutedCommitter::new`]. Until then a child partition owned elsewhere
-//! stalls its cursor (`Retry`), which SPEC §5.1 asks for anyway while an owner is dead:
+//! The remote committer is `cluster::router::RemoteChildCommitter` (node RPC
+//! `CommitProduceBatch` to the child partition's owner, which commits with the same
+//! fsync-and-verify path). A dead owner stalls the cursor (`Retry`), as SPEC §5.1 asks:
 //! fan-out never reroutes.
 
 use std::future::Future;
