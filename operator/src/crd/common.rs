@@ -117,6 +117,9 @@ pub fn set_condition(
     now: &Time,
 ) -> bool {
     let status = if status { "True" } else { "False" }.to_string();
+    // An empty message is stored as null by a 1.20 API server, which then refuses the
+    // status (`message` must be a string): always say something.
+    let message = if message.is_empty() { reason } else { message };
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(c) => {
             let changed = c.status != status

@@ -163,10 +163,10 @@ pub struct TopicStatus {
     /// Children and their lag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildStatus>,
-    /// Whether it was created as a replica child, and its delay, as applied.
+    /// Whether it was created as a replica child (as applied; immutability check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<bool>,
-    /// Delay applied, in milliseconds.
+    /// Delay applied, in milliseconds (immutability check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
     /// Ready and Synced.
