@@ -316,6 +316,27 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
     })
     .await;
+    // A remote link is attached (or its refusal reported, on a broker without the route).
+    apply(
+        &secrets,
+        "dr-creds",
+        secret("dr-creds", &[("username", "u"), ("password", "p")]),
+    )
+    .await;
+    apply(&topics, "mirrored", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "mirrored"}, "spec": {"clusterRef": {"name": "prod"}, "remoteChildren": [
+            {"name": "mirrored-dr", "url": "http://127.0.0.1:1", "topic": "mirrored",
+             "credentialsSecretRef": {"name": "dr-creds"}}]}})).await;
+    eventually("mirrored-dr attached, or the refusal reported", || async {
+        let t = topics.get("mirrored").await.ok()?;
+        let st = t.status?;
+        if st.remote_links == vec!["mirrored-dr".to_string()] {
+            return Some(());
+        }
+        let synced = st.conditions.iter().find(|c| c.type_ == cond::SYNCED)?;
+        (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
+    })
+    .await;
     apply(&topics, "orphan", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
         "metadata": {"name": "orphan"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "nope"}})).await;
     eventually("orphan WaitingForParent", || async {

@@ -163,6 +163,9 @@ pub struct TopicStatus {
     /// Children and their lag.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<ChildStatus>,
+    /// Remote links the operator attached (only these are ever detached by it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remote_links: Vec<String>,
     /// Whether it was created as a replica child (as applied; immutability check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<bool>,

@@ -222,6 +222,65 @@ pub fn plan_topic(
     Ok(plan)
 }
 
+/// A remote child link (SPEC §5.5) as desired or as the broker lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteLink {
+    pub name: String,
+    pub url: String,
+    pub topic: String,
+}
+
+/// One remote-link call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteAction {
+    /// `POST /v1/topics/{t}/children` with `remote` (credentials from the Secret).
+    Attach(String),
+    /// `DELETE /v1/topics/{t}/children/{link}`.
+    Detach(String),
+}
+
+/// The desired remote links of a spec (`topic` defaults to the link name).
+pub fn desired_remote_links(topic: &Topic) -> Vec<RemoteLink> {
+    topic
+        .spec
+        .remote_children
+        .iter()
+        .map(|r| RemoteLink {
+            name: r.name.clone(),
+            url: r.url.trim_end_matches('/').to_string(),
+            topic: r.topic.clone().unwrap_or_else(|| r.name.clone()),
+        })
+        .collect()
+}
+
+/// Converges remote links: attach the missing, re-attach the changed (detach first, a
+/// fresh start), detach those this operator attached (`applied`) that left the spec. Links
+/// nobody declared are left alone.
+pub fn plan_remote(
+    desired: &[RemoteLink],
+    observed: &[RemoteLink],
+    applied: &[String],
+) -> Vec<RemoteAction> {
+    let mut plan = Vec::new();
+    for o in observed {
+        let gone = !desired.iter().any(|d| d.name == o.name) && applied.contains(&o.name);
+        if gone {
+            plan.push(RemoteAction::Detach(o.name.clone()));
+        }
+    }
+    for d in desired {
+        match observed.iter().find(|o| o.name == d.name) {
+            None => plan.push(RemoteAction::Attach(d.name.clone())),
+            Some(o) if o.url.trim_end_matches('/') != d.url || o.topic != d.topic => {
+                plan.push(RemoteAction::Detach(d.name.clone()));
+                plan.push(RemoteAction::Attach(d.name.clone()));
+            }
+            Some(_) => {}
+        }
+    }
+    plan
+}
+
 /// The status fields read from the broker's record.
 pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRecord) {
     status.topic_name = Some(rec.name.clone());
@@ -407,6 +466,29 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
         Err(e) => return broker_failed(api, t, status, e, exists).await,
     };
     observed_status(&mut status, &desired, &rec);
+    let links = desired_remote_links(t);
+    if !links.is_empty() || !status.remote_links.is_empty() {
+        if let Err(e) = converge_remote(ctx, &ns, t, b, &desired.name, &links, &mut status).await {
+            return match e {
+                Error::Broker(e) => broker_failed(api, t, status, e, true).await,
+                other => {
+                    let msg = other.to_string();
+                    let reason = match other {
+                        Error::Waiting(_) => "SecretNotFound",
+                        _ => "KubernetesError",
+                    };
+                    set_ready_synced(
+                        &mut status.conditions,
+                        (true, reason, &msg),
+                        (false, reason, &msg),
+                        gen,
+                    );
+                    write(api, t, &status).await?;
+                    Err(other)
+                }
+            };
+        }
+    }
     if rec.role == "parent" {
         if let Ok(list) = b.list_children(&desired.name).await {
             status.children = list
@@ -432,6 +514,96 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     );
     write(api, t, &status).await?;
     Ok(Action::requeue(ctx.resync))
+}
+
+/// Runs [`plan_remote`] against the broker's current links; records what is attached.
+async fn converge_remote(
+    ctx: &Context,
+    ns: &str,
+    t: &Topic,
+    b: &narad_api::Client,
+    name: &str,
+    links: &[RemoteLink],
+    status: &mut TopicStatus,
+) -> Result<()> {
+    let observed: Vec<RemoteLink> = b
+        .list_children(name)
+        .await?
+        .children
+        .into_iter()
+        .filter(|c| c.kind == "remote")
+        .map(|c| {
+            let r = c.remote.unwrap_or_default();
+            RemoteLink {
+                name: c.name,
+                url: r.url,
+                topic: r.topic,
+            }
+        })
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    for action in plan_remote(links, &observed, &status.remote_links) {
+        match action {
+            RemoteAction::Detach(link) => match b.detach_child(name, &link).await {
+                Err(e) if e.status() != Some(404) => return Err(e.into()),
+                _ => status.remote_links.retain(|l| *l != link),
+            },
+            RemoteAction::Attach(link) => {
+                let spec = t
+                    .spec
+                    .remote_children
+                    .iter()
+                    .find(|r| r.name == link)
+                    .expect("invariant: planned from the spec");
+                let (mut username, mut password) = (None, None);
+                if let Some(cref) = &spec.credentials_secret_ref {
+                    let data = secrets
+                        .get_opt(&cref.name)
+                        .await?
+                        .and_then(|s| s.data)
+                        .unwrap_or_default();
+                    let get = |k: &str| {
+                        data.get(k)
+                            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                    };
+                    username = get(&cref.username_key);
+                    password = get(&cref.password_key);
+                    if username.is_none() || password.is_none() {
+                        return Err(Error::Waiting(format!(
+                            "Secret {} lacks {} or {}",
+                            cref.name, cref.username_key, cref.password_key
+                        )));
+                    }
+                }
+                let d = links
+                    .iter()
+                    .find(|l| l.name == link)
+                    .expect("invariant: desired");
+                let req = AttachChildRequest {
+                    child: link.clone(),
+                    delay_ms: None,
+                    remote: Some(narad_api::RemoteTarget {
+                        url: d.url.clone(),
+                        topic: Some(d.topic.clone()),
+                        username,
+                        password,
+                        ca_pem: None,
+                    }),
+                };
+                b.attach_child(name, &req).await?;
+                if !status.remote_links.contains(&link) {
+                    status.remote_links.push(link);
+                }
+            }
+        }
+    }
+    // Links declared and present count as ours (e.g. attached before a status was written).
+    for l in links {
+        if observed.iter().any(|o| o.name == l.name) && !status.remote_links.contains(&l.name) {
+            status.remote_links.push(l.name.clone());
+        }
+    }
+    Ok(())
 }
 
 async fn broker_failed(
@@ -664,6 +836,55 @@ mod tests {
         let d = desired(json!({"parent": "raw", "delay": "1h"}));
         let r = record(json!({"role": "child", "parent": "raw", "fanout_delay_ms": 3600000}));
         assert!(plan_topic(&d, Some(&r)).unwrap().is_empty());
+    }
+
+    fn link(name: &str, url: &str, topic: &str) -> RemoteLink {
+        RemoteLink {
+            name: name.into(),
+            url: url.into(),
+            topic: topic.into(),
+        }
+    }
+
+    #[test]
+    fn remote_links_converge() {
+        let t = topic(json!({"remoteChildren": [
+            {"name": "dr", "url": "https://dr.example.com/"},
+            {"name": "eu", "url": "https://eu.example.com", "topic": "orders-eu"}]}));
+        let want = desired_remote_links(&t);
+        assert_eq!(
+            want,
+            vec![
+                link("dr", "https://dr.example.com", "dr"),
+                link("eu", "https://eu.example.com", "orders-eu"),
+            ]
+        );
+        // Missing → attach; in sync → nothing.
+        assert_eq!(
+            plan_remote(&want, &[link("dr", "https://dr.example.com", "dr")], &[]),
+            vec![RemoteAction::Attach("eu".into())]
+        );
+        assert!(plan_remote(&want, &want, &[]).is_empty());
+        // Changed target → detach, then attach (a fresh start).
+        let moved = vec![link("dr", "https://old.example.com", "dr"), want[1].clone()];
+        assert_eq!(
+            plan_remote(&want, &moved, &[]),
+            vec![
+                RemoteAction::Detach("dr".into()),
+                RemoteAction::Attach("dr".into())
+            ]
+        );
+        // Removed from the spec: detached only if the operator attached it.
+        let extra = vec![
+            want[0].clone(),
+            want[1].clone(),
+            link("old", "https://x", "x"),
+            link("theirs", "https://y", "y"),
+        ];
+        assert_eq!(
+            plan_remote(&want, &extra, &["old".to_string()]),
+            vec![RemoteAction::Detach("old".into())]
+        );
     }
 
     #[test]
