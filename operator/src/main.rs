@@ -133,7 +133,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let lease_ns = args.lease_namespace.unwrap_or_else(|| "default".into());
     let identity = args
         .identity
-        .or_else(|| hostname_or_none())
+        .or_else(hostname_or_none)
         .unwrap_or_else(|| format!("narad-operator-{}", std::process::id()));
     let elector = LeaderElector::new(
         Api::<Lease>::namespaced(client, &lease_ns),

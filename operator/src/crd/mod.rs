@@ -4,6 +4,9 @@
 //! servers older than 1.25) is also checked by the operator itself, in [`validate`], against
 //! what it last applied (recorded in `status`), because an operator sees no `oldSelf`.
 
+// kube-derive's repeated `printcolumn(type_ = …)` read as duplicated attributes to clippy.
+#![allow(clippy::duplicated_attributes)]
+
 pub mod cluster;
 pub mod common;
 pub mod grant;

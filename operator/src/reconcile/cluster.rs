@@ -251,6 +251,73 @@ pub fn next_rollout_step(pods: &[PodView], members: &[MemberInfo], version: &str
     RolloutStep::Delete(next.name.clone())
 }
 
+/// The StatefulSet's replica count now, and what a scale-in needs first (SPEC §6.5, §10.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScaleStep {
+    /// Apply this count (scale-out, steady state, or one drained ordinal dropped).
+    Replicas(i32),
+    /// Keep `keep` replicas and start decommissioning `member` (the highest ordinal).
+    Decommission { keep: i32, member: String },
+    /// Keep `keep` replicas: waiting (the member drains, or members are unknown).
+    Wait { keep: i32, reason: String },
+}
+
+impl ScaleStep {
+    /// The replica count to apply.
+    pub fn replicas(&self) -> i32 {
+        match self {
+            ScaleStep::Replicas(n) => *n,
+            ScaleStep::Decommission { keep, .. } | ScaleStep::Wait { keep, .. } => *keep,
+        }
+    }
+}
+
+/// Scale-out applies `desired` at once (join and rebalance are automatic). Scale-in drops
+/// the highest ordinal only once its member is draining and owns nothing, decommissioning
+/// it first; never below `initialClusterSize`, nor below 3 once there are 3. Unknown
+/// members (`None`) never shrink anything.
+pub fn plan_scale(
+    fullname: &str,
+    desired: i32,
+    initial: i32,
+    current: Option<i32>,
+    members: Option<&[MemberInfo]>,
+) -> ScaleStep {
+    let Some(current) = current else {
+        return ScaleStep::Replicas(desired);
+    };
+    let floor = if current >= 3 {
+        initial.max(3)
+    } else {
+        initial
+    };
+    let target = desired.max(floor.min(current));
+    if target >= current {
+        return ScaleStep::Replicas(target);
+    }
+    let Some(members) = members else {
+        return ScaleStep::Wait {
+            keep: current,
+            reason: "members unknown".into(),
+        };
+    };
+    let id = format!("{fullname}-{}", current - 1);
+    match members.iter().find(|m| m.id == id) {
+        None => ScaleStep::Replicas(current - 1),
+        Some(m) if m.draining && m.owned_partitions == 0 && m.outbound_moves == 0 => {
+            ScaleStep::Replicas(current - 1)
+        }
+        Some(m) if m.draining => ScaleStep::Wait {
+            keep: current,
+            reason: format!("{id} still owns {} partitions", m.owned_partitions),
+        },
+        Some(_) => ScaleStep::Decommission {
+            keep: current,
+            member: id,
+        },
+    }
+}
+
 /// The controller's entry point for NaradClusters.
 pub async fn reconcile(nc: Arc<NaradCluster>, ctx: Arc<Context>) -> Result<Action> {
     let ns = nc.namespace().unwrap_or_else(|| "default".into());
@@ -353,22 +420,37 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         .and_then(|r| r.requests.as_ref())
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone());
+    // Members, best effort: the broker may not run yet.
+    let broker = broker_for(ctx, &ns, &nc.name_any()).await?;
+    let members = match &broker {
+        Ok(b) => b.client.members().await.map_err(|e| e.to_string()),
+        Err(u) => Err(format!("{u:?}")),
+    };
+    let step = plan_scale(
+        &nc.fullname(),
+        nc.spec.replicas,
+        nc.spec.effective_initial_cluster_size(),
+        current
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.replicas),
+        members.as_deref().ok(),
+    );
+    if let (ScaleStep::Decommission { member, .. }, Ok(b)) = (&step, &broker) {
+        tracing::info!(%member, "scale-in: decommissioning");
+        b.client.decommission(member).await?;
+    }
     let opts = StatefulSetOptions {
         cluster_domain: ctx
             .cluster_domain
             .clone()
             .unwrap_or_else(|| resources::DEFAULT_CLUSTER_DOMAIN.into()),
         claim_size,
+        replicas: Some(step.replicas()),
     };
     let sts = resources::statefulset(nc, &opts).map_err(Error::Invalid)?;
     ssa(&stss, &sts).await?;
     let sts = stss.get(&nc.fullname()).await?;
-
-    // Members, best effort: the broker may not run yet.
-    let members = match broker_for(ctx, &ns, &nc.name_any()).await? {
-        Ok(b) => b.client.members().await.map_err(|e| e.to_string()),
-        Err(u) => Err(format!("{u:?}")),
-    };
     let st = sts.status.clone().unwrap_or_default();
     let rolling = st.update_revision.is_some() && st.current_revision != st.update_revision;
     let observed = Observed {
@@ -575,6 +657,74 @@ mod tests {
         assert_eq!(
             cluster_status(&nc, &running, &o, &t()).phase.as_deref(),
             Some("Scaling")
+        );
+    }
+
+    #[test]
+    fn scale_out_at_once_scale_in_after_decommission() {
+        let m = healthy("1");
+        assert_eq!(
+            plan_scale("prod-narad", 3, 3, None, None),
+            ScaleStep::Replicas(3)
+        );
+        assert_eq!(
+            plan_scale("prod-narad", 5, 3, Some(3), Some(&m)),
+            ScaleStep::Replicas(5)
+        );
+        assert_eq!(
+            plan_scale("prod-narad", 3, 3, Some(3), Some(&m)),
+            ScaleStep::Replicas(3)
+        );
+        let mut five = m.clone();
+        five.push(member("prod-narad-3", "alive", false, "1"));
+        five.push(member("prod-narad-4", "alive", false, "1"));
+        // 5 → 4: decommission the highest ordinal first, keep 5 meanwhile.
+        assert_eq!(
+            plan_scale("prod-narad", 4, 3, Some(5), Some(&five)),
+            ScaleStep::Decommission {
+                keep: 5,
+                member: "prod-narad-4".into()
+            }
+        );
+        five[4].draining = true;
+        assert!(matches!(
+            plan_scale("prod-narad", 4, 3, Some(5), Some(&five)),
+            ScaleStep::Wait { keep: 5, .. }
+        ));
+        five[4].owned_partitions = 0;
+        assert_eq!(
+            plan_scale("prod-narad", 4, 3, Some(5), Some(&five)),
+            ScaleStep::Replicas(4)
+        );
+        // Unknown members never shrink anything.
+        assert!(matches!(
+            plan_scale("prod-narad", 3, 3, Some(5), None),
+            ScaleStep::Wait { keep: 5, .. }
+        ));
+    }
+
+    #[test]
+    fn scale_in_never_below_the_floor() {
+        let m = healthy("1");
+        assert_eq!(
+            plan_scale("prod-narad", 1, 3, Some(3), Some(&m)),
+            ScaleStep::Replicas(3)
+        );
+        let mut seven: Vec<MemberInfo> = (0..7)
+            .map(|i| member(&format!("prod-narad-{i}"), "alive", i == 0, "1"))
+            .collect();
+        for x in seven.iter_mut().skip(5) {
+            x.draining = true;
+            x.owned_partitions = 0;
+        }
+        // initialClusterSize 5: 7 → 5 at most, one ordinal at a time.
+        assert_eq!(
+            plan_scale("prod-narad", 3, 5, Some(7), Some(&seven)),
+            ScaleStep::Replicas(6)
+        );
+        assert_eq!(
+            plan_scale("prod-narad", 3, 5, Some(5), Some(&seven)),
+            ScaleStep::Replicas(5)
         );
     }
 

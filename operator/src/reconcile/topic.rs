@@ -438,12 +438,11 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
             Ok(p) => p.is_some(),
             Err(e) => return broker_failed(api, t, status, e, exists).await,
         };
-        let attached = status.topic_name.is_some();
         if !ready {
             let msg = format!("parent topic {parent:?} does not exist yet");
             set_ready_synced(
                 &mut status.conditions,
-                (attached, "WaitingForParent", &msg),
+                (false, "WaitingForParent", &msg),
                 (false, "WaitingForParent", &msg),
                 gen,
             );

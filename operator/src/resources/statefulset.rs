@@ -33,6 +33,9 @@ pub struct StatefulSetOptions {
     /// Size in the volumeClaimTemplates: the size the StatefulSet was created with, since
     /// that field is immutable; growth is applied to the PVCs themselves.
     pub claim_size: Option<String>,
+    /// Replicas to apply instead of `spec.replicas`: during a scale-in the StatefulSet
+    /// shrinks one drained ordinal at a time.
+    pub replicas: Option<i32>,
 }
 
 impl Default for StatefulSetOptions {
@@ -40,6 +43,7 @@ impl Default for StatefulSetOptions {
         StatefulSetOptions {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
             claim_size: None,
+            replicas: None,
         }
     }
 }
@@ -364,7 +368,7 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
     Ok(StatefulSet {
         metadata: owned_meta(nc, nc.fullname()),
         spec: Some(StatefulSetSpec {
-            replicas: Some(s.replicas),
+            replicas: Some(opts.replicas.unwrap_or(s.replicas)),
             service_name: Some(headless_name(nc)),
             pod_management_policy: Some("Parallel".into()),
             update_strategy: Some(StatefulSetUpdateStrategy {
