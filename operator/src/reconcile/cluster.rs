@@ -33,7 +33,12 @@ pub struct Observed {
     pub members: Result<Vec<MemberInfo>, String>,
     /// Whether a rollout is in progress (pods on an old template).
     pub rolling: bool,
+    /// The rollout halted: a replaced pod was not ready within [`ROLLOUT_STALL`].
+    pub stalled: Option<String>,
 }
+
+/// How long a replaced pod may take to become ready before the rollout halts.
+pub const ROLLOUT_STALL: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// The status (without the recorded immutables) from what was observed.
 pub fn cluster_status(
@@ -73,12 +78,15 @@ pub fn cluster_status(
         || s.current_version
             .as_deref()
             .is_some_and(|v| v != nc.spec.version);
-    let degraded = ever_ran
-        && (!quorum || alive < members.len() || o.ready_replicas < want)
-        && !upgrading
-        && !scaling;
+    let degraded = o.stalled.is_some()
+        || (ever_ran
+            && (!quorum || alive < members.len() || o.ready_replicas < want)
+            && !upgrading
+            && !scaling);
     s.phase = Some(
-        if !ever_ran && !all_ready {
+        if o.stalled.is_some() {
+            "Degraded"
+        } else if !ever_ran && !all_ready {
             "Creating"
         } else if upgrading {
             "Upgrading"
@@ -157,13 +165,13 @@ pub fn cluster_status(
     set_condition(
         c,
         cond::UPGRADING,
-        upgrading,
-        if upgrading {
-            "RollingUpdate"
-        } else {
-            "UpToDate"
+        upgrading && o.stalled.is_none(),
+        match (&o.stalled, upgrading) {
+            (Some(_), _) => "Stalled",
+            (None, true) => "RollingUpdate",
+            (None, false) => "UpToDate",
         },
-        "",
+        o.stalled.as_deref().unwrap_or(""),
         gen,
         now,
     );
@@ -171,12 +179,12 @@ pub fn cluster_status(
         c,
         cond::DEGRADED,
         degraded,
-        if degraded {
-            "MembersUnavailable"
-        } else {
-            "Healthy"
+        match (&o.stalled, degraded) {
+            (Some(_), _) => "Stalled",
+            (None, true) => "MembersUnavailable",
+            (None, false) => "Healthy",
         },
-        &member_msg,
+        o.stalled.as_deref().unwrap_or(&member_msg),
         gen,
         now,
     );
@@ -192,6 +200,8 @@ pub struct PodView {
     pub updated: bool,
     pub ready: bool,
     pub terminating: bool,
+    /// Seconds since the pod was created.
+    pub age_secs: i64,
 }
 
 /// The rollout's next step.
@@ -203,6 +213,8 @@ pub enum RolloutStep {
     Wait(String),
     /// Delete this pod (the StatefulSet controller recreates it on the new template).
     Delete(String),
+    /// Halted: this replaced pod was not ready within [`ROLLOUT_STALL`].
+    Stalled(String),
 }
 
 /// SPEC §10.3: one pod at a time, highest ordinal first, each only when all pods are ready,
@@ -215,6 +227,12 @@ pub fn next_rollout_step(pods: &[PodView], members: &[MemberInfo], version: &str
         return RolloutStep::Wait(format!("pod {} is terminating", p.name));
     }
     if let Some(p) = pods.iter().find(|p| !p.ready) {
+        if p.updated && p.age_secs >= ROLLOUT_STALL.as_secs() as i64 {
+            return RolloutStep::Stalled(format!(
+                "pod {} not ready {} s after its replacement",
+                p.name, p.age_secs
+            ));
+        }
         return RolloutStep::Wait(format!("pod {} is not ready", p.name));
     }
     if let Some(p) = pods.iter().find(|p| p.updated) {
@@ -453,14 +471,20 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     let sts = stss.get(&nc.fullname()).await?;
     let st = sts.status.clone().unwrap_or_default();
     let rolling = st.update_revision.is_some() && st.current_revision != st.update_revision;
-    let observed = Observed {
+    let mut observed = Observed {
         ready_replicas: st.ready_replicas.unwrap_or(0),
         sts_replicas: sts.spec.as_ref().and_then(|s| s.replicas),
         members: members.clone(),
         rolling,
+        stalled: None,
     };
     if rolling {
-        roll_one(ctx, nc, &ns, &sts, members.as_deref().unwrap_or(&[])).await?;
+        if let RolloutStep::Stalled(why) =
+            roll_one(ctx, nc, &ns, &sts, members.as_deref().unwrap_or(&[])).await?
+        {
+            tracing::warn!(reason = %why, "rolling upgrade stalled");
+            observed.stalled = Some(why);
+        }
     }
     let mut status = cluster_status(nc, &prev, &observed, &now());
     status.initial_cluster_size = Some(nc.spec.effective_initial_cluster_size());
@@ -473,14 +497,14 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     ))
 }
 
-/// Deletes the next pod of a rollout, when `next_rollout_step` says so.
+/// Deletes the next pod of a rollout, when `next_rollout_step` says so; returns the step.
 async fn roll_one(
     ctx: &Context,
     nc: &NaradCluster,
     ns: &str,
     sts: &StatefulSet,
     members: &[MemberInfo],
-) -> Result<()> {
+) -> Result<RolloutStep> {
     let revision = sts
         .status
         .as_ref()
@@ -512,15 +536,22 @@ async fn roll_one(
                 updated: labels.get("controller-revision-hash") == Some(&revision),
                 ready,
                 terminating: p.metadata.deletion_timestamp.is_some(),
+                age_secs: p
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| now().0.as_second() - t.0.as_second())
+                    .unwrap_or(0),
                 name,
             })
         })
         .collect();
-    if let RolloutStep::Delete(name) = next_rollout_step(&views, members, &nc.spec.version) {
+    let step = next_rollout_step(&views, members, &nc.spec.version);
+    if let RolloutStep::Delete(name) = &step {
         tracing::info!(pod = %name, "rolling upgrade: deleting pod");
-        pods.delete(&name, &DeleteParams::default()).await?;
+        pods.delete(name, &DeleteParams::default()).await?;
     }
-    Ok(())
+    Ok(step)
 }
 
 async fn cleanup(nc: &NaradCluster, ctx: &Context) -> Result<Action> {
@@ -583,6 +614,7 @@ mod tests {
             sts_replicas: Some(3),
             members: Ok(healthy("1.4.0")),
             rolling: false,
+            stalled: None,
         };
         let s = cluster_status(&nc, &Default::default(), &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Running"));
@@ -606,6 +638,7 @@ mod tests {
             sts_replicas: Some(3),
             members: Err("connection refused".into()),
             rolling: false,
+            stalled: None,
         };
         let s = cluster_status(&nc, &Default::default(), &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Creating"));
@@ -621,6 +654,7 @@ mod tests {
             sts_replicas: Some(3),
             members: Ok(m),
             rolling: false,
+            stalled: None,
         };
         let s = cluster_status(&nc, &running, &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Degraded"));
@@ -643,6 +677,7 @@ mod tests {
             sts_replicas: Some(3),
             members: Ok(healthy("1.4.0")),
             rolling: true,
+            stalled: None,
         };
         let s = cluster_status(&nc, &running, &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Upgrading"));
@@ -653,6 +688,7 @@ mod tests {
             sts_replicas: Some(5),
             members: Ok(healthy("1.4.0")),
             rolling: false,
+            stalled: None,
         };
         assert_eq!(
             cluster_status(&nc, &running, &o, &t()).phase.as_deref(),
@@ -735,6 +771,7 @@ mod tests {
             updated,
             ready,
             terminating: false,
+            age_secs: 30,
         }
     }
 
@@ -765,6 +802,60 @@ mod tests {
         assert_eq!(
             next_rollout_step(&all, &healthy("1.5.0"), "1.5.0"),
             RolloutStep::Done
+        );
+    }
+
+    #[test]
+    fn rollout_stalls_after_ten_minutes() {
+        let mut pods = vec![
+            pod(0, false, true),
+            pod(1, false, true),
+            pod(2, true, false),
+        ];
+        assert!(matches!(
+            next_rollout_step(&pods, &healthy("1"), "2"),
+            RolloutStep::Wait(_)
+        ));
+        pods[2].age_secs = 601;
+        assert!(matches!(
+            next_rollout_step(&pods, &healthy("1"), "2"),
+            RolloutStep::Stalled(_)
+        ));
+        // An old pod that is merely not ready is waited for, not a stall.
+        let mut old = vec![
+            pod(0, false, true),
+            pod(1, false, true),
+            pod(2, false, false),
+        ];
+        old[2].age_secs = 10_000;
+        assert!(matches!(
+            next_rollout_step(&old, &healthy("1"), "2"),
+            RolloutStep::Wait(_)
+        ));
+
+        let running = NaradClusterStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        let nc = cluster(json!({"version": "2"}));
+        let o = Observed {
+            ready_replicas: 2,
+            sts_replicas: Some(3),
+            members: Ok(healthy("1")),
+            rolling: true,
+            stalled: Some("pod prod-narad-2 not ready".into()),
+        };
+        let s = cluster_status(&nc, &running, &o, &t());
+        assert_eq!(s.phase.as_deref(), Some("Degraded"));
+        let up = crate::crd::condition(&s.conditions, cond::UPGRADING).unwrap();
+        assert_eq!(
+            (up.status.as_str(), up.reason.as_str()),
+            ("False", "Stalled")
+        );
+        let dg = crate::crd::condition(&s.conditions, cond::DEGRADED).unwrap();
+        assert_eq!(
+            (dg.status.as_str(), dg.reason.as_str()),
+            ("True", "Stalled")
         );
     }
 
