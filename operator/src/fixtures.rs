@@ -9,7 +9,7 @@ use http::{Request, Response};
 use kube::client::Body;
 use serde_json::json;
 
-use crate::crd::Topic;
+use crate::crd::{Grant, Topic};
 use crate::reconcile::Context;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -31,6 +31,18 @@ pub fn topic() -> Topic {
         "metadata": {"name": "orders", "namespace": "default", "uid": "t-1", "generation": 1,
                      "resourceVersion": "1"},
         "spec": {"clusterRef": {"name": "prod"}, "partitions": 3},
+    }))
+    .unwrap()
+}
+
+/// A Grant `billing-produce` (finalized) for User `billing` of cluster `prod`.
+pub fn grant() -> Grant {
+    serde_json::from_value(json!({
+        "apiVersion": "narad.io/v1alpha1", "kind": "Grant",
+        "metadata": {"name": "billing-produce", "namespace": "default", "uid": "g-1",
+                     "generation": 1, "resourceVersion": "1", "finalizers": ["narad.io/finalizer"]},
+        "spec": {"clusterRef": {"name": "prod"}, "user": "billing", "action": "produce",
+                 "patterns": ["orders"]},
     }))
     .unwrap()
 }
@@ -142,6 +154,36 @@ impl ApiServerVerifier {
     }
 }
 
+impl ApiServerVerifier {
+    /// A Grant whose User does not exist: the User is looked up, then status says
+    /// `WaitingForUser`; neither the cluster nor the broker is asked.
+    pub async fn grant_waits_for_user(mut self, g: &Grant) {
+        let (_, send) = self
+            .expect(
+                "GET",
+                "/apis/narad.io/v1alpha1/namespaces/default/users/billing",
+            )
+            .await;
+        send.send_response(respond(404, not_found("users.narad.io \"billing\"")));
+        let (req, send) = self
+            .expect(
+                "PATCH",
+                "/apis/narad.io/v1alpha1/namespaces/default/grants/billing-produce/status",
+            )
+            .await;
+        let patch = Self::body(req).await;
+        let conds = patch["status"]["conditions"].as_array().unwrap();
+        for t in ["Ready", "Synced"] {
+            let c = conds.iter().find(|c| c["type"] == t).unwrap();
+            assert_eq!(
+                (c["status"].as_str(), c["reason"].as_str()),
+                (Some("False"), Some("WaitingForUser"))
+            );
+        }
+        send.send_response(respond(200, serde_json::to_value(g).unwrap()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +220,25 @@ mod tests {
         let r = run(t, |v, t| async move { v.topic_waits_for_cluster(&t).await }).await;
         match r {
             Err(Error::Finalizer(e)) => assert!(e.to_string().contains("waiting"), "{e}"),
+            other => panic!("expected a wait, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn grant_waits_for_its_user() {
+        let (ctx, verifier) = test_context();
+        let g = grant();
+        let server = tokio::spawn({
+            let g = g.clone();
+            async move { verifier.grant_waits_for_user(&g).await }
+        });
+        let r = crate::reconcile::grant::reconcile(Arc::new(g), ctx).await;
+        tokio::time::timeout(Duration::from_secs(2), server)
+            .await
+            .expect("scenario finished")
+            .expect("scenario passed");
+        match r {
+            Err(Error::Finalizer(e)) => assert!(e.to_string().contains("User billing"), "{e}"),
             other => panic!("expected a wait, got {other:?}"),
         }
     }
