@@ -1,0 +1,416 @@
+//! `NaradCluster` (`nc`): a Narad cluster as a StatefulSet the operator owns (SPEC §10.3).
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::*;
+
+/// CEL: the effective initial cluster size (`initialClusterSize`, else 1 for one replica,
+/// else 3), written for `self` or `oldSelf`.
+macro_rules! effective_initial {
+    ($s:literal) => {
+        concat!(
+            "(has(",
+            $s,
+            ".initialClusterSize) ? ",
+            $s,
+            ".initialClusterSize : (",
+            $s,
+            ".replicas == 1 ? 1 : 3))"
+        )
+    };
+}
+
+/// Desired state of a Narad cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "narad.io",
+    version = "v1alpha1",
+    kind = "NaradCluster",
+    namespaced,
+    status = "NaradClusterStatus",
+    shortname = "nc",
+    category = "narad",
+    doc = "A Narad cluster: a StatefulSet of broker nodes, its Services, PodDisruptionBudget, ConfigMap and security Secret, managed by narad-operator.",
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Creating, Running, Upgrading, Scaling or Degraded"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".status.currentVersion"
+    ),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new(concat!("self.replicas >= ", effective_initial!("self"), " && (self.replicas == 1 || self.replicas >= 3)")).message("replicas must be 1, or >= 3 and >= initialClusterSize"),
+    validation = Rule::new("!has(self.initialClusterSize) || self.initialClusterSize % 2 == 1").message("initialClusterSize must be odd"),
+    validation = Rule::new(concat!(effective_initial!("self"), " == ", effective_initial!("oldSelf"))).message("initialClusterSize is immutable"),
+)]
+pub struct NaradClusterSpec {
+    /// Number of broker nodes: 1, or >= 3 and >= initialClusterSize. Scale-in decommissions
+    /// the highest ordinals first.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1))]
+    pub replicas: i32,
+    /// Size of the seed voter set (odd; default 3, or 1 when replicas is 1). Immutable: the
+    /// peer list is built from these first ordinals only, so scaling never changes the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub initial_cluster_size: Option<i32>,
+    /// Desired broker version; also the default image tag.
+    pub version: String,
+    /// Broker image.
+    #[serde(default)]
+    pub image: ImageSpec,
+    /// One PersistentVolumeClaim per node, mounted at /var/lib/narad.
+    #[serde(default)]
+    pub storage: StorageSpec,
+    /// Compute resources of the broker container (default requests: 500m CPU, 512Mi).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Topic defaults of the brokers.
+    #[serde(default)]
+    pub defaults: TopicDefaults,
+    /// Broker configuration file (SPEC §8), rendered as JSON into a ConfigMap and passed with
+    /// --config. Unknown keys fail the broker's startup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub config: Option<serde_json::Value>,
+    /// Authentication of clients and nodes.
+    #[serde(default)]
+    pub security: SecuritySpec,
+    /// The client Service.
+    #[serde(default)]
+    pub service: ServiceSpec,
+    /// Pass-throughs to the broker pods.
+    #[serde(default)]
+    pub pod: PodSpecOverrides,
+    /// What happens to the PersistentVolumeClaims when the NaradCluster is deleted.
+    #[serde(default)]
+    pub pvc_deletion_policy: PvcDeletionPolicy,
+    /// Base URL through which the operator calls the broker, instead of the client Service
+    /// (e.g. brokers outside the cluster, or tests where no pod runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}
+
+fn default_replicas() -> i32 {
+    3
+}
+
+/// Container image of the brokers.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ImageSpec {
+    /// Image repository.
+    #[serde(default = "default_repository")]
+    pub repository: String,
+    /// Image tag; default: spec.version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Image pull policy.
+    #[serde(default = "default_pull_policy")]
+    pub pull_policy: String,
+}
+
+impl Default for ImageSpec {
+    fn default() -> Self {
+        ImageSpec {
+            repository: default_repository(),
+            tag: None,
+            pull_policy: default_pull_policy(),
+        }
+    }
+}
+
+fn default_repository() -> String {
+    "narad".into()
+}
+fn default_pull_policy() -> String {
+    "IfNotPresent".into()
+}
+
+/// Persistent storage of each node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0").message("storage.size may only grow"))]
+pub struct StorageSpec {
+    /// Volume size (a Kubernetes quantity); may only grow.
+    #[serde(default = "default_storage_size")]
+    pub size: String,
+    /// Storage class of the volumes; default: the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        StorageSpec {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+fn default_storage_size() -> String {
+    "10Gi".into()
+}
+
+/// Topic defaults of the brokers; Topic resources without a setting get these.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicDefaults {
+    /// Default retention (duration or "forever").
+    #[serde(default = "default_retention")]
+    #[schemars(regex(pattern = RETENTION_PATTERN))]
+    pub retention: String,
+    /// Default visibility timeout.
+    #[serde(default = "default_visibility")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub visibility_timeout: String,
+    /// Default partition count (3-108).
+    #[serde(default = "default_partitions")]
+    #[schemars(range(min = 3, max = 108))]
+    pub partitions: i32,
+    /// Longest long-poll wait of a consume.
+    #[serde(default = "default_max_consume_wait")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max_consume_wait: String,
+}
+
+impl Default for TopicDefaults {
+    fn default() -> Self {
+        TopicDefaults {
+            retention: default_retention(),
+            visibility_timeout: default_visibility(),
+            partitions: default_partitions(),
+            max_consume_wait: default_max_consume_wait(),
+        }
+    }
+}
+
+fn default_retention() -> String {
+    "12h".into()
+}
+fn default_visibility() -> String {
+    "30s".into()
+}
+fn default_partitions() -> i32 {
+    3
+}
+fn default_max_consume_wait() -> String {
+    "10s".into()
+}
+
+/// Authentication settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecuritySpec {
+    /// Require HTTP Basic credentials and node-to-node authentication.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Secret with `cluster-secret` and `admin-password` (default: `<name>-narad-security`).
+    /// Missing keys are generated by the operator before the first pod starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<SecretRef>,
+    /// Secret with `tls.crt`, `tls.key` and `ca.crt` for mutual TLS on the cluster port.
+    #[serde(
+        default,
+        rename = "clusterTLSSecretRef",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub cluster_tls_secret_ref: Option<SecretRef>,
+}
+
+impl Default for SecuritySpec {
+    fn default() -> Self {
+        SecuritySpec {
+            enabled: true,
+            secret_ref: None,
+            cluster_tls_secret_ref: None,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The client Service.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    /// Service type: ClusterIP, NodePort or LoadBalancer.
+    #[serde(default = "default_service_type", rename = "type")]
+    pub type_: String,
+    /// Annotations of the client Service.
+    #[serde(default, skip_serializing_if = "StringMap::is_empty")]
+    pub annotations: StringMap,
+}
+
+impl Default for ServiceSpec {
+    fn default() -> Self {
+        ServiceSpec {
+            type_: default_service_type(),
+            annotations: StringMap::new(),
+        }
+    }
+}
+
+fn default_service_type() -> String {
+    "ClusterIP".into()
+}
+
+/// Pass-throughs to the broker pods. Labels never enter the StatefulSet selector.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpecOverrides {
+    /// Extra pod labels.
+    #[serde(default, skip_serializing_if = "StringMap::is_empty")]
+    pub labels: StringMap,
+    /// Extra pod annotations.
+    #[serde(default, skip_serializing_if = "StringMap::is_empty")]
+    pub annotations: StringMap,
+    /// Pod affinity (a core/v1 Affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub affinity: Option<serde_json::Value>,
+    /// Pod tolerations (core/v1 Toleration list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "opaque_array")]
+    pub tolerations: Vec<serde_json::Value>,
+    /// Node selector.
+    #[serde(default, skip_serializing_if = "StringMap::is_empty")]
+    pub node_selector: StringMap,
+    /// Topology spread constraints (core/v1 TopologySpreadConstraint list).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "opaque_array")]
+    pub topology_spread_constraints: Vec<serde_json::Value>,
+}
+
+/// What deleting the NaradCluster does to its volumes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PvcDeletionPolicy {
+    /// Keep the PersistentVolumeClaims.
+    #[default]
+    Retain,
+    /// Delete the PersistentVolumeClaims with the cluster.
+    Delete,
+}
+
+/// Observed state of a Narad cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NaradClusterStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Creating, Running, Upgrading, Scaling or Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Pods passing readiness.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Version every member runs, when they agree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// Node ID of the Raft leader.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// Base URL of the client Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Members as the broker reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    /// The initial cluster size the StatefulSet was built with (immutability check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initial_cluster_size: Option<i32>,
+    /// The volume size applied (grow-only check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_size: Option<String>,
+    /// Ready, Available, Progressing, Upgrading, QuorumHealthy, Degraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One member of the cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    /// Node ID (the pod name).
+    pub id: String,
+    /// alive or dead.
+    pub status: String,
+    /// Decommission in progress.
+    pub draining: bool,
+    /// Partitions this member owns.
+    pub owned_partitions: u64,
+    /// Broker version of the member.
+    pub version: String,
+}
+
+impl NaradClusterSpec {
+    /// initialClusterSize with its default (1 for one replica, else 3).
+    pub fn effective_initial_cluster_size(&self) -> i32 {
+        self.initial_cluster_size
+            .unwrap_or(if self.replicas == 1 { 1 } else { 3 })
+    }
+
+    /// The image reference `repository:tag` (tag defaults to the version).
+    pub fn image_ref(&self) -> String {
+        let tag = self.image.tag.as_deref().unwrap_or(&self.version);
+        format!("{}:{}", self.image.repository, tag)
+    }
+}
+
+impl NaradCluster {
+    /// Name of the StatefulSet, the client Service and the pods' prefix: `<name>-narad`.
+    pub fn fullname(&self) -> String {
+        fullname(&kube::ResourceExt::name_any(self))
+    }
+
+    /// Name of the security Secret (spec.security.secretRef, else `<fullname>-security`).
+    pub fn security_secret_name(&self) -> String {
+        self.spec
+            .security
+            .secret_ref
+            .as_ref()
+            .map(|r| r.name.clone())
+            .unwrap_or_else(|| format!("{}-security", self.fullname()))
+    }
+
+    /// Base URL through which the operator reaches the broker: spec.endpoint, else the
+    /// client Service.
+    pub fn broker_endpoint(&self, cluster_domain: Option<&str>) -> String {
+        if let Some(e) = &self.spec.endpoint {
+            return e.clone();
+        }
+        let ns = kube::ResourceExt::namespace(self).unwrap_or_else(|| "default".into());
+        let host = match cluster_domain {
+            Some(d) => format!("{}.{ns}.svc.{d}", self.fullname()),
+            None => format!("{}.{ns}.svc", self.fullname()),
+        };
+        format!("http://{host}:{}", crate::resources::API_PORT)
+    }
+}
+
+/// `<cluster>-narad`.
+pub fn fullname(cluster: &str) -> String {
+    format!("{cluster}-narad")
+}

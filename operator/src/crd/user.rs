@@ -1,0 +1,71 @@
+//! `User` (`nuser`): a broker user whose password comes from a Secret (SPEC §3.8, §4).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::*;
+
+/// Desired state of a broker user. Its grants are the union of the Grant resources naming it.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "narad.io",
+    version = "v1alpha1",
+    kind = "User",
+    namespaced,
+    status = "UserStatus",
+    shortname = "nuser",
+    category = "narad",
+    doc = "A user on a Narad cluster's broker; the password is re-applied whenever its Secret changes.",
+    validation = Rule::new("has(self.spec.username) ? self.spec.username != 'admin' : self.metadata.name != 'admin'").message("the root user admin cannot be managed"),
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".spec.clusterRef.name"),
+    printcolumn(name = "Username", type_ = "string", json_path = ".status.username"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("(has(self.username) == has(oldSelf.username)) && (!has(self.username) || self.username == oldSelf.username)").message("username is immutable"),
+)]
+pub struct UserSpec {
+    /// The NaradCluster holding the user.
+    pub cluster_ref: ClusterRef,
+    /// Username on the broker (default: metadata.name); immutable; never admin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9._-]+$"))]
+    pub username: Option<String>,
+    /// The Secret key holding the password.
+    pub password_secret_ref: SecretKeyRef,
+    /// Delete (default) or Retain the broker user when the resource is deleted.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// Observed state of a user.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Username on the broker, recorded when created (immutability check).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Version of the password Secret whose content was applied last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_version: Option<String>,
+    /// Ready and Synced.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+impl User {
+    /// The broker username: spec.username, else metadata.name.
+    pub fn username(&self) -> String {
+        self.spec
+            .username
+            .clone()
+            .unwrap_or_else(|| kube::ResourceExt::name_any(self))
+    }
+}

@@ -1,0 +1,906 @@
+//! Topic → broker topic. `plan_topic` compares the desired topic with the broker's record
+//! and returns the calls that converge them (create; detach, alter, attach); the shell runs
+//! them: `409` on create reads back and re-plans, `404` on delete counts as done.
+
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::{Api, ResourceExt};
+use narad_api::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest, TopicRecord};
+use serde_json::value::RawValue;
+
+use super::*;
+use crate::crd::validate::check_topic;
+use crate::crd::{
+    parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicDefaults,
+    TopicStatus, FINALIZER,
+};
+
+/// The topic as the broker should have it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredTopic {
+    pub name: String,
+    /// Partitions to create with (spec, else the cluster default; a replica child without a
+    /// count inherits its parent's).
+    pub create_partitions: Option<u32>,
+    /// Partitions to converge to, when the spec sets them.
+    pub partitions: Option<u32>,
+    pub retention_ms: u64,
+    pub visibility_timeout_ms: Option<u64>,
+    pub max_in_flight: Option<u64>,
+    pub max_acked_ahead: Option<u64>,
+    pub schema: Option<serde_json::Value>,
+    pub parent: Option<String>,
+    pub replica: bool,
+    pub delay_ms: Option<u64>,
+}
+
+/// One broker call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TopicAction {
+    /// `POST /v1/topics` (with `parent` for a replica child).
+    Create,
+    /// `PATCH /v1/topics/{t}` with only the differing fields.
+    Alter(AlterFields),
+    /// `POST /v1/topics/{parent}/children`.
+    Attach { parent: String, delay_ms: u64 },
+    /// `DELETE /v1/topics/{parent}/children/{t}`.
+    Detach { parent: String },
+}
+
+/// The fields of an alter (a comparable mirror of [`AlterTopicRequest`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlterFields {
+    pub partitions: Option<u32>,
+    pub retention_ms: Option<u64>,
+    pub visibility_timeout_ms: Option<u64>,
+    pub max_in_flight: Option<u64>,
+    pub max_acked_ahead: Option<u64>,
+    pub schema: Option<(serde_json::Value, u32)>,
+}
+
+impl AlterFields {
+    fn is_empty(&self) -> bool {
+        *self == AlterFields::default()
+    }
+
+    /// The wire request.
+    pub fn request(&self) -> AlterTopicRequest {
+        let (schema, base) = match &self.schema {
+            Some((s, v)) => (Some(raw(s)), Some(i64::from(*v))),
+            None => (None, None),
+        };
+        AlterTopicRequest {
+            partitions: self.partitions.map(i64::from),
+            retention_ms: self.retention_ms.map(|v| v as i64),
+            visibility_timeout_ms: self.visibility_timeout_ms.map(|v| v as i64),
+            max_in_flight_per_partition: self.max_in_flight.map(|v| v as i64),
+            max_acked_ahead_per_partition: self.max_acked_ahead.map(|v| v as i64),
+            schema,
+            schema_base_version: base,
+        }
+    }
+}
+
+fn raw(v: &serde_json::Value) -> Box<RawValue> {
+    RawValue::from_string(v.to_string()).expect("invariant: serialized JSON is valid")
+}
+
+/// The desired topic from the spec and the cluster's defaults.
+pub fn desired_topic(topic: &Topic, defaults: &TopicDefaults) -> Result<DesiredTopic, String> {
+    let s = &topic.spec;
+    let replica = s.replica.unwrap_or(false);
+    let partitions = s.partitions.map(|p| p as u32);
+    let create_partitions = match (partitions, replica) {
+        (Some(p), _) => Some(p),
+        (None, true) => None,
+        (None, false) => Some(defaults.partitions as u32),
+    };
+    Ok(DesiredTopic {
+        name: topic.topic_name(),
+        create_partitions,
+        partitions,
+        retention_ms: parse_retention_ms(s.retention.as_deref().unwrap_or(&defaults.retention))?,
+        visibility_timeout_ms: s
+            .visibility_timeout
+            .as_deref()
+            .map(parse_duration_ms)
+            .transpose()?,
+        max_in_flight: s.max_in_flight_per_partition.map(|v| v as u64),
+        max_acked_ahead: s.max_acked_ahead_per_partition.map(|v| v as u64),
+        schema: s.schema.clone(),
+        parent: s.parent.clone(),
+        replica,
+        delay_ms: s.delay.as_deref().map(parse_duration_ms).transpose()?,
+    })
+}
+
+/// The create request of a desired topic.
+pub fn create_request(d: &DesiredTopic) -> CreateTopicRequest {
+    CreateTopicRequest {
+        name: d.name.clone(),
+        partitions: d.create_partitions.map(i64::from),
+        retention_ms: Some(d.retention_ms as i64),
+        visibility_timeout_ms: d.visibility_timeout_ms.map(|v| v as i64),
+        max_in_flight_per_partition: d.max_in_flight.map(|v| v as i64),
+        max_acked_ahead_per_partition: d.max_acked_ahead.map(|v| v as i64),
+        schema: d.schema.as_ref().map(raw),
+        parent: if d.replica { d.parent.clone() } else { None },
+        fanout_delay_ms: if d.replica {
+            d.delay_ms.map(|v| v as i64)
+        } else {
+            None
+        },
+        owner: None,
+    }
+}
+
+/// The calls that make the broker's topic (`observed`, `None` if absent) match `d`, in
+/// order; `Err` when the difference cannot be applied (a shrinking partition count).
+pub fn plan_topic(
+    d: &DesiredTopic,
+    observed: Option<&TopicRecord>,
+) -> Result<Vec<TopicAction>, String> {
+    let Some(o) = observed else {
+        let mut plan = vec![TopicAction::Create];
+        if let (Some(parent), false) = (&d.parent, d.replica) {
+            plan.push(TopicAction::Attach {
+                parent: parent.clone(),
+                delay_ms: d.delay_ms.unwrap_or(0),
+            });
+        }
+        return Ok(plan);
+    };
+    let mut plan = Vec::new();
+    let want_delay = d.delay_ms.unwrap_or(0);
+    let relink = match (&o.parent, &d.parent) {
+        (Some(have), Some(want)) => have != want || o.fanout_delay_ms != want_delay,
+        (None, None) => false,
+        _ => true,
+    };
+    if relink {
+        if let Some(have) = &o.parent {
+            plan.push(TopicAction::Detach {
+                parent: have.clone(),
+            });
+        }
+    }
+    let mut alter = AlterFields::default();
+    if let Some(p) = d.partitions {
+        if p < o.partitions {
+            return Err(format!(
+                "partitions may only grow: the broker has {}, spec asks {p}",
+                o.partitions
+            ));
+        }
+        if p > o.partitions {
+            alter.partitions = Some(p);
+        }
+    }
+    if d.retention_ms != o.retention_ms {
+        alter.retention_ms = Some(d.retention_ms);
+    }
+    if let Some(v) = d
+        .visibility_timeout_ms
+        .filter(|v| *v != o.visibility_timeout_ms)
+    {
+        alter.visibility_timeout_ms = Some(v);
+    }
+    if let Some(v) = d
+        .max_in_flight
+        .filter(|v| *v != o.max_in_flight_per_partition)
+    {
+        alter.max_in_flight = Some(v);
+    }
+    if let Some(v) = d
+        .max_acked_ahead
+        .filter(|v| *v != o.max_acked_ahead_per_partition)
+    {
+        alter.max_acked_ahead = Some(v);
+    }
+    if let Some(want) = &d.schema {
+        let have: Option<serde_json::Value> = o
+            .schema
+            .as_ref()
+            .and_then(|s| serde_json::from_str(s.get()).ok());
+        if have.as_ref() != Some(want) {
+            alter.schema = Some((want.clone(), o.schema_version));
+        }
+    }
+    if !alter.is_empty() {
+        plan.push(TopicAction::Alter(alter));
+    }
+    if relink {
+        if let Some(want) = &d.parent {
+            plan.push(TopicAction::Attach {
+                parent: want.clone(),
+                delay_ms: want_delay,
+            });
+        }
+    }
+    Ok(plan)
+}
+
+/// A remote child link (SPEC §5.5) as desired or as the broker lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteLink {
+    pub name: String,
+    pub url: String,
+    pub topic: String,
+}
+
+/// One remote-link call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemoteAction {
+    /// `POST /v1/topics/{t}/children` with `remote` (credentials from the Secret).
+    Attach(String),
+    /// `DELETE /v1/topics/{t}/children/{link}`.
+    Detach(String),
+}
+
+/// The desired remote links of a spec (`topic` defaults to the link name).
+pub fn desired_remote_links(topic: &Topic) -> Vec<RemoteLink> {
+    topic
+        .spec
+        .remote_children
+        .iter()
+        .map(|r| RemoteLink {
+            name: r.name.clone(),
+            url: r.url.trim_end_matches('/').to_string(),
+            topic: r.topic.clone().unwrap_or_else(|| r.name.clone()),
+        })
+        .collect()
+}
+
+/// Converges remote links: attach the missing, re-attach the changed (detach first, a
+/// fresh start), detach those this operator attached (`applied`) that left the spec. Links
+/// nobody declared are left alone.
+pub fn plan_remote(
+    desired: &[RemoteLink],
+    observed: &[RemoteLink],
+    applied: &[String],
+) -> Vec<RemoteAction> {
+    let mut plan = Vec::new();
+    for o in observed {
+        let gone = !desired.iter().any(|d| d.name == o.name) && applied.contains(&o.name);
+        if gone {
+            plan.push(RemoteAction::Detach(o.name.clone()));
+        }
+    }
+    for d in desired {
+        match observed.iter().find(|o| o.name == d.name) {
+            None => plan.push(RemoteAction::Attach(d.name.clone())),
+            Some(o) if o.url.trim_end_matches('/') != d.url || o.topic != d.topic => {
+                plan.push(RemoteAction::Detach(d.name.clone()));
+                plan.push(RemoteAction::Attach(d.name.clone()));
+            }
+            Some(_) => {}
+        }
+    }
+    plan
+}
+
+/// The status fields read from the broker's record.
+pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRecord) {
+    status.topic_name = Some(rec.name.clone());
+    status.partitions = Some(rec.partitions as i32);
+    status.role = Some(rec.role.clone());
+    status.owner = rec.owner.clone();
+    status.partition_owners = rec
+        .partition_stats
+        .as_ref()
+        .map(|ps| ps.iter().map(|p| p.owner_node.clone()).collect())
+        .unwrap_or_default();
+    status.replica = Some(d.replica);
+    status.delay_ms = d.delay_ms;
+}
+
+async fn get_topic(
+    b: &narad_api::Client,
+    name: &str,
+) -> Result<Option<TopicRecord>, narad_api::Error> {
+    match b.get_topic(name, None).await {
+        Ok(r) => Ok(Some(r)),
+        Err(e) if e.status() == Some(404) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn run_action(
+    b: &narad_api::Client,
+    d: &DesiredTopic,
+    a: &TopicAction,
+) -> Result<(), narad_api::Error> {
+    match a {
+        TopicAction::Create => b.create_topic(&create_request(d)).await.map(drop),
+        TopicAction::Alter(f) => b.alter_topic(&d.name, &f.request()).await.map(drop),
+        TopicAction::Attach { parent, delay_ms } => b
+            .attach_child(
+                parent,
+                &AttachChildRequest {
+                    child: d.name.clone(),
+                    delay_ms: (*delay_ms > 0).then_some(*delay_ms as i64),
+                    remote: None,
+                },
+            )
+            .await
+            .map(drop),
+        TopicAction::Detach { parent } => match b.detach_child(parent, &d.name).await {
+            Err(e) if e.status() == Some(404) => Ok(()),
+            r => r,
+        },
+    }
+}
+
+/// Converges the broker topic: plan, run; a `409` on create reads back and re-plans once.
+pub async fn converge(
+    b: &narad_api::Client,
+    d: &DesiredTopic,
+) -> Result<Result<TopicRecord, String>, narad_api::Error> {
+    let mut observed = get_topic(b, &d.name).await?;
+    for _attempt in 0..2 {
+        let plan = match plan_topic(d, observed.as_ref()) {
+            Ok(p) => p,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        let mut conflict = false;
+        for a in &plan {
+            match run_action(b, d, a).await {
+                Err(e) if e.status() == Some(409) && *a == TopicAction::Create => {
+                    conflict = true;
+                    break;
+                }
+                r => r?,
+            }
+        }
+        observed = get_topic(b, &d.name).await?;
+        if !conflict {
+            break;
+        }
+    }
+    match observed {
+        Some(r) => Ok(Ok(r)),
+        None => Err(narad_api::Error::Api(narad_api::ApiError {
+            status: 404,
+            message: format!("topic {:?} vanished while reconciling", d.name),
+            retry_after: None,
+        })),
+    }
+}
+
+/// The controller's entry point for Topics.
+pub async fn reconcile(topic: Arc<Topic>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = topic.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<Topic> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = object_key(&*topic);
+    let r = finalizer(&api, FINALIZER, topic, |event| async {
+        match event {
+            Event::Apply(t) => apply(&api, &t, &ctx).await,
+            Event::Cleanup(t) => cleanup(&t, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    if r.is_ok() {
+        ctx.succeeded(&key);
+    }
+    r
+}
+
+async fn write(api: &Api<Topic>, t: &Topic, status: &TopicStatus) -> Result<()> {
+    if t.status.as_ref() != Some(status) {
+        patch_status(api, t, status).await?;
+    }
+    Ok(())
+}
+
+async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
+    let gen = t.metadata.generation;
+    let mut status = t.status.clone().unwrap_or_default();
+    let name = t.topic_name();
+    let exists = status.topic_name.is_some();
+    if let Err(msg) = check_topic(&name, &t.spec, &status) {
+        set_ready_synced(
+            &mut status.conditions,
+            (exists, "Invalid", &msg),
+            (false, "Invalid", &msg),
+            gen,
+        );
+        write(api, t, &status).await?;
+        return Err(Error::Invalid(msg));
+    }
+    let ns = t.namespace().unwrap_or_else(|| "default".into());
+    let broker = match broker_for(ctx, &ns, &t.spec.cluster_ref.name).await? {
+        Ok(b) => b,
+        Err(u) => {
+            let (reason, msg) = match u {
+                Unreachable::ClusterGone => (
+                    "ClusterNotFound",
+                    format!("NaradCluster {} not found", t.spec.cluster_ref.name),
+                ),
+                Unreachable::NotReady(m) => ("ClusterNotReady", m),
+            };
+            set_ready_synced(
+                &mut status.conditions,
+                (false, reason, &msg),
+                (false, reason, &msg),
+                gen,
+            );
+            write(api, t, &status).await?;
+            return Err(Error::Waiting(msg));
+        }
+    };
+    let desired = desired_topic(t, &broker.cluster.spec.defaults).map_err(Error::Invalid)?;
+    let b = &broker.client;
+    if let Some(parent) = &desired.parent {
+        let ready = match get_topic(b, parent).await {
+            Ok(p) => p.is_some(),
+            Err(e) => return broker_failed(api, t, status, e, exists).await,
+        };
+        if !ready {
+            let msg = format!("parent topic {parent:?} does not exist yet");
+            set_ready_synced(
+                &mut status.conditions,
+                (false, "WaitingForParent", &msg),
+                (false, "WaitingForParent", &msg),
+                gen,
+            );
+            write(api, t, &status).await?;
+            return Err(Error::Waiting(msg));
+        }
+    }
+    let rec = match converge(b, &desired).await {
+        Ok(Ok(rec)) => rec,
+        Ok(Err(refusal)) => {
+            set_ready_synced(
+                &mut status.conditions,
+                (exists, "Invalid", &refusal),
+                (false, "Invalid", &refusal),
+                gen,
+            );
+            write(api, t, &status).await?;
+            return Err(Error::Invalid(refusal));
+        }
+        Err(e) => return broker_failed(api, t, status, e, exists).await,
+    };
+    observed_status(&mut status, &desired, &rec);
+    let links = desired_remote_links(t);
+    if !links.is_empty() || !status.remote_links.is_empty() {
+        if let Err(e) = converge_remote(ctx, &ns, t, b, &desired.name, &links, &mut status).await {
+            return match e {
+                Error::Broker(e) => broker_failed(api, t, status, e, true).await,
+                other => {
+                    let msg = other.to_string();
+                    let reason = match other {
+                        Error::Waiting(_) => "SecretNotFound",
+                        _ => "KubernetesError",
+                    };
+                    set_ready_synced(
+                        &mut status.conditions,
+                        (true, reason, &msg),
+                        (false, reason, &msg),
+                        gen,
+                    );
+                    write(api, t, &status).await?;
+                    Err(other)
+                }
+            };
+        }
+    }
+    if rec.role == "parent" {
+        if let Ok(list) = b.list_children(&desired.name).await {
+            status.children = list
+                .children
+                .into_iter()
+                .map(|c| ChildStatus {
+                    name: c.name,
+                    kind: c.kind,
+                    lag_messages: c.lag_messages,
+                    state: c.state,
+                })
+                .collect();
+        }
+    } else {
+        status.children.clear();
+    }
+    status.observed_generation = gen;
+    set_ready_synced(
+        &mut status.conditions,
+        (true, "Synced", ""),
+        (true, "Synced", ""),
+        gen,
+    );
+    write(api, t, &status).await?;
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// Runs [`plan_remote`] against the broker's current links; records what is attached.
+async fn converge_remote(
+    ctx: &Context,
+    ns: &str,
+    t: &Topic,
+    b: &narad_api::Client,
+    name: &str,
+    links: &[RemoteLink],
+    status: &mut TopicStatus,
+) -> Result<()> {
+    let observed: Vec<RemoteLink> = b
+        .list_children(name)
+        .await?
+        .children
+        .into_iter()
+        .filter(|c| c.kind == "remote")
+        .map(|c| {
+            let r = c.remote.unwrap_or_default();
+            RemoteLink {
+                name: c.name,
+                url: r.url,
+                topic: r.topic,
+            }
+        })
+        .collect();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
+    for action in plan_remote(links, &observed, &status.remote_links) {
+        match action {
+            RemoteAction::Detach(link) => match b.detach_child(name, &link).await {
+                Err(e) if e.status() != Some(404) => return Err(e.into()),
+                _ => status.remote_links.retain(|l| *l != link),
+            },
+            RemoteAction::Attach(link) => {
+                let spec = t
+                    .spec
+                    .remote_children
+                    .iter()
+                    .find(|r| r.name == link)
+                    .expect("invariant: planned from the spec");
+                let (mut username, mut password) = (None, None);
+                if let Some(cref) = &spec.credentials_secret_ref {
+                    let data = secrets
+                        .get_opt(&cref.name)
+                        .await?
+                        .and_then(|s| s.data)
+                        .unwrap_or_default();
+                    let get = |k: &str| {
+                        data.get(k)
+                            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                    };
+                    username = get(&cref.username_key);
+                    password = get(&cref.password_key);
+                    if username.is_none() || password.is_none() {
+                        return Err(Error::Waiting(format!(
+                            "Secret {} lacks {} or {}",
+                            cref.name, cref.username_key, cref.password_key
+                        )));
+                    }
+                }
+                let d = links
+                    .iter()
+                    .find(|l| l.name == link)
+                    .expect("invariant: desired");
+                let req = AttachChildRequest {
+                    child: link.clone(),
+                    delay_ms: None,
+                    remote: Some(narad_api::RemoteTarget {
+                        url: d.url.clone(),
+                        topic: Some(d.topic.clone()),
+                        username,
+                        password,
+                        ca_pem: None,
+                    }),
+                };
+                b.attach_child(name, &req).await?;
+                if !status.remote_links.contains(&link) {
+                    status.remote_links.push(link);
+                }
+            }
+        }
+    }
+    // Links declared and present count as ours (e.g. attached before a status was written).
+    for l in links {
+        if observed.iter().any(|o| o.name == l.name) && !status.remote_links.contains(&l.name) {
+            status.remote_links.push(l.name.clone());
+        }
+    }
+    Ok(())
+}
+
+async fn broker_failed(
+    api: &Api<Topic>,
+    t: &Topic,
+    mut status: TopicStatus,
+    e: narad_api::Error,
+    exists: bool,
+) -> Result<Action> {
+    let reason = broker_reason(&e, "NotFound");
+    let msg = e.to_string();
+    set_ready_synced(
+        &mut status.conditions,
+        (exists, reason, &msg),
+        (false, reason, &msg),
+        t.metadata.generation,
+    );
+    write(api, t, &status).await?;
+    Err(Error::Broker(e))
+}
+
+async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
+    if t.spec.deletion_policy == DeletionPolicy::Retain {
+        return Ok(Action::await_change());
+    }
+    let ns = t.namespace().unwrap_or_else(|| "default".into());
+    let broker = match broker_for(ctx, &ns, &t.spec.cluster_ref.name).await? {
+        Ok(b) => b,
+        Err(Unreachable::ClusterGone) => return Ok(Action::await_change()),
+        Err(Unreachable::NotReady(m)) => return Err(Error::Waiting(m)),
+    };
+    let b = &broker.client;
+    let name = t
+        .status
+        .as_ref()
+        .and_then(|s| s.topic_name.clone())
+        .unwrap_or_else(|| t.topic_name());
+    if let Some(rec) = get_topic(b, &name).await? {
+        if let Some(parent) = rec.parent {
+            match b.detach_child(&parent, &name).await {
+                Err(e) if e.status() != Some(404) => return Err(e.into()),
+                _ => {}
+            }
+        }
+        match b.delete_topic(&name).await {
+            Err(e) if e.status() != Some(404) => return Err(e.into()),
+            _ => {}
+        }
+    }
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn topic(spec: serde_json::Value) -> Topic {
+        let mut s = json!({"clusterRef": {"name": "prod"}});
+        s.as_object_mut()
+            .unwrap()
+            .extend(spec.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+            "metadata": {"name": "orders", "namespace": "default"},
+            "spec": s,
+        }))
+        .unwrap()
+    }
+
+    fn desired(spec: serde_json::Value) -> DesiredTopic {
+        desired_topic(&topic(spec), &TopicDefaults::default()).unwrap()
+    }
+
+    fn record(v: serde_json::Value) -> TopicRecord {
+        let mut r = json!({"name": "orders", "partitions": 3, "retention_ms": 43200000u64,
+            "visibility_timeout_ms": 30000, "max_in_flight_per_partition": 1024,
+            "max_acked_ahead_per_partition": 1024, "created_at": 1, "role": "standalone"});
+        r.as_object_mut()
+            .unwrap()
+            .extend(v.as_object().unwrap().clone());
+        serde_json::from_value(r).unwrap()
+    }
+
+    #[test]
+    fn desired_uses_cluster_defaults() {
+        let d = desired(json!({}));
+        assert_eq!(d.name, "orders");
+        assert_eq!(d.create_partitions, Some(3));
+        assert_eq!(d.partitions, None);
+        assert_eq!(d.retention_ms, 43_200_000);
+        let d = desired(
+            json!({"name": "o2", "partitions": 6, "retention": "forever",
+            "visibilityTimeout": "1m"}),
+        );
+        assert_eq!(
+            (d.name.as_str(), d.partitions, d.retention_ms),
+            ("o2", Some(6), 0)
+        );
+        assert_eq!(d.visibility_timeout_ms, Some(60_000));
+        let d = desired(json!({"parent": "raw", "replica": true}));
+        assert_eq!(
+            d.create_partitions, None,
+            "a replica inherits the parent's count"
+        );
+    }
+
+    #[test]
+    fn create_when_absent() {
+        let d = desired(json!({"partitions": 6}));
+        assert_eq!(plan_topic(&d, None).unwrap(), vec![TopicAction::Create]);
+        let req = serde_json::to_value(create_request(&d)).unwrap();
+        assert_eq!(
+            req,
+            json!({"name": "orders", "partitions": 6, "retention_ms": 43200000})
+        );
+    }
+
+    #[test]
+    fn child_creates_then_attaches_replica_creates_with_parent() {
+        let d = desired(json!({"parent": "raw", "delay": "1h"}));
+        assert_eq!(
+            plan_topic(&d, None).unwrap(),
+            vec![
+                TopicAction::Create,
+                TopicAction::Attach {
+                    parent: "raw".into(),
+                    delay_ms: 3_600_000
+                }
+            ]
+        );
+        assert_eq!(create_request(&d).parent, None);
+        let d = desired(json!({"parent": "raw", "replica": true, "delay": "1h"}));
+        assert_eq!(plan_topic(&d, None).unwrap(), vec![TopicAction::Create]);
+        let req = create_request(&d);
+        assert_eq!(req.parent.as_deref(), Some("raw"));
+        assert_eq!(req.fanout_delay_ms, Some(3_600_000));
+    }
+
+    #[test]
+    fn in_sync_means_no_calls() {
+        let d = desired(json!({"partitions": 3}));
+        assert!(plan_topic(&d, Some(&record(json!({})))).unwrap().is_empty());
+        // Settings the spec leaves out are not managed.
+        let d = desired(json!({}));
+        let r = record(json!({"partitions": 9, "visibility_timeout_ms": 5000}));
+        assert!(plan_topic(&d, Some(&r)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn alter_only_differences() {
+        let d =
+            desired(json!({"partitions": 6, "retention": "7d", "maxInFlightPerPartition": 1024}));
+        let plan = plan_topic(&d, Some(&record(json!({})))).unwrap();
+        assert_eq!(
+            plan,
+            vec![TopicAction::Alter(AlterFields {
+                partitions: Some(6),
+                retention_ms: Some(604_800_000),
+                ..Default::default()
+            })]
+        );
+        let TopicAction::Alter(f) = &plan[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            serde_json::to_value(f.request()).unwrap(),
+            json!({"partitions": 6, "retention_ms": 604800000})
+        );
+    }
+
+    #[test]
+    fn partitions_never_shrink() {
+        let d = desired(json!({"partitions": 3}));
+        let err = plan_topic(&d, Some(&record(json!({"partitions": 6})))).unwrap_err();
+        assert!(err.contains("only grow"), "{err}");
+    }
+
+    #[test]
+    fn schema_change_is_conditional_on_the_read_version() {
+        let d = desired(json!({"schema": {"type": "object"}}));
+        let r = record(json!({"schema": {"type": "object"}, "schema_version": 2}));
+        assert!(plan_topic(&d, Some(&r)).unwrap().is_empty());
+        let d = desired(json!({"schema": {"type": "object", "properties": {"a": {}}}}));
+        let plan = plan_topic(&d, Some(&r)).unwrap();
+        let TopicAction::Alter(f) = &plan[0] else {
+            panic!("{plan:?}")
+        };
+        let req = serde_json::to_value(f.request()).unwrap();
+        assert_eq!(req["schema_base_version"], 2);
+        assert_eq!(req["schema"]["properties"], json!({"a": {}}));
+    }
+
+    #[test]
+    fn links_converge() {
+        // Attached elsewhere → detach, then attach to the desired parent.
+        let d = desired(json!({"parent": "raw"}));
+        let r = record(json!({"role": "child", "parent": "other"}));
+        assert_eq!(
+            plan_topic(&d, Some(&r)).unwrap(),
+            vec![
+                TopicAction::Detach {
+                    parent: "other".into()
+                },
+                TopicAction::Attach {
+                    parent: "raw".into(),
+                    delay_ms: 0
+                }
+            ]
+        );
+        // Not attached (broker drift) → attach.
+        let r = record(json!({}));
+        assert_eq!(
+            plan_topic(&d, Some(&r)).unwrap(),
+            vec![TopicAction::Attach {
+                parent: "raw".into(),
+                delay_ms: 0
+            }]
+        );
+        // Parent removed from the spec → detach.
+        let d = desired(json!({}));
+        let r = record(json!({"role": "child", "parent": "raw"}));
+        assert_eq!(
+            plan_topic(&d, Some(&r)).unwrap(),
+            vec![TopicAction::Detach {
+                parent: "raw".into()
+            }]
+        );
+        // Same parent and delay → nothing.
+        let d = desired(json!({"parent": "raw", "delay": "1h"}));
+        let r = record(json!({"role": "child", "parent": "raw", "fanout_delay_ms": 3600000}));
+        assert!(plan_topic(&d, Some(&r)).unwrap().is_empty());
+    }
+
+    fn link(name: &str, url: &str, topic: &str) -> RemoteLink {
+        RemoteLink {
+            name: name.into(),
+            url: url.into(),
+            topic: topic.into(),
+        }
+    }
+
+    #[test]
+    fn remote_links_converge() {
+        let t = topic(json!({"remoteChildren": [
+            {"name": "dr", "url": "https://dr.example.com/"},
+            {"name": "eu", "url": "https://eu.example.com", "topic": "orders-eu"}]}));
+        let want = desired_remote_links(&t);
+        assert_eq!(
+            want,
+            vec![
+                link("dr", "https://dr.example.com", "dr"),
+                link("eu", "https://eu.example.com", "orders-eu"),
+            ]
+        );
+        // Missing → attach; in sync → nothing.
+        assert_eq!(
+            plan_remote(&want, &[link("dr", "https://dr.example.com", "dr")], &[]),
+            vec![RemoteAction::Attach("eu".into())]
+        );
+        assert!(plan_remote(&want, &want, &[]).is_empty());
+        // Changed target → detach, then attach (a fresh start).
+        let moved = vec![link("dr", "https://old.example.com", "dr"), want[1].clone()];
+        assert_eq!(
+            plan_remote(&want, &moved, &[]),
+            vec![
+                RemoteAction::Detach("dr".into()),
+                RemoteAction::Attach("dr".into())
+            ]
+        );
+        // Removed from the spec: detached only if the operator attached it.
+        let extra = vec![
+            want[0].clone(),
+            want[1].clone(),
+            link("old", "https://x", "x"),
+            link("theirs", "https://y", "y"),
+        ];
+        assert_eq!(
+            plan_remote(&want, &extra, &["old".to_string()]),
+            vec![RemoteAction::Detach("old".into())]
+        );
+    }
+
+    #[test]
+    fn status_from_record() {
+        let d = desired(json!({}));
+        let r = record(
+            json!({"owner": "admin", "role": "parent", "partition_stats": [
+            {"index": 0, "segments": 0, "oldest_offset": 0, "next_offset": 0, "high_watermark": 0,
+             "size_bytes": 0, "owner_node": "prod-narad-1", "status": "ok"},
+            {"index": 1, "segments": 0, "oldest_offset": 0, "next_offset": 0, "high_watermark": 0,
+             "size_bytes": 0, "owner_node": "prod-narad-0", "status": "ok"}]}),
+        );
+        let mut s = TopicStatus::default();
+        observed_status(&mut s, &d, &r);
+        assert_eq!(s.topic_name.as_deref(), Some("orders"));
+        assert_eq!(s.owner.as_deref(), Some("admin"));
+        assert_eq!(s.partition_owners, vec!["prod-narad-1", "prod-narad-0"]);
+        assert_eq!(s.role.as_deref(), Some("parent"));
+    }
+}

@@ -1,0 +1,337 @@
+//! User → broker user. Created with its password and the union of its Grants; the password
+//! is re-applied (admin reset) whenever its Secret changes (`status.passwordSecretVersion`);
+//! grants are corrected when they drift.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event};
+use kube::{Api, ResourceExt};
+use narad_api::CreateUserRequest;
+
+use super::grant::{grants_differ, list_grants, union_grants};
+use super::*;
+use crate::crd::validate::check_user;
+use crate::crd::{DeletionPolicy, User, UserStatus, FINALIZER};
+
+/// One broker call for a user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserAction {
+    /// `POST /v1/users` with password and grants.
+    Create,
+    /// `PUT /v1/users/{u}/password` (admin reset).
+    SetPassword,
+    /// `PUT /v1/users/{u}/grants`.
+    PutGrants,
+}
+
+/// The calls that converge the broker user: `observed` is its record (`None` if absent),
+/// `applied_version`/`secret_version` the password Secret versions applied and current.
+pub fn plan_user(
+    observed: Option<&narad_api::User>,
+    want_grants: &[narad_api::Grant],
+    applied_version: Option<&str>,
+    secret_version: &str,
+) -> Vec<UserAction> {
+    let Some(u) = observed else {
+        return vec![UserAction::Create];
+    };
+    let mut plan = Vec::new();
+    if applied_version != Some(secret_version) {
+        plan.push(UserAction::SetPassword);
+    }
+    if grants_differ(&u.grants, want_grants) {
+        plan.push(UserAction::PutGrants);
+    }
+    plan
+}
+
+/// The version of a password Secret: its uid and resourceVersion (a new Secret of the same
+/// name, or any change of it, is a new version). Never derived from the password itself.
+pub fn secret_version(s: &Secret) -> String {
+    format!(
+        "{}/{}",
+        s.metadata.uid.as_deref().unwrap_or_default(),
+        s.metadata.resource_version.as_deref().unwrap_or_default()
+    )
+}
+
+/// The controller's entry point for Users.
+pub async fn reconcile(user: Arc<User>, ctx: Arc<Context>) -> Result<Action> {
+    let ns = user.namespace().unwrap_or_else(|| "default".into());
+    let api: Api<User> = Api::namespaced(ctx.client.clone(), &ns);
+    let key = object_key(&*user);
+    let r = finalizer(&api, FINALIZER, user, |event| async {
+        match event {
+            Event::Apply(u) => apply(&api, &u, &ctx).await,
+            Event::Cleanup(u) => cleanup(&u, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    if r.is_ok() {
+        ctx.succeeded(&key);
+    }
+    r
+}
+
+async fn write(api: &Api<User>, u: &User, status: &UserStatus) -> Result<()> {
+    if u.status.as_ref() != Some(status) {
+        patch_status(api, u, status).await?;
+    }
+    Ok(())
+}
+
+async fn not_ready(
+    api: &Api<User>,
+    u: &User,
+    mut status: UserStatus,
+    ready: bool,
+    reason: &str,
+    msg: String,
+    err: Error,
+) -> Result<Action> {
+    set_ready_synced(
+        &mut status.conditions,
+        (ready, reason, &msg),
+        (false, reason, &msg),
+        u.metadata.generation,
+    );
+    write(api, u, &status).await?;
+    Err(err)
+}
+
+async fn get_user(
+    b: &narad_api::Client,
+    name: &str,
+) -> Result<Option<narad_api::User>, narad_api::Error> {
+    match b.get_user(name).await {
+        Ok(u) => Ok(Some(u)),
+        Err(e) if e.status() == Some(404) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
+    let status = u.status.clone().unwrap_or_default();
+    let exists = status.username.is_some();
+    let username = u.username();
+    if let Err(msg) = check_user(&username, &status) {
+        return not_ready(
+            api,
+            u,
+            status,
+            exists,
+            "Invalid",
+            msg.clone(),
+            Error::Invalid(msg),
+        )
+        .await;
+    }
+    let ns = u.namespace().unwrap_or_else(|| "default".into());
+    let broker = match broker_for(ctx, &ns, &u.spec.cluster_ref.name).await? {
+        Ok(b) => b,
+        Err(Unreachable::ClusterGone) => {
+            let msg = format!("NaradCluster {} not found", u.spec.cluster_ref.name);
+            return not_ready(
+                api,
+                u,
+                status,
+                false,
+                "ClusterNotFound",
+                msg.clone(),
+                Error::Waiting(msg),
+            )
+            .await;
+        }
+        Err(Unreachable::NotReady(m)) => {
+            return not_ready(
+                api,
+                u,
+                status,
+                false,
+                "ClusterNotReady",
+                m.clone(),
+                Error::Waiting(m),
+            )
+            .await;
+        }
+    };
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let sref = &u.spec.password_secret_ref;
+    let secret = secrets.get_opt(&sref.name).await?;
+    let password = secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get(&sref.key))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .filter(|p| !p.is_empty());
+    let (Some(secret), Some(password)) = (secret, password) else {
+        let msg = format!("Secret {} has no key {}", sref.name, sref.key);
+        return not_ready(
+            api,
+            u,
+            status,
+            exists,
+            "SecretNotFound",
+            msg.clone(),
+            Error::Waiting(msg),
+        )
+        .await;
+    };
+    let version = secret_version(&secret);
+    let grants = list_grants(&ctx.client, &ns).await?;
+    let want = union_grants(&u.name_any(), &u.spec.cluster_ref.name, &grants);
+    let b = &broker.client;
+    let result: Result<(), narad_api::Error> = async {
+        let mut observed = get_user(b, &username).await?;
+        let mut applied = status.password_secret_version.clone();
+        for _attempt in 0..2 {
+            let mut conflict = false;
+            for a in plan_user(observed.as_ref(), &want, applied.as_deref(), &version) {
+                match a {
+                    UserAction::Create => {
+                        let req = CreateUserRequest {
+                            username: username.clone(),
+                            password: password.clone(),
+                            grants: want.clone(),
+                        };
+                        match b.create_user(&req).await {
+                            Err(e) if e.status() == Some(409) => {
+                                // Exists already: read back, then converge password and grants.
+                                conflict = true;
+                                applied = None;
+                                break;
+                            }
+                            r => r.map(drop)?,
+                        }
+                    }
+                    UserAction::SetPassword => b.set_password(&username, None, &password).await?,
+                    UserAction::PutGrants => b.put_grants(&username, &want).await.map(drop)?,
+                }
+            }
+            if !conflict {
+                break;
+            }
+            observed = get_user(b, &username).await?;
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            let mut status = status;
+            status.username = Some(username);
+            status.password_secret_version = Some(version);
+            status.observed_generation = u.metadata.generation;
+            set_ready_synced(
+                &mut status.conditions,
+                (true, "Synced", ""),
+                (true, "Synced", ""),
+                u.metadata.generation,
+            );
+            write(api, u, &status).await?;
+            Ok(Action::requeue(ctx.resync))
+        }
+        Err(e) => {
+            let reason = broker_reason(&e, "UserNotFound");
+            not_ready(
+                api,
+                u,
+                status,
+                exists,
+                reason,
+                e.to_string(),
+                Error::Broker(e),
+            )
+            .await
+        }
+    }
+}
+
+async fn cleanup(u: &User, ctx: &Context) -> Result<Action> {
+    if u.spec.deletion_policy == DeletionPolicy::Retain {
+        return Ok(Action::await_change());
+    }
+    let ns = u.namespace().unwrap_or_else(|| "default".into());
+    let broker = match broker_for(ctx, &ns, &u.spec.cluster_ref.name).await? {
+        Ok(b) => b,
+        Err(Unreachable::ClusterGone) => return Ok(Action::await_change()),
+        Err(Unreachable::NotReady(m)) => return Err(Error::Waiting(m)),
+    };
+    let name = u
+        .status
+        .as_ref()
+        .and_then(|s| s.username.clone())
+        .unwrap_or_else(|| u.username());
+    if name == crate::resources::ADMIN_USER {
+        return Ok(Action::await_change());
+    }
+    match broker.client.delete_user(&name).await {
+        Err(e) if e.status() != Some(404) => Err(e.into()),
+        _ => Ok(Action::await_change()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(grants: Vec<narad_api::Grant>) -> narad_api::User {
+        narad_api::User {
+            username: "billing".into(),
+            grants,
+            ..Default::default()
+        }
+    }
+
+    fn g(action: &str, p: &[&str]) -> narad_api::Grant {
+        narad_api::Grant {
+            action: action.into(),
+            patterns: p.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn create_when_absent() {
+        assert_eq!(plan_user(None, &[], None, "v1"), vec![UserAction::Create]);
+    }
+
+    #[test]
+    fn in_sync_means_no_calls() {
+        let u = user(vec![g("produce", &["a"])]);
+        assert!(plan_user(Some(&u), &[g("produce", &["a"])], Some("v1"), "v1").is_empty());
+    }
+
+    #[test]
+    fn secret_change_resets_password() {
+        let u = user(vec![]);
+        assert_eq!(
+            plan_user(Some(&u), &[], Some("v1"), "v2"),
+            vec![UserAction::SetPassword]
+        );
+        // Never applied (e.g. the user existed before the resource): reset too.
+        assert_eq!(
+            plan_user(Some(&u), &[], None, "v1"),
+            vec![UserAction::SetPassword]
+        );
+    }
+
+    #[test]
+    fn grant_drift_is_corrected() {
+        let u = user(vec![g("admin", &[])]);
+        assert_eq!(
+            plan_user(Some(&u), &[g("consume", &["x"])], Some("v1"), "v1"),
+            vec![UserAction::PutGrants]
+        );
+    }
+
+    #[test]
+    fn versions() {
+        let mut s = Secret::default();
+        s.metadata.uid = Some("u".into());
+        s.metadata.resource_version = Some("7".into());
+        assert_eq!(secret_version(&s), "u/7");
+    }
+}

@@ -1,0 +1,103 @@
+//! Wiring: one kube-runtime `Controller` per kind, started once this replica leads.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{watcher, Controller};
+use kube::{Api, ResourceExt};
+
+use crate::crd::{Grant, NaradCluster, Topic, User};
+use crate::reconcile::{self, error_policy, Context};
+
+fn api<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+async fn drain<S, T, E>(name: &'static str, s: S)
+where
+    S: futures::Stream<Item = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    s.for_each(|r| async move {
+        if let Err(e) = r {
+            tracing::debug!(controller = name, error = %e, "reconcile");
+        }
+    })
+    .await
+}
+
+/// Runs the four controllers until they all stop (watch all namespaces, or `ns` only).
+pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
+    let c = ctx.client.clone();
+    let ns = ns.as_deref();
+    let wc = watcher::Config::default();
+
+    let clusters = Controller::new(api::<NaradCluster>(&c, ns), wc.clone())
+        .owns(api::<StatefulSet>(&c, ns), wc.clone())
+        .owns(api::<Service>(&c, ns), wc.clone())
+        .owns(api::<ConfigMap>(&c, ns), wc.clone())
+        .shutdown_on_signal()
+        .run(reconcile::cluster::reconcile, error_policy, ctx.clone());
+
+    let topics = Controller::new(api::<Topic>(&c, ns), wc.clone())
+        .shutdown_on_signal()
+        .run(reconcile::topic::reconcile, error_policy, ctx.clone());
+
+    let users_ctl = Controller::new(api::<User>(&c, ns), wc.clone());
+    let user_store = users_ctl.store();
+    let store2 = user_store.clone();
+    let users = users_ctl
+        .watches(api::<Secret>(&c, ns), wc.clone(), move |s: Secret| {
+            // A password Secret changed: its Users re-apply the password.
+            let ns = s.namespace();
+            store2
+                .state()
+                .into_iter()
+                .filter(|u| u.namespace() == ns && u.spec.password_secret_ref.name == s.name_any())
+                .map(|u| ObjectRef::from_obj(&*u))
+                .collect::<Vec<_>>()
+        })
+        .watches(api::<Grant>(&c, ns), wc.clone(), |g: Grant| {
+            // A Grant changed: its User's union changed.
+            let mut r = ObjectRef::new(&g.spec.user);
+            if let Some(ns) = g.namespace() {
+                r = r.within(&ns);
+            }
+            Some(r)
+        })
+        .shutdown_on_signal()
+        .run(reconcile::user::reconcile, error_policy, ctx.clone());
+
+    let grants_ctl = Controller::new(api::<Grant>(&c, ns), wc.clone());
+    let grant_store = grants_ctl.store();
+    let grants = grants_ctl
+        .watches(api::<User>(&c, ns), wc.clone(), move |u: User| {
+            // A User became ready (or changed): its waiting Grants retry.
+            let ns = u.namespace();
+            grant_store
+                .state()
+                .into_iter()
+                .filter(|g| g.namespace() == ns && g.spec.user == u.name_any())
+                .map(|g| ObjectRef::from_obj(&*g))
+                .collect::<Vec<_>>()
+        })
+        .shutdown_on_signal()
+        .run(reconcile::grant::reconcile, error_policy, ctx.clone());
+
+    tokio::join!(
+        drain("naradcluster", clusters),
+        drain("topic", topics),
+        drain("user", users),
+        drain("grant", grants),
+    );
+}

@@ -1,0 +1,538 @@
+//! The operator against a real Kubernetes API server (`../shared/k8s-testenv`: 1.20, no
+//! kubelet, so no pod runs) and a real `narad` broker process started here, which the
+//! operator reaches through the NaradCluster's explicit `spec.endpoint`.
+//!
+//! Runs only when `NARAD_K8S_KUBECONFIG` names the test server's kubeconfig (and `NARAD_BIN`
+//! or the workspace target has a `narad` binary); otherwise it says so and passes. Each
+//! wait is bounded by [`WAIT`]; the operator's resync is 2 s so drift repair is observable.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
+use narad_api::AlterTopicRequest;
+use narad_operator::crd::{all_crds, cond, is_true, Grant, NaradCluster, Topic, User};
+use narad_operator::reconcile::Context;
+use narad_tests::server::{Server, ServerOpts};
+use serde_json::json;
+
+/// Longest wait for any convergence (the operator normally needs well under 2 s).
+const WAIT: Duration = Duration::from_secs(30);
+const ADMIN_PASSWORD: &str = "envtest-admin-secret";
+
+async fn client() -> Option<Client> {
+    let path = std::env::var("NARAD_K8S_KUBECONFIG").ok()?;
+    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("kube config");
+    Some(Client::try_from(cfg).expect("kube client"))
+}
+
+/// Polls `f` until it returns `Some`, at most [`WAIT`]; the elapsed time with the value.
+async fn eventually<T, F, Fut>(what: &str, mut f: F) -> (T, Duration)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return (v, start.elapsed());
+        }
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn ready(conds: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>) -> bool {
+    conds.is_some_and(|c| is_true(c, cond::READY))
+}
+
+fn reason(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t: &str) -> String {
+    conds
+        .iter()
+        .find(|c| c.type_ == t)
+        .map(|c| c.reason.clone())
+        .unwrap_or_default()
+}
+
+async fn install_crds(c: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
+    for (_, crd) in all_crds() {
+        let name = crd.metadata.name.clone().unwrap();
+        // Create or replace, not server-side apply: a 1.20 server refuses an applied CRD that
+        // carries `x-kubernetes-validations` (unknown there), while create/replace drop it.
+        match crds.get_opt(&name).await.expect("get CRD") {
+            None => {
+                crds.create(&PostParams::default(), &crd)
+                    .await
+                    .expect("create CRD");
+            }
+            Some(old) => {
+                let mut crd = crd.clone();
+                crd.metadata.resource_version = old.metadata.resource_version;
+                crds.replace(&name, &PostParams::default(), &crd)
+                    .await
+                    .expect("replace CRD");
+            }
+        }
+        eventually(&format!("CRD {name} established"), || {
+            let crds = crds.clone();
+            let name = name.clone();
+            async move {
+                let c = crds.get(&name).await.ok()?;
+                c.status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, body: serde_json::Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply("narad-envtest").force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
+    let data: serde_json::Map<String, serde_json::Value> = data
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reconciles_against_a_real_api_server_and_broker() {
+    let Some(c) = client().await else {
+        eprintln!("skipped: NARAD_K8S_KUBECONFIG is not set (see ../shared/k8s-testenv)");
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("narad_operator=debug")
+        .with_test_writer()
+        .try_init();
+    install_crds(&c).await;
+    let ns = format!("narad-it-{}", std::process::id());
+    let namespaces: Api<Namespace> = Api::all(c.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+        )
+        .await
+        .expect("namespace");
+
+    let broker = Server::start(ServerOpts::secured(ADMIN_PASSWORD)).await;
+    let admin =
+        narad_api::Client::new(&broker.url(), Some(("admin".into(), ADMIN_PASSWORD.into())))
+            .unwrap();
+
+    // The operator, in-process, watching only this namespace.
+    let info = c.apiserver_version().await.unwrap();
+    let minor = narad_operator::resources::parse_minor(&info.minor).unwrap();
+    let mut ctx = Context::new(c.clone());
+    ctx.resync = Duration::from_secs(2);
+    ctx.wait_retry = Duration::from_millis(500);
+    ctx.pdb_api_version = narad_operator::resources::pdb_api_version(minor).into();
+    let operator = tokio::spawn(narad_operator::run::controllers(
+        std::sync::Arc::new(ctx),
+        Some(ns.clone()),
+    ));
+
+    // --- CRDs reject invalid objects (OpenAPI schema; CEL is ignored by 1.20).
+    let topics: Api<Topic> = Api::namespaced(c.clone(), &ns);
+    let bad = json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic", "metadata": {"name": "bad"},
+                     "spec": {"clusterRef": {"name": "prod"}, "partitions": 2}});
+    let e = topics
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, kube::Error::Api(s) if s.code == 422), "{e}");
+    let grants: Api<Grant> = Api::namespaced(c.clone(), &ns);
+    let bad = json!({"apiVersion": "narad.io/v1alpha1", "kind": "Grant", "metadata": {"name": "bad"},
+                     "spec": {"clusterRef": {"name": "prod"}, "user": "u", "action": "delete", "patterns": ["x"]}});
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(c.clone(), &ns, &ApiResource::erase::<Grant>(&()));
+    let e = raw
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, kube::Error::Api(s) if s.code == 422), "{e}");
+
+    // --- NaradCluster → owned objects, status from the real broker.
+    let secrets: Api<Secret> = Api::namespaced(c.clone(), &ns);
+    apply(
+        &secrets,
+        "prod-narad-security",
+        secret(
+            "prod-narad-security",
+            &[("admin-password", ADMIN_PASSWORD), ("cluster-secret", "c")],
+        ),
+    )
+    .await;
+    let clusters: Api<NaradCluster> = Api::namespaced(c.clone(), &ns);
+    apply(
+        &clusters,
+        "prod",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "prod"}, "spec": {"version": "0.1.0", "endpoint": broker.url()}}),
+    )
+    .await;
+    let stss: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
+    let (sts, _) = eventually("StatefulSet prod-narad", || async {
+        stss.get_opt("prod-narad").await.ok().flatten()
+    })
+    .await;
+    let spec = sts.spec.unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+    assert_eq!(
+        spec.update_strategy.unwrap().type_.as_deref(),
+        Some("OnDelete")
+    );
+    let svcs: Api<Service> = Api::namespaced(c.clone(), &ns);
+    assert!(svcs.get_opt("prod-narad").await.unwrap().is_some());
+    let headless = svcs.get("prod-narad-headless").await.unwrap();
+    assert_eq!(headless.spec.unwrap().cluster_ip.as_deref(), Some("None"));
+    let (group, version) = narad_operator::resources::pdb_api_version(minor)
+        .split_once('/')
+        .unwrap();
+    let pdbs: Api<DynamicObject> = Api::namespaced_with(
+        c.clone(),
+        &ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(group, version, "PodDisruptionBudget"),
+            "poddisruptionbudgets",
+        ),
+    );
+    assert_eq!(
+        pdbs.get("prod-narad").await.unwrap().data["spec"]["maxUnavailable"],
+        1
+    );
+    let (nc, _) = eventually("NaradCluster status with members", || async {
+        clusters
+            .get("prod")
+            .await
+            .ok()
+            .filter(|n| n.status.as_ref().is_some_and(|s| !s.members.is_empty()))
+    })
+    .await;
+    let st = nc.status.unwrap();
+    assert_eq!(st.initial_cluster_size, Some(3));
+    assert!(st.leader.is_some(), "{st:?}");
+    // A cluster without a security Secret gets one generated.
+    apply(&clusters, "gen", json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "gen"}, "spec": {"version": "0.1.0", "endpoint": "http://127.0.0.1:1"}})).await;
+    let (gen, _) = eventually("generated security Secret", || async {
+        secrets.get_opt("gen-narad-security").await.ok().flatten()
+    })
+    .await;
+    let data = gen.data.unwrap();
+    assert!(data.contains_key("cluster-secret") && data.contains_key("admin-password"));
+
+    // --- Topic → broker topic; changes and drift reach the broker.
+    apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 3, "retention": "2h"}})).await;
+    let (_, t_create) = eventually("Topic orders Ready", || async {
+        topics
+            .get("orders")
+            .await
+            .ok()
+            .filter(|t| ready(t.status.as_ref().map(|s| &s.conditions)))
+            .map(drop)
+    })
+    .await;
+    let rec = admin.get_topic("orders", None).await.unwrap();
+    assert_eq!((rec.partitions, rec.retention_ms), (3, 7_200_000));
+    apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 6, "retention": "2h"}})).await;
+    let (_, t_partitions) = eventually("6 partitions on the broker", || async {
+        admin
+            .get_topic("orders", None)
+            .await
+            .ok()
+            .filter(|r| r.partitions == 6)
+            .map(drop)
+    })
+    .await;
+    admin
+        .alter_topic(
+            "orders",
+            &AlterTopicRequest {
+                retention_ms: Some(10_800_000),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (_, t_drift) = eventually("retention drift repaired", || async {
+        admin
+            .get_topic("orders", None)
+            .await
+            .ok()
+            .filter(|r| r.retention_ms == 7_200_000)
+            .map(drop)
+    })
+    .await;
+
+    // A child attaches to its parent; a child of a missing parent waits.
+    apply(&topics, "orders-audit", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders-audit"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "orders"}})).await;
+    // Attached on a broker that serves child topics; on one that does not (yet), the
+    // topic exists and Synced=False carries the broker's status code and message.
+    eventually("orders-audit attached, or the refusal reported", || async {
+        let rec = admin.get_topic("orders-audit", None).await.ok()?;
+        if rec.parent.as_deref() == Some("orders") {
+            return Some(());
+        }
+        let t = topics.get("orders-audit").await.ok()?;
+        let conds = t.status?.conditions;
+        let synced = conds.iter().find(|c| c.type_ == cond::SYNCED)?;
+        (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
+    })
+    .await;
+    // A remote link is attached (or its refusal reported, on a broker without the route).
+    apply(
+        &secrets,
+        "dr-creds",
+        secret("dr-creds", &[("username", "u"), ("password", "p")]),
+    )
+    .await;
+    apply(&topics, "mirrored", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "mirrored"}, "spec": {"clusterRef": {"name": "prod"}, "remoteChildren": [
+            {"name": "mirrored-dr", "url": "http://127.0.0.1:1", "topic": "mirrored",
+             "credentialsSecretRef": {"name": "dr-creds"}}]}})).await;
+    eventually("mirrored-dr attached, or the refusal reported", || async {
+        let t = topics.get("mirrored").await.ok()?;
+        let st = t.status?;
+        if st.remote_links == vec!["mirrored-dr".to_string()] {
+            return Some(());
+        }
+        let synced = st.conditions.iter().find(|c| c.type_ == cond::SYNCED)?;
+        (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
+    })
+    .await;
+    apply(&topics, "orphan", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orphan"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "nope"}})).await;
+    eventually("orphan WaitingForParent", || async {
+        let t = topics.get("orphan").await.ok()?;
+        (reason(&t.status?.conditions, cond::READY) == "WaitingForParent").then_some(())
+    })
+    .await;
+
+    // --- User + Grants → broker user with the union of its grants.
+    apply(
+        &secrets,
+        "billing-pw",
+        secret("billing-pw", &[("password", "pw-1")]),
+    )
+    .await;
+    let users: Api<User> = Api::namespaced(c.clone(), &ns);
+    apply(&users, "billing", json!({"apiVersion": "narad.io/v1alpha1", "kind": "User", "metadata": {"name": "billing"},
+        "spec": {"clusterRef": {"name": "prod"}, "passwordSecretRef": {"name": "billing-pw", "key": "password"}}})).await;
+    for (name, action, patterns) in [
+        ("billing-produce", "produce", json!(["orders*"])),
+        ("billing-consume", "consume", json!(["orders"])),
+    ] {
+        apply(&grants, name, json!({"apiVersion": "narad.io/v1alpha1", "kind": "Grant", "metadata": {"name": name},
+            "spec": {"clusterRef": {"name": "prod"}, "user": "billing", "action": action, "patterns": patterns}})).await;
+    }
+    let want = |u: &narad_api::User| {
+        let mut g: Vec<(String, Vec<String>)> = u
+            .grants
+            .iter()
+            .map(|g| (g.action.clone(), g.patterns.clone()))
+            .collect();
+        g.sort();
+        g
+    };
+    let (_, t_grants) = eventually("billing's grants", || async {
+        let u = admin.get_user("billing").await.ok()?;
+        (want(&u)
+            == vec![
+                ("consume".to_string(), vec!["orders".to_string()]),
+                ("produce".to_string(), vec!["orders*".to_string()]),
+            ])
+        .then_some(())
+    })
+    .await;
+    let billing =
+        narad_api::Client::new(&broker.url(), Some(("billing".into(), "pw-1".into()))).unwrap();
+    billing
+        .produce("orders", b"hello".to_vec(), None, None)
+        .await
+        .expect("billing may produce");
+    // Changing a Grant's patterns reaches the broker.
+    apply(&grants, "billing-produce", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Grant", "metadata": {"name": "billing-produce"},
+        "spec": {"clusterRef": {"name": "prod"}, "user": "billing", "action": "produce", "patterns": ["orders", "audit-*"]}})).await;
+    let (_, t_grant_change) = eventually("changed patterns", || async {
+        let u = admin.get_user("billing").await.ok()?;
+        u.grants
+            .iter()
+            .any(|g| g.action == "produce" && g.patterns.contains(&"audit-*".to_string()))
+            .then_some(())
+    })
+    .await;
+    // Broker-side drift of the grants is repaired.
+    admin.put_grants("billing", &[]).await.unwrap();
+    eventually("grant drift repaired", || async {
+        admin
+            .get_user("billing")
+            .await
+            .ok()
+            .filter(|u| u.grants.len() == 2)
+            .map(drop)
+    })
+    .await;
+    // A Grant for a missing User waits.
+    apply(&grants, "ghost", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Grant", "metadata": {"name": "ghost"},
+        "spec": {"clusterRef": {"name": "prod"}, "user": "ghost", "action": "consume", "patterns": ["x"]}})).await;
+    eventually("ghost WaitingForUser", || async {
+        let g = grants.get("ghost").await.ok()?;
+        (reason(&g.status?.conditions, cond::READY) == "WaitingForUser").then_some(())
+    })
+    .await;
+    // A new password in the Secret is applied.
+    apply(
+        &secrets,
+        "billing-pw",
+        secret("billing-pw", &[("password", "pw-2")]),
+    )
+    .await;
+    let billing2 =
+        narad_api::Client::new(&broker.url(), Some(("billing".into(), "pw-2".into()))).unwrap();
+    eventually("new password works", || async {
+        billing2
+            .list_topics_page(Some(1), None)
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await;
+    // Deleting a Grant removes it from the union.
+    grants
+        .delete("billing-consume", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("consume grant gone", || async {
+        admin
+            .get_user("billing")
+            .await
+            .ok()
+            .filter(|u| u.grants.iter().all(|g| g.action != "consume"))
+            .map(drop)
+    })
+    .await;
+
+    // --- Deletion honours finalizers and deletionPolicy.
+    apply(
+        &topics,
+        "kept",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic", "metadata": {"name": "kept"},
+        "spec": {"clusterRef": {"name": "prod"}, "deletionPolicy": "Retain"}}),
+    )
+    .await;
+    eventually("kept on the broker", || async {
+        admin.get_topic("kept", None).await.ok().map(drop)
+    })
+    .await;
+    eventually("kept has the finalizer", || async {
+        topics
+            .get("kept")
+            .await
+            .ok()
+            .filter(|t| {
+                t.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+            })
+            .map(drop)
+    })
+    .await;
+    topics
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    topics
+        .delete("orders-audit", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("resources gone", || async {
+        (topics.get_opt("kept").await.ok()?.is_none()
+            && topics.get_opt("orders-audit").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    assert!(
+        admin.get_topic("kept", None).await.is_ok(),
+        "Retain keeps the broker topic"
+    );
+    assert_eq!(
+        admin
+            .get_topic("orders-audit", None)
+            .await
+            .unwrap_err()
+            .status(),
+        Some(404),
+        "Delete removes it"
+    );
+    users
+        .delete("billing", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("billing deleted on the broker", || async {
+        (admin.get_user("billing").await.err()?.status() == Some(404)).then_some(())
+    })
+    .await;
+
+    // Deleting the NaradCluster releases the dependents without calling the broker.
+    clusters
+        .delete("prod", &DeleteParams::default())
+        .await
+        .unwrap();
+    topics
+        .delete("orders", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("orders released", || async {
+        topics.get_opt("orders").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        admin.get_topic("orders", None).await.is_ok(),
+        "the broker was not called"
+    );
+
+    eprintln!(
+        "envtest timings: topic create→Ready {t_create:?}, partitions change→broker {t_partitions:?}, \
+         drift repair {t_drift:?}, grants→broker {t_grants:?}, grant change→broker {t_grant_change:?}"
+    );
+    operator.abort();
+    let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+}
