@@ -45,7 +45,11 @@ async fn a_cut_off_node_is_routed_around_and_loses_nothing() {
     })
     .await;
     let owners = c.owners(1, "cut").await;
-    assert_eq!(owners.iter().filter(|o| *o == "n2").count(), 2, "{owners:?}");
+    assert_eq!(
+        owners.iter().filter(|o| *o == "n2").count(),
+        2,
+        "{owners:?}"
+    );
     eprintln!("n2 dead, produce goes on: {}", load.progress());
 
     lab.heal(2).expect("heal n2");

@@ -55,7 +55,9 @@ async fn users_and_grants_apply_on_every_node_at_once() {
         )
         .await
         .expect(201);
-    let billing: Vec<Http> = (0..3).map(|i| c.http(i).as_user("billing", "pw-1")).collect();
+    let billing: Vec<Http> = (0..3)
+        .map(|i| c.http(i).as_user("billing", "pw-1"))
+        .collect();
     // Created through n0, usable through n1 and n2 (the credentials get cached there).
     for b in &billing {
         produce_status(b, "orders-eu", 202).await;
@@ -74,7 +76,9 @@ async fn users_and_grants_apply_on_every_node_at_once() {
         .expect(204);
     produce_status(&billing[2], "orders-eu", 401).await;
     produce_status(&billing[1], "orders-eu", 401).await;
-    let billing2: Vec<Http> = (0..3).map(|i| c.http(i).as_user("billing", "pw-2")).collect();
+    let billing2: Vec<Http> = (0..3)
+        .map(|i| c.http(i).as_user("billing", "pw-2"))
+        .collect();
     produce_status(&billing2[2], "orders-eu", 202).await;
 
     // Grants replaced through n1: n2 refuses at once.
@@ -119,11 +123,7 @@ async fn a_node_with_the_wrong_cluster_secret_cannot_join() {
         .get("/v1/cluster/members")
         .await
         .expect_json(200);
-    assert_eq!(
-        members["members"].as_array().unwrap().len(),
-        3,
-        "{members}"
-    );
+    assert_eq!(members["members"].as_array().unwrap().len(), 3, "{members}");
     // Secrets never appear in any log.
     for n in &c.nodes {
         let log = n.server.log_tail(100_000);
