@@ -5,15 +5,22 @@
 # With K8S_TESTENV=DIR it also builds (once, into DIR) and starts the real Kubernetes 1.20
 # API server of ../shared/k8s-testenv, runs the operator's envtest against it and a real
 # broker, and installs, upgrades and uninstalls both charts there.
+# PROFILE=release reuses a release build (what .ci/run does); SKIP_UNIT=1 skips the operator's
+# unit tests when the workspace test run already ran them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PROFILE="${PROFILE:-debug}"
+flag=()
+[ "$PROFILE" = release ] && flag=(--release)
 
-echo "== operator tests (unit, mocked API server, CRD/CEL)"
-cargo test -p narad-operator
+if [ -z "${SKIP_UNIT:-}" ]; then
+  echo "== operator tests (unit, mocked API server, CRD/CEL)"
+  cargo test "${flag[@]}" -p narad-operator
+fi
 
 echo "== CRDs regenerate without a diff"
-cargo run -q -p narad-operator -- crdgen --out crds
-cargo run -q -p narad-operator -- crdgen --out charts/narad-operator/crds
+cargo run -q "${flag[@]}" -p narad-operator -- crdgen --out crds
+cargo run -q "${flag[@]}" -p narad-operator -- crdgen --out charts/narad-operator/crds
 git diff --exit-code -- crds charts/narad-operator/crds
 
 HELM="${HELM:-$(command -v helm || true)}"
@@ -68,9 +75,9 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   export KUBECONFIG="$state/kubeconfig"
 
   echo "== envtest: operator against the real API server and a real broker"
-  cargo build -p narad --bin narad
-  NARAD_K8S_KUBECONFIG="$KUBECONFIG" NARAD_BIN="${CARGO_TARGET_DIR:-target}/debug/narad" \
-    cargo test -p narad-operator --test envtest
+  cargo build "${flag[@]}" -p narad --bin narad
+  NARAD_K8S_KUBECONFIG="$KUBECONFIG" NARAD_BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/$PROFILE/narad" \
+    cargo test "${flag[@]}" -p narad-operator --test envtest
 
   echo "== helm install / upgrade / uninstall against the API server"
   kubectl create namespace helm-ci

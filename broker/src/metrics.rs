@@ -145,6 +145,17 @@ pub struct Metrics {
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
     pub fanout: FanoutMetrics,
+    /// Moves this node copies in as target (SPEC §9 `moves_*`).
+    pub moves_inflight: Gauge,
+    pub moves_total: Family<MoveOutcomeLabels, Counter>,
+    pub moves_duration: Histogram,
+    pub moves_bytes: Counter,
+}
+
+/// `moves_total{outcome}`: `completed`, `force_promoted` (and `aborted`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MoveOutcomeLabels {
+    pub outcome: &'static str,
 }
 
 /// Child-topic metrics (SPEC §9 "Children").
@@ -391,6 +402,25 @@ impl Metrics {
                 Gauge::default()
             ),
             cluster_members: reg!(r, "cluster_members", "Members by status", Family::default()),
+            moves_inflight: reg!(
+                r,
+                "moves_inflight",
+                "Partition moves this node is copying in",
+                Gauge::default()
+            ),
+            moves_total: reg!(r, "moves", "Finished partition moves", Family::default()),
+            moves_duration: reg!(
+                r,
+                "moves_duration_seconds",
+                "Time from the start of a copy to the flip",
+                Histogram::new(exponential_buckets(0.1, 2.0, 12))
+            ),
+            moves_bytes: reg!(
+                r,
+                "moves_bytes",
+                "Bytes copied by partition moves",
+                Counter::default()
+            ),
             wal_fsyncs: reg!(
                 r,
                 "wal_group_commits",

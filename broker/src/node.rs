@@ -668,6 +668,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             token.clone(),
         ));
         tokio::spawn(membership::controller(cluster.clone(), token));
+        tokio::spawn(crate::cluster::moves::run(node.clone()));
+        tokio::spawn(crate::cluster::controller::run(node.clone()));
     }
     node.fanout.sync().await;
     if node.security_on() {

@@ -81,6 +81,44 @@ pub struct Partition {
     /// Woken (all waiters) after every commit that moved the high watermark: fan-out
     /// cursors wait on it.
     pub committed: Notify,
+    /// The move whose final copy froze this partition (SPEC §6.5): commits are refused
+    /// until the move is aborted (the freeze then lifts) or completes (the partition
+    /// closes). Consume is never frozen.
+    frozen_for: Mutex<Option<u64>>,
+    /// Closed after a move handed the partition to another node: refuses commits forever.
+    closed: AtomicBool,
+}
+
+/// Why a commit into a partition did not happen.
+#[derive(Debug)]
+pub enum CommitError {
+    /// Frozen for a move or moved away: the sender retries (and reroutes); `503`.
+    Refused(String),
+    Storage(StorageError),
+}
+
+impl std::fmt::Display for CommitError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CommitError::Refused(m) => f.write_str(m),
+            CommitError::Storage(e) => e.fmt(f),
+        }
+    }
+}
+
+impl From<StorageError> for CommitError {
+    fn from(e: StorageError) -> Self {
+        CommitError::Storage(e)
+    }
+}
+
+/// What the owner hands the target when it freezes a partition for a move's final copy.
+#[derive(Debug, Clone)]
+pub struct FrozenState {
+    pub high_watermark: u64,
+    pub oldest_offset: u64,
+    pub frontier: u64,
+    pub files: Vec<narad_storage::SegmentFile>,
 }
 
 const FRONTIER_FILE: &str = "frontier";
@@ -114,15 +152,29 @@ impl Partition {
             metrics,
             write_lock: Mutex::new(()),
             committed: Notify::new(),
+            frozen_for: Mutex::new(None),
+            closed: AtomicBool::new(false),
         })
     }
 
     /// Appends and commits one batch (blocking: fsync, re-read and verify, then the high
     /// watermark moves). The one write path into a partition log, for the local dispatcher
     /// and for batches peers commit over node RPC alike.
-    pub fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), StorageError> {
+    pub fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
         self.touch();
         let _one_at_a_time = self.write_lock.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(CommitError::Refused(format!(
+                "partition {} moved to another node",
+                self.index
+            )));
+        }
+        if let Some(m) = *self.frozen_for.lock() {
+            return Err(CommitError::Refused(format!(
+                "partition {} is frozen for move {m}",
+                self.index
+            )));
+        }
         let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
         let started = Instant::now();
         self.log.append(batch, now_ms())?;
@@ -139,6 +191,43 @@ impl Partition {
         self.metrics.produced_bytes.inc_by(bytes);
         self.committed.notify_waiters();
         Ok(())
+    }
+
+    /// Freezes the partition for the final copy of move `move_id`: waits for a commit in
+    /// progress, then refuses commits until [`Partition::unfreeze`] (or for good once the
+    /// partition closes). Returns the exact committed state the copy must reproduce.
+    pub fn freeze(&self, move_id: u64) -> FrozenState {
+        let _no_commit_in_progress = self.write_lock.lock();
+        *self.frozen_for.lock() = Some(move_id);
+        self.touch();
+        FrozenState {
+            high_watermark: self.log.high_watermark(),
+            oldest_offset: self.log.oldest_offset(),
+            frontier: self.queue.lock().frontier(),
+            files: self.log.segment_files(),
+        }
+    }
+
+    /// Lifts the freeze of move `move_id` (once that move can no longer complete).
+    pub fn unfreeze(&self, move_id: u64) -> bool {
+        let _g = self.write_lock.lock();
+        let mut f = self.frozen_for.lock();
+        if *f == Some(move_id) {
+            *f = None;
+            return true;
+        }
+        false
+    }
+
+    /// The move this partition is frozen for.
+    pub fn frozen_for(&self) -> Option<u64> {
+        *self.frozen_for.lock()
+    }
+
+    /// Marks the partition moved away: commits are refused for good.
+    pub fn close_moved(&self) {
+        let _g = self.write_lock.lock();
+        self.closed.store(true, Ordering::Release);
     }
 
     /// Leases the next deliverable record, skipping records that retention removed or that
@@ -328,7 +417,7 @@ fn read_frontier(dir: &Path) -> u64 {
     }
 }
 
-fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
+pub(crate) fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
     let tmp = dir.join("frontier.tmp");
     let mut b = frontier.to_le_bytes().to_vec();
     b.extend_from_slice(&crc32c::crc32c(&frontier.to_le_bytes()).to_le_bytes());
@@ -407,6 +496,19 @@ pub struct Registry {
     topics: RwLock<HashMap<u64, Arc<TopicRuntime>>>,
     /// Serialises reconciles (opening logs is slow; readers never wait for it).
     reconcile_lock: Mutex<()>,
+    /// Partitions closed because a move handed them to another node: their directories
+    /// wait here until the leader confirms this node neither owns nor receives them
+    /// (SPEC §6.1: never destroy on a stale view).
+    released: Mutex<Vec<Released>>,
+}
+
+/// A partition directory a completed move left behind.
+#[derive(Debug, Clone)]
+pub struct Released {
+    pub topic_id: u64,
+    pub topic: String,
+    pub partition: u32,
+    pub dir: PathBuf,
 }
 
 impl Registry {
@@ -418,6 +520,7 @@ impl Registry {
             metrics,
             topics: RwLock::new(HashMap::new()),
             reconcile_lock: Mutex::new(()),
+            released: Mutex::new(Vec::new()),
         })
     }
 
@@ -431,6 +534,30 @@ impl Registry {
 
     pub fn all(&self) -> Vec<Arc<TopicRuntime>> {
         self.topics.read().values().cloned().collect()
+    }
+
+    /// Takes the partitions released by moves (for the janitor, see `cluster::moves`).
+    pub fn take_released(&self) -> Vec<Released> {
+        std::mem::take(&mut *self.released.lock())
+    }
+
+    /// Puts back released partitions whose deletion could not be confirmed yet.
+    pub fn keep_released(&self, r: Vec<Released>) {
+        self.released.lock().extend(r);
+    }
+
+    /// The root of all topic data (`<data dir>/topics`).
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where partition `p` of topic `id` lives.
+    pub fn partition_dir(&self, id: u64, p: u32) -> PathBuf {
+        self.topic_dir(id).join(p.to_string())
+    }
+
+    pub fn log_config(&self) -> &LogConfig {
+        &self.log_cfg
     }
 
     fn topic_dir(&self, id: u64) -> PathBuf {
@@ -486,6 +613,40 @@ impl Registry {
                     parts.resize(p as usize + 1, None);
                 }
                 parts[p as usize] = Some(Arc::new(part));
+            }
+            // Partitions a completed move handed to another node (the flip is committed:
+            // the applied view only shows another owner after it). Closed here; the data
+            // goes once the leader confirms (see `take_released`).
+            let moved: Vec<Arc<Partition>> = {
+                let mut parts = rt.partitions.write();
+                let mut out = Vec::new();
+                for (p, slot) in parts.iter_mut().enumerate() {
+                    let gone = t
+                        .assignments
+                        .get(p)
+                        .is_some_and(|a| a.owner.as_deref().is_some_and(|o| o != node_id));
+                    if gone {
+                        if let Some(part) = slot.take() {
+                            out.push(part);
+                        }
+                    }
+                }
+                out
+            };
+            for part in moved {
+                part.close_moved();
+                let _ = part.persist_frontier();
+                part.log.close();
+                tracing::info!(topic = %t.name, partition = part.index, "partition moved to another node; closed here");
+                self.released.lock().push(Released {
+                    topic_id: t.id,
+                    topic: t.name.clone(),
+                    partition: part.index,
+                    dir: part.dir.clone(),
+                });
+            }
+            if rt.partitions.read().iter().all(|p| p.is_none()) {
+                rt.notify.notify_waiters();
             }
         }
         let doomed: Vec<Arc<TopicRuntime>> = {

@@ -219,3 +219,65 @@ async fn a_join_only_node_is_admitted_and_serves() {
     c.wait_ready(i).await;
     c.http(i).get("/v1/topics/four").await.expect(200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_and_replica_children_across_nodes() {
+    let c = TestCluster::start(3).await;
+    c.http(0)
+        .create_topic(&json!({"name": "orders", "partitions": 3}))
+        .await;
+    c.http(1)
+        .create_topic(&json!({"name": "audit", "partitions": 3}))
+        .await;
+    // Attach through a node that is not necessarily the leader.
+    c.http(2)
+        .post_json("/v1/topics/orders/children", &json!({"child": "audit"}))
+        .await
+        .expect(200);
+    // A replica child: placed so that partition p never shares a node with the parent's p.
+    c.http(1)
+        .post_json(
+            "/v1/topics",
+            &json!({"name": "orders-dr", "parent": "orders"}),
+        )
+        .await
+        .expect(201);
+    let parent = c.owners(0, "orders").await;
+    let replica = c.owners(0, "orders-dr").await;
+    assert_eq!(replica.len(), 3);
+    for p in 0..3 {
+        assert_ne!(
+            parent[p], replica[p],
+            "partition {p}: {parent:?} vs {replica:?}"
+        );
+    }
+    for i in 0..60u32 {
+        c.http(i as usize % 3)
+            .produce_ok("orders", &format!("key=k{i}"), format!("m{i}"))
+            .await;
+    }
+    // Every copy arrives, whichever node owns the child partition.
+    for child in ["audit", "orders-dr"] {
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while got.len() < 60 && std::time::Instant::now() < deadline {
+            let r = c.http(2).consume(child, "wait=1s&max=100").await;
+            if r.status == 200 {
+                for m in r.json()["messages"].as_array().unwrap() {
+                    got.push(m["payload"].as_str().unwrap().to_string());
+                    let h = m["receipt_handle"].as_str().unwrap();
+                    c.http(0).ack_ok(child, h).await;
+                }
+            }
+        }
+        got.sort();
+        got.dedup();
+        assert_eq!(got.len(), 60, "{child}: {got:?}");
+    }
+    let kids = c
+        .http(1)
+        .get("/v1/topics/orders/children")
+        .await
+        .expect_json(200);
+    assert_eq!(kids["children"].as_array().unwrap().len(), 2, "{kids}");
+}

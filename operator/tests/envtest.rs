@@ -333,8 +333,12 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         if st.remote_links == vec!["mirrored-dr".to_string()] {
             return Some(());
         }
+        // A broker without remote children refuses the attach (404 route or 400 "not
+        // supported"): the refusal must show, with its status code.
         let synced = st.conditions.iter().find(|c| c.type_ == cond::SYNCED)?;
-        (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
+        (synced.status == "False"
+            && (synced.message.starts_with("http 404") || synced.message.starts_with("http 400")))
+        .then_some(())
     })
     .await;
     apply(&topics, "orphan", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",

@@ -332,6 +332,7 @@ pub(crate) fn assign_replica(live: &[NodeId], parent: Option<&Assignment>, p: u3
     let unassigned = Assignment {
         owner: None,
         target: None,
+        move_id: 0,
     };
     if live.is_empty() {
         return unassigned;
@@ -351,6 +352,7 @@ pub(crate) fn assign_replica(live: &[NodeId], parent: Option<&Assignment>, p: u3
     Assignment {
         owner: Some(owner.clone()),
         target: None,
+        move_id: 0,
     }
 }
 
@@ -640,6 +642,7 @@ mod tests {
         let on = |o: &str| Assignment {
             owner: Some(o.into()),
             target: None,
+            move_id: 0,
         };
         // p=0 starts at a; parent on a → b.
         assert_eq!(assign_replica(&live, Some(&on("a")), 0).owner.unwrap(), "b");
@@ -651,6 +654,7 @@ mod tests {
         let none = Assignment {
             owner: None,
             target: None,
+            move_id: 0,
         };
         assert!(assign_replica(&live, Some(&none), 0).owner.is_none());
         // Beyond the parent's partitions: plain round-robin.

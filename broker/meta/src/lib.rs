@@ -345,6 +345,33 @@ impl Meta {
         Ok(())
     }
 
+    /// Leader only: removes `name` from the voters (and the membership). Idempotent: a node
+    /// that does not vote answers `Ok`. Refused when it would leave fewer than `min_voters`.
+    pub async fn remove_voter(&self, name: &str, min_voters: usize) -> Result<(), MetaError> {
+        let id = raft_node_id(name);
+        let metrics = self.metrics();
+        let cfg = &metrics.membership_config;
+        let voters: Vec<RaftNodeId> = cfg.voter_ids().collect();
+        if !voters.contains(&id) {
+            return Ok(());
+        }
+        if voters.len() <= min_voters {
+            return Err(MetaError::Unavailable(format!(
+                "removing {name} would leave fewer than {min_voters} voters"
+            )));
+        }
+        self.inner
+            .raft
+            .change_membership(
+                openraft::ChangeMembers::RemoveVoters([id].into_iter().collect()),
+                false,
+            )
+            .await
+            .map_err(|e| MetaError::Unavailable(format!("remove voter {name}: {e}")))?;
+        tracing::info!(node = %name, "removed a voter");
+        Ok(())
+    }
+
     /// Waits until the local replica has applied `index` (false on timeout).
     pub async fn wait_applied(&self, index: u64, timeout: Duration) -> bool {
         let mut rx = self.subscribe();

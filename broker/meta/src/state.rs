@@ -115,6 +115,11 @@ impl MetaState {
                 }
                 Ok(MetaResponse::Ok)
             }
+            MetaCommand::StartMove { .. }
+            | MetaCommand::CompleteMove { .. }
+            | MetaCommand::AbortMove { .. }
+            | MetaCommand::SetDraining { .. }
+            | MetaCommand::RemoveMember { .. } => self.apply_move(cmd),
             MetaCommand::CreateUser { .. }
             | MetaCommand::SetGrants { .. }
             | MetaCommand::SetPassword { .. }
@@ -206,6 +211,163 @@ impl MetaState {
                     a.owner = Some(live[p % live.len()].clone());
                 }
             }
+        }
+    }
+}
+
+// Moves, draining and member removal (SPEC §6.5). The controller and the movers propose;
+// apply keeps the invariants: a move starts only from the current owner to a live,
+// non-draining member, completes only as the compare-and-swap of the move that is in
+// flight, and a member is forgotten only once it owns nothing.
+impl MetaState {
+    /// The assignment of partition `partition` of `topic`, checking the topic id (a topic
+    /// re-created under the same name is another topic).
+    fn assignment(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+    ) -> Result<&Assignment, ApplyError> {
+        let t = self
+            .topics
+            .get(topic)
+            .filter(|t| t.id == topic_id)
+            .ok_or_else(|| ApplyError::NotFound(format!("topic {topic} not found")))?;
+        t.assignments.get(partition as usize).ok_or_else(|| {
+            ApplyError::NotFound(format!("topic {topic} has no partition {partition}"))
+        })
+    }
+
+    fn set_assignment(&mut self, topic: &str, partition: u32, a: Assignment) {
+        let t = self
+            .topics
+            .get_mut(topic)
+            .expect("invariant: checked by assignment()");
+        Arc::make_mut(t).assignments[partition as usize] = a;
+    }
+
+    /// Partitions `id` owns or is the target of.
+    pub fn partitions_of(&self, id: &str) -> usize {
+        self.topics
+            .values()
+            .flat_map(|t| t.assignments.iter())
+            .filter(|a| a.owner.as_deref() == Some(id) || a.target.as_deref() == Some(id))
+            .count()
+    }
+
+    fn apply_move(&mut self, cmd: &MetaCommand) -> Result<MetaResponse, ApplyError> {
+        match cmd {
+            MetaCommand::StartMove {
+                topic,
+                topic_id,
+                partition,
+                from,
+                to,
+            } => {
+                let a = self.assignment(topic, *topic_id, *partition)?;
+                if a.owner.as_deref() != Some(from.as_str()) {
+                    return Err(ApplyError::Conflict(format!(
+                        "partition {partition} of {topic} is not owned by {from}"
+                    )));
+                }
+                if a.target.is_some() {
+                    return Err(ApplyError::Conflict(format!(
+                        "partition {partition} of {topic} is already moving"
+                    )));
+                }
+                if to == from {
+                    return Err(ApplyError::Invalid("a move needs another node".into()));
+                }
+                match self.members.get(to) {
+                    Some(m) if !m.dead && !m.draining => {}
+                    _ => {
+                        return Err(ApplyError::Conflict(format!(
+                            "{to} is not a live, non-draining member"
+                        )))
+                    }
+                }
+                let mut a = a.clone();
+                self.last_move_id += 1;
+                a.target = Some(to.clone());
+                a.move_id = self.last_move_id;
+                self.set_assignment(topic, *partition, a);
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::CompleteMove {
+                topic,
+                topic_id,
+                partition,
+                from,
+                to,
+                move_id,
+            } => {
+                let a = self.assignment(topic, *topic_id, *partition)?;
+                if a.owner.as_deref() == Some(to.as_str()) && a.target.is_none() {
+                    return Ok(MetaResponse::Ok);
+                }
+                if a.owner.as_deref() != Some(from.as_str())
+                    || a.target.as_deref() != Some(to.as_str())
+                    || a.move_id != *move_id
+                {
+                    return Err(ApplyError::Conflict(format!(
+                        "move {move_id} of partition {partition} of {topic} is no longer in flight"
+                    )));
+                }
+                self.set_assignment(
+                    topic,
+                    *partition,
+                    Assignment {
+                        owner: Some(to.clone()),
+                        target: None,
+                        move_id: 0,
+                    },
+                );
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::AbortMove {
+                topic,
+                topic_id,
+                partition,
+                move_id,
+            } => {
+                let a = self.assignment(topic, *topic_id, *partition)?;
+                if a.target.is_some() && a.move_id == *move_id {
+                    let mut a = a.clone();
+                    a.target = None;
+                    a.move_id = 0;
+                    self.set_assignment(topic, *partition, a);
+                }
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::SetDraining { id, draining } => {
+                let m = self
+                    .members
+                    .get_mut(id)
+                    .ok_or_else(|| ApplyError::NotFound(format!("member {id} not found")))?;
+                m.draining = *draining;
+                if !*draining {
+                    self.assign_unassigned();
+                }
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::RemoveMember { id } => {
+                let m = self
+                    .members
+                    .get(id)
+                    .ok_or_else(|| ApplyError::NotFound(format!("member {id} not found")))?;
+                if !m.draining {
+                    return Err(ApplyError::Conflict(format!("member {id} is not draining")));
+                }
+                let n = self.partitions_of(id);
+                if n > 0 {
+                    return Err(ApplyError::Conflict(format!(
+                        "member {id} still holds {n} partitions"
+                    )));
+                }
+                self.members.remove(id);
+                Ok(MetaResponse::Ok)
+            }
+            other => unreachable!("apply_move called with another command: {other:?}"),
         }
     }
 }
@@ -341,6 +503,7 @@ fn assign(live: &[NodeId], p: u32) -> Assignment {
     Assignment {
         owner: (!live.is_empty()).then(|| live[p as usize % live.len()].clone()),
         target: None,
+        move_id: 0,
     }
 }
 
@@ -1042,5 +1205,262 @@ mod user_tests {
         let u = user(s.apply(&seed("$argon2id$secret", 1)).unwrap());
         let dbg = format!("{u:?} {s:?}");
         assert!(!dbg.contains("secret"), "{dbg}");
+    }
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+    use crate::types::TopicConfig;
+
+    fn register(id: &str, now_ms: u64) -> MetaCommand {
+        MetaCommand::RegisterMember {
+            id: id.into(),
+            api_addr: format!("{id}:7942"),
+            cluster_addr: format!("{id}:7943"),
+            version: "0.1.0".into(),
+            now_ms,
+        }
+    }
+
+    /// Members a, b, c; topic `t` (id 0) with 3 partitions on a, b, c.
+    fn cluster() -> MetaState {
+        let mut s = MetaState::default();
+        for id in ["a", "b", "c"] {
+            s.apply(&register(id, 1)).unwrap();
+        }
+        s.apply(&MetaCommand::CreateTopic {
+            name: "t".into(),
+            config: TopicConfig {
+                partitions: 3,
+                retention_ms: 0,
+                visibility_timeout_ms: 30_000,
+                max_in_flight_per_partition: 1024,
+                max_acked_ahead_per_partition: 1024,
+            },
+            owner: None,
+            schema: None,
+            created_at_ms: 1,
+        })
+        .unwrap();
+        s
+    }
+
+    fn start(p: u32, from: &str, to: &str) -> MetaCommand {
+        MetaCommand::StartMove {
+            topic: "t".into(),
+            topic_id: 0,
+            partition: p,
+            from: from.into(),
+            to: to.into(),
+        }
+    }
+
+    fn complete(p: u32, from: &str, to: &str, move_id: u64) -> MetaCommand {
+        MetaCommand::CompleteMove {
+            topic: "t".into(),
+            topic_id: 0,
+            partition: p,
+            from: from.into(),
+            to: to.into(),
+            move_id,
+        }
+    }
+
+    fn abort(p: u32, move_id: u64) -> MetaCommand {
+        MetaCommand::AbortMove {
+            topic: "t".into(),
+            topic_id: 0,
+            partition: p,
+            move_id,
+        }
+    }
+
+    fn a(s: &MetaState, p: usize) -> Assignment {
+        s.topics["t"].assignments[p].clone()
+    }
+
+    fn refused(s: &mut MetaState, cmd: MetaCommand) -> ApplyError {
+        let before = s.clone();
+        let e = s.apply(&cmd).expect_err("must be refused");
+        assert_eq!(*s, before, "a refused command changes nothing");
+        e
+    }
+
+    #[test]
+    fn start_move_sets_target_and_a_fresh_id() {
+        let mut s = cluster();
+        s.apply(&register("d", 2)).unwrap();
+        s.apply(&start(0, "a", "d")).unwrap();
+        assert_eq!(
+            a(&s, 0),
+            Assignment {
+                owner: Some("a".into()),
+                target: Some("d".into()),
+                move_id: 1
+            }
+        );
+        s.apply(&start(1, "b", "d")).unwrap();
+        assert_eq!(a(&s, 1).move_id, 2);
+        // Already moving, wrong owner, self, unknown / dead / draining target, wrong topic id.
+        assert!(matches!(
+            refused(&mut s, start(0, "a", "c")),
+            ApplyError::Conflict(_)
+        ));
+        assert!(matches!(
+            refused(&mut s, start(2, "a", "d")),
+            ApplyError::Conflict(_)
+        ));
+        assert!(matches!(
+            refused(&mut s, start(2, "c", "c")),
+            ApplyError::Invalid(_)
+        ));
+        assert!(matches!(
+            refused(&mut s, start(2, "c", "zz")),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&MetaCommand::MarkMemberDead {
+            id: "b".into(),
+            last_seen_ms: 1,
+        })
+        .unwrap();
+        assert!(matches!(
+            refused(&mut s, start(2, "c", "b")),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&MetaCommand::SetDraining {
+            id: "a".into(),
+            draining: true,
+        })
+        .unwrap();
+        assert!(matches!(
+            refused(&mut s, start(2, "c", "a")),
+            ApplyError::Conflict(_)
+        ));
+        let wrong_id = MetaCommand::StartMove {
+            topic: "t".into(),
+            topic_id: 9,
+            partition: 2,
+            from: "c".into(),
+            to: "d".into(),
+        };
+        assert!(matches!(refused(&mut s, wrong_id), ApplyError::NotFound(_)));
+        assert!(matches!(
+            refused(&mut s, start(7, "c", "d")),
+            ApplyError::NotFound(_)
+        ));
+    }
+
+    #[test]
+    fn complete_move_is_a_compare_and_swap() {
+        let mut s = cluster();
+        s.apply(&register("d", 2)).unwrap();
+        s.apply(&start(0, "a", "d")).unwrap();
+        // Wrong id, wrong source, wrong target: refused.
+        assert!(matches!(
+            refused(&mut s, complete(0, "a", "d", 7)),
+            ApplyError::Conflict(_)
+        ));
+        assert!(matches!(
+            refused(&mut s, complete(0, "b", "d", 1)),
+            ApplyError::Conflict(_)
+        ));
+        assert!(matches!(
+            refused(&mut s, complete(0, "a", "c", 1)),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&complete(0, "a", "d", 1)).unwrap();
+        assert_eq!(
+            a(&s, 0),
+            Assignment {
+                owner: Some("d".into()),
+                target: None,
+                move_id: 0
+            }
+        );
+        // A retried flip is answered Ok and changes nothing.
+        let before = s.clone();
+        s.apply(&complete(0, "a", "d", 1)).unwrap();
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn an_aborted_move_never_completes_even_when_restarted() {
+        let mut s = cluster();
+        s.apply(&register("d", 2)).unwrap();
+        s.apply(&start(0, "a", "d")).unwrap();
+        s.apply(&abort(0, 1)).unwrap();
+        assert_eq!(a(&s, 0).target, None);
+        // Idempotent, and an abort of another id leaves a newer move alone.
+        s.apply(&abort(0, 1)).unwrap();
+        s.apply(&start(0, "a", "d")).unwrap();
+        assert_eq!(a(&s, 0).move_id, 2);
+        let before = s.clone();
+        s.apply(&abort(0, 1)).unwrap();
+        assert_eq!(s, before);
+        // The old move's late flip is refused; the new one's goes through.
+        assert!(matches!(
+            refused(&mut s, complete(0, "a", "d", 1)),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&complete(0, "a", "d", 2)).unwrap();
+        assert_eq!(a(&s, 0).owner.as_deref(), Some("d"));
+        // Abort after completion: no-op.
+        let before = s.clone();
+        s.apply(&abort(0, 2)).unwrap();
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn draining_survives_heartbeats_and_gates_placement_and_removal() {
+        let mut s = cluster();
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::SetDraining {
+                    id: "zz".into(),
+                    draining: true
+                }
+            ),
+            ApplyError::NotFound(_)
+        ));
+        s.apply(&MetaCommand::SetDraining {
+            id: "c".into(),
+            draining: true,
+        })
+        .unwrap();
+        s.apply(&register("c", 5)).unwrap();
+        assert!(s.members["c"].draining, "a heartbeat keeps draining");
+        assert_eq!(s.live_members(), ["a", "b"]);
+        // Not removable while it owns a partition (or is a move target).
+        match refused(&mut s, MetaCommand::RemoveMember { id: "c".into() }) {
+            ApplyError::Conflict(m) => assert_eq!(m, "member c still holds 1 partitions"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            refused(&mut s, MetaCommand::RemoveMember { id: "a".into() }),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&start(2, "c", "a")).unwrap();
+        s.apply(&complete(2, "c", "a", 1)).unwrap();
+        s.apply(&MetaCommand::RemoveMember { id: "c".into() })
+            .unwrap();
+        assert!(!s.members.contains_key("c"));
+        // Cancelling a decommission makes the member live again.
+        s.apply(&MetaCommand::SetDraining {
+            id: "b".into(),
+            draining: true,
+        })
+        .unwrap();
+        s.apply(&MetaCommand::SetDraining {
+            id: "b".into(),
+            draining: false,
+        })
+        .unwrap();
+        assert_eq!(s.live_members(), ["a", "b"]);
+        // And the state round-trips (snapshots), move ids included.
+        let back: MetaState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(back.last_move_id, 1);
     }
 }

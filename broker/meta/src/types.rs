@@ -28,12 +28,21 @@ pub struct SchemaVersion {
 }
 
 /// Placement of one partition.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     /// The node holding the partition's only copy; `None` while unassigned.
     pub owner: Option<NodeId>,
     /// Move target while a rebalance copies the partition.
     pub target: Option<NodeId>,
+    /// The id of the move in flight (set with `target`, after `MetaState::last_move_id`;
+    /// never reused), so a late completion or abort of an older move of the same partition
+    /// to the same target can never apply to a newer one. 0 when no move is in flight.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub move_id: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// A topic as stored in the metadata.
@@ -181,6 +190,48 @@ pub enum MetaCommand {
     MarkMemberDead {
         id: NodeId,
         last_seen_ms: u64,
+    },
+    /// The controller starts a move of partition `partition` of topic `topic` (id
+    /// `topic_id`) from its owner `from` to `to` (SPEC §6.5): sets `target` and a fresh
+    /// `move_id`. Refused (409) unless the owner is still `from`, no move is in flight for the
+    /// partition, and `to` is a live, non-draining member other than `from`.
+    StartMove {
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        from: NodeId,
+        to: NodeId,
+    },
+    /// The target's compare-and-swap flip once its copy is verified: `owner := to`,
+    /// `target := None`, only if `owner == from`, `target == to` and the move is still
+    /// `move_id`; answers `Ok` without change when `to` already owns the partition with no
+    /// move in flight (a retried flip); otherwise 409.
+    CompleteMove {
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        from: NodeId,
+        to: NodeId,
+        move_id: u64,
+    },
+    /// Abandons move `move_id` of a partition (`target := None`). A no-op (`Ok`) when that
+    /// move is no longer in flight (completed or aborted before), so once it is applied the
+    /// move can never complete.
+    AbortMove {
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        move_id: u64,
+    },
+    /// Decommission (SPEC §6.5): marks a member draining (or cancels it). 404 unknown member.
+    SetDraining {
+        id: NodeId,
+        draining: bool,
+    },
+    /// Forgets a drained member once the leader removed it from the voters. Refused (409)
+    /// unless it is draining and neither owns nor is the target of any partition.
+    RemoveMember {
+        id: NodeId,
     },
 }
 
@@ -366,4 +417,7 @@ pub struct MetaState {
     /// The last attach epoch handed out; only grows.
     #[serde(default)]
     pub last_attach_epoch: u64,
+    /// The last move id handed out (`Assignment::move_id`); only grows.
+    #[serde(default)]
+    pub last_move_id: u64,
 }

@@ -72,6 +72,10 @@ pub fn router(node: AppState) -> Router {
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(system::members))
         .route("/v1/cluster/moves", get(system::moves))
+        .route(
+            "/v1/cluster/members/{id}/decommission",
+            post(system::decommission).delete(system::cancel_decommission),
+        )
         .route("/healthz", get(system::healthz))
         .route("/readyz", get(system::readyz))
         .route("/metrics", get(system::metrics))
@@ -145,6 +149,7 @@ fn route_label(path: Option<&MatchedPath>) -> &'static str {
         Some("/v1/users/{user}/password") => "/v1/users/{user}/password",
         Some("/v1/cluster/members") => "/v1/cluster/members",
         Some("/v1/cluster/moves") => "/v1/cluster/moves",
+        Some("/v1/cluster/members/{id}/decommission") => "/v1/cluster/members/{id}/decommission",
         Some("/healthz") => "/healthz",
         Some("/readyz") => "/readyz",
         Some("/metrics") => "/metrics",

@@ -87,6 +87,19 @@ async fn produce_target(
     let topic = find_topic(node, name).await;
     authz::produce(caller, name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(name))?;
+    // SPEC §6.5: a draining node takes no new produce, so its WAL empties.
+    if node
+        .meta
+        .view()
+        .members
+        .get(&node.node_id)
+        .is_some_and(|m| m.draining)
+    {
+        return Err(ApiError::unavailable(
+            format!("node {} is draining (decommission)", node.node_id),
+            1,
+        ));
+    }
     // SPEC §5.3: a delay child receives only delayed copies of its parent.
     if let Some(link) = node
         .meta

@@ -1,13 +1,14 @@
 //! Probes, metrics and the cluster view (SPEC §3.9, §3.10).
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{MemberInfo, MemberList, StatusBody};
+use narad_api::{MemberInfo, MemberList, MoveInfo, MoveList, StatusBody};
+use narad_meta::MetaCommand;
 
 use super::{json, AppState};
 use crate::error::{ApiError, ApiResult};
-use crate::security::{authz, Caller};
+use crate::security::{audit, authz, Caller};
 
 pub async fn healthz(State(node): State<AppState>) -> Response {
     if node.is_shutting_down() {
@@ -80,7 +81,12 @@ pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<
                 .flat_map(|t| t.assignments.iter())
                 .filter(|a| a.owner.as_deref() == Some(m.id.as_str()))
                 .count() as u64,
-            outbound_moves: 0,
+            outbound_moves: view
+                .topics
+                .values()
+                .flat_map(|t| t.assignments.iter())
+                .filter(|a| a.owner.as_deref() == Some(m.id.as_str()) && a.target.is_some())
+                .count() as u64,
             leader: leader.as_deref() == Some(m.id.as_str()),
             version: m.version.clone(),
         })
@@ -88,7 +94,68 @@ pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<
     Ok(json(StatusCode::OK, &MemberList { members }))
 }
 
-pub async fn moves(caller: Caller) -> ApiResult<Response> {
+pub async fn moves(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
-    Ok(json(StatusCode::OK, &serde_json::json!({"moves": []})))
+    let view = node.meta.view();
+    let moves: Vec<MoveInfo> =
+        view.topics
+            .values()
+            .flat_map(|t| {
+                t.assignments.iter().enumerate().filter_map(move |(p, a)| {
+                    match (&a.owner, &a.target) {
+                        (Some(from), Some(to)) => Some(MoveInfo {
+                            topic: t.name.clone(),
+                            partition: p as u32,
+                            from: from.clone(),
+                            to: to.clone(),
+                        }),
+                        _ => None,
+                    }
+                })
+            })
+            .collect();
+    Ok(json(StatusCode::OK, &MoveList { moves }))
+}
+
+/// `POST /v1/cluster/members/{id}/decommission` (SPEC §3.9, §6.5): `204`, `404` unknown
+/// member, `503` without a leader.
+pub async fn decommission(
+    State(node): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    set_draining(&node, &caller, id, true).await
+}
+
+/// `DELETE /v1/cluster/members/{id}/decommission`: cancels a decommission.
+pub async fn cancel_decommission(
+    State(node): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Response> {
+    set_draining(&node, &caller, id, false).await
+}
+
+async fn set_draining(
+    node: &crate::node::Node,
+    caller: &Caller,
+    id: String,
+    draining: bool,
+) -> ApiResult<Response> {
+    authz::cluster_admin(caller)?;
+    node.propose(MetaCommand::SetDraining {
+        id: id.clone(),
+        draining,
+    })
+    .await?;
+    audit::event(
+        if draining {
+            "cluster.decommission"
+        } else {
+            "cluster.decommission.cancel"
+        },
+        caller.actor(),
+        &id,
+    );
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -8,8 +8,9 @@ use narad_meta::{MetaCommand, MetaError};
 use narad_storage::NewRecord;
 
 use super::wire::{
-    CommitBatch, ConsumeRequest, GetTopicReply, GetTopicRequest, JoinReply, JoinRequest,
-    ProposeReply, ProposeRequest, SettleRequest, StatsRequest,
+    AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest, GetTopicReply, GetTopicRequest,
+    HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
+    SettleRequest, StatsRequest,
 };
 use super::{error_reply, forward_opcode, TopicLookup};
 use crate::error::ApiError;
@@ -50,7 +51,26 @@ impl RpcHandler for NodeRpc {
                 | Opcode::UpdateUser
                 | Opcode::DeleteUser
                 | Opcode::AttachChild
-                | Opcode::DetachChild => propose(&node, from, opcode, &body).await,
+                | Opcode::DetachChild
+                | Opcode::CompleteMove
+                | Opcode::AbortMove
+                | Opcode::DecommissionMember => propose(&node, from, opcode, &body).await,
+                Opcode::ListPartitionSegments => match json::<PartitionRef>(&body) {
+                    Ok(req) => super::moves::serve_list(&node, req),
+                    Err(r) => r,
+                },
+                Opcode::FetchSegmentChunk => match json::<ChunkRequest>(&body) {
+                    Ok(req) => super::moves::serve_chunk(&node, req).await,
+                    Err(r) => r,
+                },
+                Opcode::PrepareHandoff => match json::<HandoffRequest>(&body) {
+                    Ok(req) => super::moves::serve_handoff(&node, from, req).await,
+                    Err(r) => r,
+                },
+                Opcode::GetAssignment => match json::<AssignmentRequest>(&body) {
+                    Ok(req) => super::moves::serve_assignment(&node, req).await,
+                    Err(r) => r,
+                },
                 Opcode::GetTopic => get_topic(&node, &body).await,
                 Opcode::JoinCluster => join(&node, &body).await,
                 Opcode::CommitProduceBatch => commit(&node, from, body).await,
@@ -105,6 +125,11 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
             return RpcReply::error(403, "a node registers only itself");
         }
         *at = now_ms();
+        // A member the leader removed after its decommission stays out (it keeps running
+        // until it is scaled down, and keeps heartbeating).
+        if node.meta.is_leader() && !node.meta.voters().iter().any(|(v, _)| v == from) {
+            return RpcReply::error(409, "not a voter of this cluster (removed)");
+        }
     }
     if !node.meta.is_leader() {
         let leader = node.meta.current_leader().map(|l| l.0);
@@ -242,6 +267,7 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes) -> RpcReply {
             rt.wake_consumers(n);
             RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))
         }
+        Ok(Err(crate::partition::CommitError::Refused(m))) => RpcReply::error(503, &m),
         Ok(Err(e)) => {
             node.metrics.error("dispatcher", "commit");
             RpcReply::error(500, &format!("commit failed: {e}"))

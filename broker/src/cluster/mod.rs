@@ -12,8 +12,10 @@
 //! A standalone node (no `--peers`) has a `Cluster` too: it is its own leader and owner of
 //! everything, and nothing here leaves the process.
 
+pub mod controller;
 pub mod handler;
 pub mod membership;
+pub mod moves;
 pub mod router;
 pub mod wire;
 
@@ -94,6 +96,8 @@ pub struct Cluster {
     admitted: AtomicBool,
     /// This node's member record reached the metadata.
     registered: AtomicBool,
+    /// Moves in progress on this node (copies in, freezes, deletions).
+    pub moves: moves::Tracker,
     by_id: ArcSwap<TopicIndex>,
 }
 
@@ -128,6 +132,7 @@ impl Cluster {
             timing,
             admitted: AtomicBool::new(!clustered),
             registered: AtomicBool::new(false),
+            moves: moves::Tracker::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
         }
     }
@@ -350,7 +355,13 @@ pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
         MetaCommand::CreateUser { .. } => Opcode::CreateUser,
         MetaCommand::SetGrants { .. } | MetaCommand::SetPassword { .. } => Opcode::UpdateUser,
         MetaCommand::DeleteUser { .. } => Opcode::DeleteUser,
-        MetaCommand::SeedRoot { .. } | MetaCommand::MarkMemberDead { .. } => return None,
+        MetaCommand::CompleteMove { .. } => Opcode::CompleteMove,
+        MetaCommand::AbortMove { .. } => Opcode::AbortMove,
+        MetaCommand::SetDraining { .. } => Opcode::DecommissionMember,
+        MetaCommand::SeedRoot { .. }
+        | MetaCommand::MarkMemberDead { .. }
+        | MetaCommand::StartMove { .. }
+        | MetaCommand::RemoveMember { .. } => return None,
     })
 }
 

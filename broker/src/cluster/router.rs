@@ -109,7 +109,12 @@ impl crate::fanout::ChildCommitter for RemoteChildCommitter {
             };
             match self
                 .cluster
-                .call(&owner, Opcode::CommitProduceBatch, batch.encode(), COMMIT_TIMEOUT)
+                .call(
+                    &owner,
+                    Opcode::CommitProduceBatch,
+                    batch.encode(),
+                    COMMIT_TIMEOUT,
+                )
                 .await
             {
                 Ok(r) if r.is_success() => Ok(()),

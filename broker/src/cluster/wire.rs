@@ -106,6 +106,107 @@ pub struct StatsRequest {
     pub partitions: Vec<u32>,
 }
 
+/// `ListPartitionSegments` (22): a partition the callee owns.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PartitionRef {
+    pub topic_id: u64,
+    pub partition: u32,
+}
+
+/// One segment file of a partition log (name inside `log/`, base offset, committed size).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentInfo {
+    pub name: String,
+    pub base: u64,
+    pub size: u64,
+    pub sealed: bool,
+}
+
+impl From<narad_storage::SegmentFile> for SegmentInfo {
+    fn from(f: narad_storage::SegmentFile) -> Self {
+        SegmentInfo {
+            name: f.name,
+            base: f.base,
+            size: f.size,
+            sealed: f.sealed,
+        }
+    }
+}
+
+/// The reply to `ListPartitionSegments`: the log's files with their committed sizes, oldest
+/// first, and the committed offsets they hold.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SegmentList {
+    pub high_watermark: u64,
+    pub oldest_offset: u64,
+    pub files: Vec<SegmentInfo>,
+}
+
+/// Largest chunk `FetchSegmentChunk` returns (SPEC §6.5 copies: ≤ 4 MiB per call).
+pub const MAX_CHUNK: u32 = 4 * 1024 * 1024;
+
+/// `FetchSegmentChunk` (23): up to `len` (≤ [`MAX_CHUNK`]) committed bytes of segment
+/// `base` from byte `pos`; the reply body is the raw bytes (`application/octet-stream`),
+/// empty at the committed end; `410` when retention removed the segment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChunkRequest {
+    pub topic_id: u64,
+    pub partition: u32,
+    pub base: u64,
+    pub pos: u64,
+    pub len: u32,
+}
+
+/// `PrepareHandoff` (24): the target of move `move_id` asks the owner to freeze the
+/// partition for the final copy. Refused (`409`) unless the owner's view shows that move in
+/// flight to the caller (`503` while its view may be behind).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandoffRequest {
+    pub topic_id: u64,
+    pub partition: u32,
+    pub move_id: u64,
+}
+
+/// A file of the partition directory outside the log, copied whole (fan-out cursors).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SmallFile {
+    /// Relative to the partition directory (`fanout/<name>`).
+    pub path: String,
+    pub bytes: Vec<u8>,
+}
+
+/// The frozen partition's exact state: what the copy must reproduce.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HandoffReply {
+    pub high_watermark: u64,
+    pub oldest_offset: u64,
+    /// The committed consumer frontier.
+    pub frontier: u64,
+    pub files: Vec<SegmentInfo>,
+    pub small_files: Vec<SmallFile>,
+    /// How long the freeze lasts unless the move completes (ms).
+    pub freeze_ms: u64,
+}
+
+/// `GetAssignment` (28). With a topic: the leader's current (barrier-confirmed) assignment
+/// of one partition. Either way the callee also reports its own WAL backlog (a draining node
+/// is removed only once it is empty).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AssignmentRequest {
+    pub topic_id: Option<u64>,
+    pub partition: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AssignmentReply {
+    /// The log index the answer is current to (0 when not asked for an assignment).
+    pub index: u64,
+    /// `None` when the topic or partition does not exist (or none was asked for).
+    pub assignment: Option<narad_meta::Assignment>,
+    /// Records in the callee's ingress WAL not yet committed to their partitions.
+    pub wal_outstanding: u64,
+}
+
 /// A record of a `CommitProduceBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitRecord {

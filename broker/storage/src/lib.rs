@@ -71,6 +71,17 @@ impl Default for LogConfig {
     }
 }
 
+/// One segment file of a log as a verbatim copy sees it ([`PartitionLog::segment_files`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentFile {
+    /// The file name inside the log directory (`<20-digit base>.log`).
+    pub name: String,
+    pub base: u64,
+    /// Committed bytes.
+    pub size: u64,
+    pub sealed: bool,
+}
+
 /// A record to append.
 #[derive(Debug, Clone)]
 pub struct NewRecord {

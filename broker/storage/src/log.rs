@@ -18,8 +18,10 @@ use crate::frame::{
     MAX_RECORD_BYTES,
 };
 use crate::recovery::{self, sync_dir};
-use crate::segment::{drop_cache, probe, ChunkReader, Cursor, Entry, Probe, Segment, SCAN_CHUNK};
-use crate::{LogConfig, LogStats, NewRecord, RetentionOutcome, StoredRecord};
+use crate::segment::{
+    drop_cache, log_file_name, probe, ChunkReader, Cursor, Entry, Probe, Segment, SCAN_CHUNK,
+};
+use crate::{LogConfig, LogStats, NewRecord, RetentionOutcome, SegmentFile, StoredRecord};
 
 /// Decoded frames (or damaged ranges) kept for readers.
 const CACHE_ENTRIES: usize = 4;
@@ -698,6 +700,71 @@ impl PartitionLog {
             tracing::warn!(error = %e, "some expired segment files remain on disk");
         }
         Ok(out)
+    }
+
+    /// The segment files as a verbatim copy (a partition move) sees them: name, base offset
+    /// and committed size (bytes below it never change), oldest first; the last one is the
+    /// active segment.
+    pub fn segment_files(&self) -> Vec<SegmentFile> {
+        self.segments
+            .read()
+            .iter()
+            .map(|s| SegmentFile {
+                name: log_file_name(s.base),
+                base: s.base,
+                size: s.readable.load(Ordering::Acquire),
+                sealed: s.sealed.load(Ordering::Acquire),
+            })
+            .collect()
+    }
+
+    /// Reads up to `len` committed bytes of segment `base` from byte `pos` (fewer at its
+    /// committed end). `Gone` when retention removed the segment.
+    pub fn read_segment_bytes(&self, base: u64, pos: u64, len: usize) -> Result<Vec<u8>> {
+        let seg = self
+            .segments
+            .read()
+            .iter()
+            .find(|s| s.base == base)
+            .cloned()
+            .ok_or(StorageError::Gone {
+                offset: base,
+                oldest: self.oldest.load(Ordering::Acquire),
+            })?;
+        let end = seg.readable.load(Ordering::Acquire);
+        if pos >= end {
+            return Ok(Vec::new());
+        }
+        let n = (end - pos).min(len as u64) as usize;
+        let mut buf = vec![0u8; n];
+        let file = seg.file().map_err(|e| self.read_err(&seg, base, e))?;
+        let got = crate::segment::read_full_at(&file, &mut buf, pos)
+            .map_err(|e| self.read_err(&seg, base, e))?;
+        buf.truncate(got);
+        Ok(buf)
+    }
+
+    /// Opens a log directory made by a verbatim copy and checks that it recovers to exactly
+    /// `expected_hwm` (and starts at `expected_oldest`); closes it again.
+    pub fn verify_copy(
+        dir: &Path,
+        cfg: LogConfig,
+        expected_oldest: u64,
+        expected_hwm: u64,
+    ) -> Result<()> {
+        let log = PartitionLog::open(dir, cfg)?;
+        let (oldest, hwm) = (log.oldest_offset(), log.high_watermark());
+        log.close();
+        if hwm != expected_hwm || oldest != expected_oldest {
+            return Err(StorageError::VerifyFailed {
+                path: dir.to_path_buf(),
+                offset: hwm,
+                reason: format!(
+                    "the copy reopens with offsets {oldest}..{hwm}, expected {expected_oldest}..{expected_hwm}"
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Closes files (for idle eviction and shutdown). Reads after close reopen lazily or fail.

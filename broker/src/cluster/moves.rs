@@ -1,0 +1,784 @@
+//! Partition moves (SPEC §6.5): the verbatim copy, the owner's freeze, the compare-and-swap
+//! flip, and the removal of the old copy.
+//!
+//! A move is an assignment with a `target` and a `move_id` (started by the leader's
+//! controller, `controller`). The target drives it ([`run`]):
+//!
+//! 1. Copy the partition directory's log verbatim while produce continues
+//!    (`ListPartitionSegments`, `FetchSegmentChunk` ≤ 4 MiB a call), into
+//!    `topics/<id>/<p>.move-<move id>/`, in rounds until the remaining tail is small.
+//! 2. `PrepareHandoff`: the owner freezes the partition (commits answer `503`, senders retry
+//!    and reroute; consume goes on), and returns the exact high watermark, oldest offset,
+//!    committed frontier, the files with their committed sizes, and the fan-out cursor files.
+//! 3. Copy the tail, drop files retention removed, write the frontier and cursors, check that
+//!    the copy reopens at exactly that high watermark, move it into place
+//!    (`topics/<id>/<p>/`), and ask the leader for `CompleteMove` (compare-and-swap on owner,
+//!    target and move id).
+//!
+//! The owner's freeze lasts [`FREEZE`]: when it lapses and the move is still in flight, the
+//! owner proposes `AbortMove` for that move id and only lifts the freeze once its view shows
+//! the move gone (so the flip can no longer happen: nothing committed after the freeze can be
+//! missing from a copy that won). If the flip wins instead, the owner's view shows the new
+//! owner and the registry closes the partition for good.
+//!
+//! Old copies (the previous owner's directory, a target's copy whose flip was refused) are
+//! deleted only once the leader confirms, after a Raft barrier, that this node neither owns
+//! nor receives the partition (SPEC §6.1).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use narad_meta::{Assignment, MetaCommand, Topic};
+use narad_storage::{PartitionLog, StorageError};
+use parking_lot::Mutex;
+use tokio::io::AsyncWriteExt;
+
+use super::wire::{
+    AssignmentReply, AssignmentRequest, ChunkRequest, HandoffReply, HandoffRequest, PartitionRef,
+    SegmentInfo, SegmentList, SmallFile, MAX_CHUNK,
+};
+use super::{error_reply, reply_error, TopicLookup};
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::MoveOutcomeLabels;
+use crate::node::Node;
+use crate::partition::{Partition, Released};
+use crate::rpc::{Opcode, RpcReply};
+
+/// How long an owner stays frozen for a move's final copy before it aborts the move.
+pub const FREEZE: Duration = Duration::from_secs(5);
+/// A pre-copy round that copied less than this goes on to the handoff.
+const SMALL_TAIL: u64 = 1024 * 1024;
+const MAX_PRECOPY_ROUNDS: usize = 20;
+const CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What runs on this node for moves.
+#[derive(Default)]
+pub struct Tracker {
+    /// Partitions with a copy or a deletion in progress here (one at a time per partition).
+    busy: Mutex<HashSet<(u64, u32)>>,
+    /// Freezes this node (as owner) watches: (topic id, partition, move id).
+    freezes: Mutex<HashSet<(u64, u32, u64)>>,
+}
+
+impl Tracker {
+    fn claim(&self, key: (u64, u32)) -> bool {
+        self.busy.lock().insert(key)
+    }
+    fn release(&self, key: (u64, u32)) {
+        self.busy.lock().remove(&key);
+    }
+}
+
+fn topic_partition(node: &Node, topic_id: u64, p: u32) -> Result<Arc<Topic>, RpcReply> {
+    match node.cluster.topic_by_id(topic_id) {
+        TopicLookup::Known(t) if p < t.config.partitions => Ok(t),
+        TopicLookup::Known(_) | TopicLookup::Deleted => {
+            Err(RpcReply::error(404, "topic or partition not found"))
+        }
+        TopicLookup::Unknown => Err(RpcReply::error(503, "topic not known here yet")),
+    }
+}
+
+fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, RpcReply> {
+    node.registry
+        .topic(topic.id)
+        .and_then(|rt| rt.partition(p))
+        .ok_or_else(|| {
+            RpcReply::error(
+                409,
+                &format!(
+                    "partition {p} of {} is not open on {}",
+                    topic.name, node.node_id
+                ),
+            )
+        })
+}
+
+/// `ListPartitionSegments`: the owner's segment files with their committed sizes.
+pub fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
+    let topic = match topic_partition(node, req.topic_id, req.partition) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    if !node.cluster.is_mine(&topic, req.partition) {
+        return RpcReply::error(409, "not the owner of this partition");
+    }
+    let part = match open_partition(node, &topic, req.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    part.touch();
+    RpcReply::json(
+        200,
+        &SegmentList {
+            high_watermark: part.log.high_watermark(),
+            oldest_offset: part.log.oldest_offset(),
+            files: part
+                .log
+                .segment_files()
+                .into_iter()
+                .map(SegmentInfo::from)
+                .collect(),
+        },
+    )
+}
+
+/// `FetchSegmentChunk`: raw committed bytes of one segment file.
+pub async fn serve_chunk(node: &Node, req: ChunkRequest) -> RpcReply {
+    let topic = match topic_partition(node, req.topic_id, req.partition) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let part = match open_partition(node, &topic, req.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    part.touch();
+    let len = req.len.min(MAX_CHUNK) as usize;
+    match tokio::task::spawn_blocking(move || part.log.read_segment_bytes(req.base, req.pos, len))
+        .await
+    {
+        Ok(Ok(b)) => RpcReply::new(200, "application/octet-stream", Bytes::from(b)),
+        Ok(Err(StorageError::Gone { .. })) => RpcReply::error(410, "segment removed"),
+        Ok(Err(e)) => RpcReply::error(500, &format!("read failed: {e}")),
+        Err(e) => RpcReply::error(500, &format!("read task failed: {e}")),
+    }
+}
+
+/// `PrepareHandoff`: freeze the partition for the final copy of a move to the caller.
+pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) -> RpcReply {
+    let topic = match topic_partition(node, req.topic_id, req.partition) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    let a = &topic.assignments[req.partition as usize];
+    if a.owner.as_deref() != Some(node.node_id.as_str()) {
+        return RpcReply::error(409, "not the owner of this partition");
+    }
+    if a.move_id < req.move_id {
+        return RpcReply::error(503, "this node has not seen that move yet");
+    }
+    if a.move_id != req.move_id || a.target.as_deref() != Some(from) {
+        return RpcReply::error(409, &format!("move {} is not in flight", req.move_id));
+    }
+    let part = match open_partition(node, &topic, req.partition) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let p2 = part.clone();
+    let move_id = req.move_id;
+    let (state, small_files) = match tokio::task::spawn_blocking(move || {
+        let state = p2.freeze(move_id);
+        let _ = p2.persist_frontier();
+        (state, read_small_files(p2.dir()))
+    })
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => return RpcReply::error(500, &format!("freeze task failed: {e}")),
+    };
+    let key = (req.topic_id, req.partition, req.move_id);
+    if node.cluster.moves.freezes.lock().insert(key) {
+        tracing::info!(topic = %topic.name, partition = req.partition, move_id, to = %from,
+            high_watermark = state.high_watermark, "partition frozen for a move's final copy");
+        tokio::spawn(watch_freeze(node.clone(), part, key));
+    }
+    RpcReply::json(
+        200,
+        &HandoffReply {
+            high_watermark: state.high_watermark,
+            oldest_offset: state.oldest_offset,
+            frontier: state.frontier,
+            files: state.files.into_iter().map(SegmentInfo::from).collect(),
+            small_files,
+            freeze_ms: FREEZE.as_millis() as u64,
+        },
+    )
+}
+
+/// The fan-out cursor files of a partition directory.
+fn read_small_files(dir: &Path) -> Vec<SmallFile> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir.join("fanout")) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".tmp") || !e.path().is_file() {
+                continue;
+            }
+            if let Ok(bytes) = std::fs::read(e.path()) {
+                out.push(SmallFile {
+                    path: format!("fanout/{name}"),
+                    bytes,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The owner's side of a freeze: lifts it once the move can no longer complete, aborting
+/// the move itself when the freeze lapses; leaves it (the partition closes) when the move
+/// completed.
+async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64)) {
+    let (topic_id, p, move_id) = key;
+    let until = Instant::now() + FREEZE;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if part.frozen_for() != Some(move_id) {
+            break;
+        }
+        let a = match node.cluster.topic_by_id(topic_id) {
+            TopicLookup::Known(t) => t.assignments.get(p as usize).cloned(),
+            _ => None,
+        };
+        let Some(a) = a else {
+            // The topic is gone: nothing to protect.
+            part.unfreeze(move_id);
+            break;
+        };
+        if a.owner.as_deref() != Some(node.node_id.as_str()) {
+            // The flip is applied: the registry closes the partition; it stays frozen.
+            break;
+        }
+        if a.move_id != move_id || a.target.is_none() {
+            part.unfreeze(move_id);
+            tracing::info!(
+                topic_id,
+                partition = p,
+                move_id,
+                "move no longer in flight; freeze lifted"
+            );
+            break;
+        }
+        if Instant::now() >= until {
+            let TopicLookup::Known(t) = node.cluster.topic_by_id(topic_id) else {
+                continue;
+            };
+            tracing::warn!(topic = %t.name, partition = p, move_id, "freeze lapsed before the move completed; aborting it");
+            let cmd = MetaCommand::AbortMove {
+                topic: t.name.clone(),
+                topic_id,
+                partition: p,
+                move_id,
+            };
+            if let Err(e) = node.cluster.propose(cmd).await {
+                tracing::warn!(error = %e.message, "could not abort the move; the partition stays frozen");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+    node.cluster.moves.freezes.lock().remove(&key);
+}
+
+/// `GetAssignment`: the leader's confirmed view of one assignment, plus the callee's WAL
+/// backlog.
+pub async fn serve_assignment(node: &Node, req: AssignmentRequest) -> RpcReply {
+    let wal_outstanding = node.wal.outstanding() as u64;
+    let Some(topic_id) = req.topic_id else {
+        return RpcReply::json(
+            200,
+            &AssignmentReply {
+                index: 0,
+                assignment: None,
+                wal_outstanding,
+            },
+        );
+    };
+    if !node.meta.is_leader() {
+        return RpcReply::error(503, "not the metadata leader");
+    }
+    match node.meta.barrier().await {
+        Ok(index) => RpcReply::json(
+            200,
+            &AssignmentReply {
+                index,
+                assignment: assignment_in(&node.meta.view(), topic_id, req.partition),
+                wal_outstanding,
+            },
+        ),
+        Err(e) => error_reply(&ApiError::from(e)),
+    }
+}
+
+fn assignment_in(view: &narad_meta::MetaState, topic_id: u64, p: u32) -> Option<Assignment> {
+    view.topics
+        .values()
+        .find(|t| t.id == topic_id)
+        .and_then(|t| t.assignments.get(p as usize).cloned())
+}
+
+/// The leader's current assignment of a partition (`None`: the topic or partition is gone).
+async fn confirmed_assignment(node: &Node, topic_id: u64, p: u32) -> ApiResult<Option<Assignment>> {
+    if node.meta.is_leader() {
+        node.meta.barrier().await.map_err(ApiError::from)?;
+        return Ok(assignment_in(&node.meta.view(), topic_id, p));
+    }
+    let Some((leader, _)) = node.meta.current_leader() else {
+        return Err(ApiError::unavailable("no metadata leader", 1));
+    };
+    let body = serde_json::to_vec(&AssignmentRequest {
+        topic_id: Some(topic_id),
+        partition: p,
+    })
+    .expect("invariant: serialises");
+    let r = node
+        .cluster
+        .call(
+            &leader,
+            Opcode::GetAssignment,
+            Bytes::from(body),
+            Duration::from_secs(5),
+        )
+        .await?;
+    if !r.is_success() {
+        return Err(reply_error(&r));
+    }
+    let a: AssignmentReply = serde_json::from_slice(&r.body)
+        .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
+    Ok(a.assignment)
+}
+
+/// The moves this node takes part in: starts a copy for every assignment targeting it, and
+/// deletes old copies once the leader confirms they are not needed. Runs until shutdown.
+pub async fn run(node: Arc<Node>) {
+    let mut rx = node.meta.subscribe();
+    let mut last_janitor = Instant::now();
+    loop {
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = node.shutdown_signal() => return,
+        }
+        let view = node.meta.view();
+        for t in view.topics.values() {
+            for (p, a) in t.assignments.iter().enumerate() {
+                if a.target.as_deref() != Some(node.node_id.as_str()) {
+                    continue;
+                }
+                let Some(from) = a.owner.clone() else {
+                    continue;
+                };
+                let key = (t.id, p as u32);
+                if !node.cluster.moves.claim(key) {
+                    continue;
+                }
+                tokio::spawn(copy_in(node.clone(), t.clone(), p as u32, from, a.move_id));
+            }
+        }
+        if last_janitor.elapsed() >= Duration::from_secs(2) {
+            last_janitor = Instant::now();
+            tokio::spawn(janitor(node.clone()));
+        }
+    }
+}
+
+/// Deletes released partition directories the leader confirms this node neither owns nor
+/// receives; keeps the others for a later try.
+async fn janitor(node: Arc<Node>) {
+    let released = node.registry.take_released();
+    if released.is_empty() {
+        return;
+    }
+    let mut keep = Vec::new();
+    for r in released {
+        let key = (r.topic_id, r.partition);
+        if !node.cluster.moves.claim(key) {
+            keep.push(r);
+            continue;
+        }
+        let open = node
+            .registry
+            .topic(r.topic_id)
+            .and_then(|rt| rt.partition(r.partition))
+            .is_some_and(|p| p.dir() == r.dir);
+        if open {
+            node.cluster.moves.release(key);
+            continue;
+        }
+        let me = node.node_id.as_str();
+        match confirmed_assignment(&node, r.topic_id, r.partition).await {
+            Ok(Some(a)) if a.owner.as_deref() != Some(me) && a.target.as_deref() != Some(me) => {
+                let dir = r.dir.clone();
+                let res = tokio::task::spawn_blocking(move || remove_dir(&dir)).await;
+                match res {
+                    Ok(Ok(())) => {
+                        tracing::info!(topic = %r.topic, partition = r.partition, dir = %r.dir.display(), "removed the copy of a partition moved away")
+                    }
+                    _ => keep.push(r),
+                }
+            }
+            // Owned or received here again: not garbage.
+            Ok(Some(_)) => {}
+            // The topic is gone: its deletion removes the data.
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(error = %e.message, "cannot confirm a moved partition's removal yet");
+                keep.push(r);
+            }
+        }
+        node.cluster.moves.release(key);
+    }
+    node.registry.keep_released(keep);
+}
+
+fn remove_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => {
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
+            }
+            Ok(())
+        }
+    }
+}
+
+enum Outcome {
+    Completed,
+    /// The move is no longer in flight (aborted, topic gone, another owner).
+    Abandoned,
+}
+
+/// Whether move `move_id` of (topic, p) from `from` to this node is still in flight.
+fn still_moving(node: &Node, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
+    match node.cluster.topic_by_id(topic_id) {
+        TopicLookup::Known(t) => t.assignments.get(p as usize).is_some_and(|a| {
+            a.move_id == move_id
+                && a.owner.as_deref() == Some(from)
+                && a.target.as_deref() == Some(node.node_id.as_str())
+        }),
+        _ => false,
+    }
+}
+
+fn staging_dir(node: &Node, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
+    node.registry
+        .root()
+        .join(topic_id.to_string())
+        .join(format!("{p}.move-{move_id}"))
+}
+
+/// The target's side of one move, retried until it completes or is no longer in flight.
+async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_id: u64) {
+    let key = (topic.id, p);
+    let started = Instant::now();
+    node.metrics.moves_inflight.inc();
+    tracing::info!(topic = %topic.name, partition = p, from = %from, move_id, "copying a partition in");
+    let staging = staging_dir(&node, topic.id, p, move_id);
+    loop {
+        if node.is_shutting_down() {
+            break;
+        }
+        if !still_moving(&node, topic.id, p, &from, move_id) {
+            tracing::info!(topic = %topic.name, partition = p, move_id, "move no longer in flight; copy abandoned");
+            break;
+        }
+        match attempt(&node, &topic, p, &from, move_id, &staging).await {
+            Ok(Outcome::Completed) => {
+                node.metrics
+                    .moves_total
+                    .get_or_create(&MoveOutcomeLabels {
+                        outcome: "completed",
+                    })
+                    .inc();
+                node.metrics
+                    .moves_duration
+                    .observe(started.elapsed().as_secs_f64());
+                tracing::info!(topic = %topic.name, partition = p, from = %from, move_id,
+                    ms = started.elapsed().as_millis() as u64, "partition moved here");
+                break;
+            }
+            Ok(Outcome::Abandoned) => break,
+            Err(e) => {
+                tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "move attempt failed; retrying");
+                let s = staging.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY) => {}
+                    _ = node.shutdown_signal() => break,
+                }
+            }
+        }
+    }
+    let s = staging.clone();
+    let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
+    node.metrics.moves_inflight.dec();
+    node.cluster.moves.release(key);
+}
+
+async fn call_json<T: serde::de::DeserializeOwned>(
+    node: &Node,
+    to: &str,
+    op: Opcode,
+    body: &impl serde::Serialize,
+    timeout: Duration,
+) -> Result<T, String> {
+    let body = Bytes::from(serde_json::to_vec(body).expect("invariant: serialises"));
+    let r = node
+        .cluster
+        .call(to, op, body, timeout)
+        .await
+        .map_err(|e| e.message)?;
+    if !r.is_success() {
+        return Err(format!("{to} answered {}", reply_error(&r)));
+    }
+    serde_json::from_slice(&r.body).map_err(|e| format!("bad reply from {to}: {e}"))
+}
+
+/// One try: pre-copy, handoff, tail, verify, install, flip.
+async fn attempt(
+    node: &Arc<Node>,
+    topic: &Topic,
+    p: u32,
+    from: &str,
+    move_id: u64,
+    staging: &Path,
+) -> Result<Outcome, String> {
+    let log_dir = staging.join("log");
+    tokio::fs::create_dir_all(&log_dir)
+        .await
+        .map_err(|e| format!("create {}: {e}", log_dir.display()))?;
+    let part_ref = PartitionRef {
+        topic_id: topic.id,
+        partition: p,
+    };
+    // 1. Copy while produce goes on, until the tail is small.
+    for _ in 0..MAX_PRECOPY_ROUNDS {
+        if !still_moving(node, topic.id, p, from, move_id) {
+            return Ok(Outcome::Abandoned);
+        }
+        let list: SegmentList = call_json(
+            node,
+            from,
+            Opcode::ListPartitionSegments,
+            &part_ref,
+            Duration::from_secs(5),
+        )
+        .await?;
+        let copied = sync_log(node, from, topic.id, p, &log_dir, &list.files).await?;
+        if copied < SMALL_TAIL {
+            break;
+        }
+    }
+    if !still_moving(node, topic.id, p, from, move_id) {
+        return Ok(Outcome::Abandoned);
+    }
+    // 2. Freeze: from here on the clock runs (the owner aborts after FREEZE).
+    let frozen_at = Instant::now();
+    let h: HandoffReply = call_json(
+        node,
+        from,
+        Opcode::PrepareHandoff,
+        &HandoffRequest {
+            topic_id: topic.id,
+            partition: p,
+            move_id,
+        },
+        Duration::from_secs(5),
+    )
+    .await?;
+    // 3. The tail, exactly as frozen.
+    sync_log(node, from, topic.id, p, &log_dir, &h.files).await?;
+    let staging2 = staging.to_path_buf();
+    let cfg = node.registry.log_config().clone();
+    let h2 = h.clone();
+    tokio::task::spawn_blocking(move || -> Result<(), String> {
+        for f in &h2.small_files {
+            if f.path.contains("..") || f.path.starts_with('/') {
+                return Err(format!("refusing file path {}", f.path));
+            }
+            let path = staging2.join(&f.path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+            }
+            write_synced(&path, &f.bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        crate::partition::write_frontier(&staging2, h2.frontier)
+            .map_err(|e| format!("write frontier: {e}"))?;
+        PartitionLog::verify_copy(
+            &staging2.join("log"),
+            cfg,
+            h2.oldest_offset,
+            h2.high_watermark,
+        )
+        .map_err(|e| format!("the copy does not verify: {e}"))?;
+        for d in [
+            staging2.join("log"),
+            staging2.join("fanout"),
+            staging2.clone(),
+        ] {
+            if d.is_dir() {
+                std::fs::File::open(&d)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| format!("fsync {}: {e}", d.display()))?;
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| format!("verify task failed: {e}"))??;
+    if frozen_at.elapsed() + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
+        return Err("the final copy outlasted the freeze".into());
+    }
+    // 4. Into place, then the flip.
+    let dest = node.registry.partition_dir(topic.id, p);
+    if node
+        .registry
+        .topic(topic.id)
+        .and_then(|rt| rt.partition(p))
+        .is_some()
+    {
+        return Err("the partition is open here already".into());
+    }
+    let (s, d) = (staging.to_path_buf(), dest.clone());
+    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        // A leftover of an earlier ownership or attempt: this node is not the owner (the
+        // flip to it is what comes next, and only this task proposes it).
+        remove_dir(&d)?;
+        std::fs::rename(&s, &d)?;
+        if let Some(parent) = d.parent() {
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| format!("install task failed: {e}"))?
+    .map_err(|e| format!("install the copy: {e}"))?;
+    let cmd = MetaCommand::CompleteMove {
+        topic: topic.name.clone(),
+        topic_id: topic.id,
+        partition: p,
+        from: from.to_string(),
+        to: node.node_id.clone(),
+        move_id,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match node.cluster.propose(cmd.clone()).await {
+            Ok(_) => {
+                node.apply_topics().map_err(|e| e.message)?;
+                return Ok(Outcome::Completed);
+            }
+            Err(e) if e.status.as_u16() == 409 || e.status.as_u16() == 404 => {
+                tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e.message, "the flip was refused; discarding the copy");
+                node.registry.keep_released(vec![Released {
+                    topic_id: topic.id,
+                    topic: topic.name.clone(),
+                    partition: p,
+                    dir: dest,
+                }]);
+                return Ok(Outcome::Abandoned);
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::warn!(error = %e.message, "the flip is not confirmed yet; retrying");
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            Err(e) => {
+                // Unknown outcome: leave the copy in place; the janitor removes it only if
+                // the leader confirms it is not ours.
+                node.registry.keep_released(vec![Released {
+                    topic_id: topic.id,
+                    topic: topic.name.clone(),
+                    partition: p,
+                    dir: dest,
+                }]);
+                return Err(format!("flip not confirmed: {}", e.message));
+            }
+        }
+    }
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// Brings the segment files in `dir` up to the listed committed sizes; removes copies of
+/// segments the owner no longer lists. Returns the bytes copied.
+async fn sync_log(
+    node: &Node,
+    from: &str,
+    topic_id: u64,
+    p: u32,
+    dir: &Path,
+    files: &[SegmentInfo],
+) -> Result<u64, String> {
+    let names: HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    let mut rd = tokio::fs::read_dir(dir)
+        .await
+        .map_err(|e| format!("read {}: {e}", dir.display()))?;
+    while let Ok(Some(e)) = rd.next_entry().await {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !names.contains(name.as_str()) {
+            let _ = tokio::fs::remove_file(e.path()).await;
+        }
+    }
+    let mut copied = 0u64;
+    for f in files {
+        if f.name.contains('/') || f.name.contains("..") {
+            return Err(format!("refusing file name {}", f.name));
+        }
+        let path = dir.join(&f.name);
+        let have = tokio::fs::metadata(&path)
+            .await
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if have > f.size {
+            return Err(format!(
+                "{} is {have} bytes here, {} at the owner",
+                f.name, f.size
+            ));
+        }
+        if have == f.size && path.exists() {
+            continue;
+        }
+        let mut out = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .await
+            .map_err(|e| format!("open {}: {e}", path.display()))?;
+        let mut pos = have;
+        while pos < f.size {
+            let req = ChunkRequest {
+                topic_id,
+                partition: p,
+                base: f.base,
+                pos,
+                len: ((f.size - pos).min(MAX_CHUNK as u64)) as u32,
+            };
+            let body = Bytes::from(serde_json::to_vec(&req).expect("invariant: serialises"));
+            let r = node
+                .cluster
+                .call(from, Opcode::FetchSegmentChunk, body, CHUNK_TIMEOUT)
+                .await
+                .map_err(|e| e.message)?;
+            if r.status == 410 {
+                // Retention removed it meanwhile; the next listing no longer has it.
+                break;
+            }
+            if !r.is_success() {
+                return Err(format!("{from} answered {}", reply_error(&r)));
+            }
+            if r.body.is_empty() {
+                return Err(format!("{} ended at {pos} of {}", f.name, f.size));
+            }
+            out.write_all(&r.body)
+                .await
+                .map_err(|e| format!("write {}: {e}", path.display()))?;
+            pos += r.body.len() as u64;
+            copied += r.body.len() as u64;
+            node.metrics.moves_bytes.inc_by(r.body.len() as u64);
+        }
+        out.sync_all()
+            .await
+            .map_err(|e| format!("fsync {}: {e}", path.display()))?;
+    }
+    Ok(copied)
+}
