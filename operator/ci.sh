@@ -19,8 +19,13 @@ if [ -z "${SKIP_UNIT:-}" ]; then
 fi
 
 echo "== CRDs regenerate without a diff"
-cargo run -q "${flag[@]}" -p narad-operator -- crdgen --out crds
-cargo run -q "${flag[@]}" -p narad-operator -- crdgen --out charts/narad-operator/crds
+# The workspace build's binary when there is one (a package-scoped `cargo run` would resolve
+# features for the operator alone and rebuild the dependency tree).
+target_dir="${CARGO_TARGET_DIR:-target}"
+operator_bin="$target_dir/$PROFILE/narad-operator"
+[ -x "$operator_bin" ] || cargo build -q "${flag[@]}" --workspace
+"$operator_bin" crdgen --out crds
+"$operator_bin" crdgen --out charts/narad-operator/crds
 git diff --exit-code -- crds charts/narad-operator/crds
 
 HELM="${HELM:-$(command -v helm || true)}"
@@ -75,9 +80,9 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   export KUBECONFIG="$state/kubeconfig"
 
   echo "== envtest: operator against the real API server and a real broker"
-  cargo build "${flag[@]}" -p narad --bin narad
-  NARAD_K8S_KUBECONFIG="$KUBECONFIG" NARAD_BIN="$(pwd)/${CARGO_TARGET_DIR:-target}/$PROFILE/narad" \
-    cargo test "${flag[@]}" -p narad-operator --test envtest
+  [ -x "$target_dir/$PROFILE/narad" ] || cargo build "${flag[@]}" --workspace
+  NARAD_K8S_KUBECONFIG="$KUBECONFIG" NARAD_BIN="$(cd "$target_dir/$PROFILE" && pwd)/narad" \
+    cargo test "${flag[@]}" --workspace --test envtest
 
   echo "== helm install / upgrade / uninstall against the API server"
   kubectl create namespace helm-ci

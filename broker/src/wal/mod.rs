@@ -884,7 +884,7 @@ mod tests {
             checkpoint_interval: Duration::from_millis(5),
             ..Default::default()
         };
-        let mut committed = Vec::new();
+        let committed: Vec<DurableRecord>;
         {
             let mut o = Wal::open(dir.path(), opts.clone()).unwrap();
             let mut tasks = Vec::new();
