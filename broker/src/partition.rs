@@ -514,6 +514,7 @@ pub struct Released {
 impl Registry {
     pub fn new(root: PathBuf, log_cfg: LogConfig, metrics: Arc<Metrics>) -> std::io::Result<Self> {
         fs::create_dir_all(&root)?;
+        sweep_move_staging(&root);
         Ok(Registry {
             root,
             log_cfg,
@@ -714,5 +715,47 @@ impl Registry {
                 }
             }
         }
+    }
+}
+
+/// Removes the staging directories of partition moves (`topics/<id>/<p>.move-<move id>/`)
+/// that a crash left behind. A staging copy is never the live partition (it is moved into
+/// place only once verified), and a move still in flight starts its copy afresh.
+fn sweep_move_staging(root: &Path) {
+    let Ok(topics) = fs::read_dir(root) else {
+        return;
+    };
+    for t in topics.flatten() {
+        let Ok(entries) = fs::read_dir(t.path()) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().contains(".move-") {
+                match fs::remove_dir_all(e.path()) {
+                    Ok(()) => {
+                        tracing::info!(dir = %e.path().display(), "removed a leftover move staging copy")
+                    }
+                    Err(err) => {
+                        tracing::warn!(dir = %e.path().display(), error = %err, "could not remove a leftover move staging copy")
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    #[test]
+    fn leftover_move_staging_copies_are_removed_and_partitions_kept() {
+        let root = tempfile::tempdir().unwrap();
+        let live = root.path().join("7").join("2").join("log");
+        let staging = root.path().join("7").join("2.move-41").join("log");
+        std::fs::create_dir_all(&live).unwrap();
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::write(live.join("00000000000000000000.log"), b"x").unwrap();
+        super::sweep_move_staging(root.path());
+        assert!(live.join("00000000000000000000.log").exists());
+        assert!(!root.path().join("7").join("2.move-41").exists());
     }
 }
