@@ -249,6 +249,57 @@ impl Node {
         out
     }
 
+    /// Lag per child of `parent` (SPEC §3.7): this node's cursors, plus those of the other
+    /// parent partition owners (`FanoutCursors`, one call per owner, concurrently). A
+    /// partition whose cursor did not report makes the sum a lower bound (`false`).
+    pub async fn children_lag(
+        &self,
+        view: &MetaState,
+        parent: &Topic,
+    ) -> std::collections::BTreeMap<String, (u64, bool)> {
+        let mut lags = self.fanout.partition_lags(view, parent);
+        let owners: std::collections::BTreeSet<String> = parent
+            .assignments
+            .iter()
+            .filter_map(|a| a.owner.clone())
+            .filter(|o| *o != self.node_id)
+            .collect();
+        let body = bytes::Bytes::from(
+            serde_json::to_vec(&crate::cluster::wire::FanoutCursorsRequest {
+                parent_id: parent.id,
+                parent: parent.name.clone(),
+            })
+            .expect("invariant: a cursors request serialises"),
+        );
+        let calls = owners.iter().map(|o| {
+            self.cluster.call(
+                o,
+                crate::rpc::Opcode::FanoutCursors,
+                body.clone(),
+                crate::rpc::DEFAULT_TIMEOUT,
+            )
+        });
+        for reply in futures::future::join_all(calls).await.into_iter().flatten() {
+            if !reply.is_success() {
+                continue;
+            }
+            let Ok(remote) = serde_json::from_slice::<
+                std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
+            >(&reply.body) else {
+                continue;
+            };
+            for (child, parts) in remote {
+                lags.entry(child).or_default().extend(parts);
+            }
+        }
+        lags.into_iter()
+            .map(|(child, parts)| {
+                let complete = parts.len() as u32 == parent.config.partitions;
+                (child, (parts.values().sum(), complete))
+            })
+            .collect()
+    }
+
     /// `/readyz` (SPEC §3.10): recovery done, admitted to the cluster with a leader known and
     /// this node registered, and, with security on, the root admin seeded.
     /// Once ready, a node stays ready while it runs: losing the metadata quorum later must

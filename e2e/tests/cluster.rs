@@ -274,10 +274,26 @@ async fn fan_out_and_replica_children_across_nodes() {
         got.dedup();
         assert_eq!(got.len(), 60, "{child}: {got:?}");
     }
-    let kids = c
-        .http(1)
-        .get("/v1/topics/orders/children")
-        .await
-        .expect_json(200);
-    assert_eq!(kids["children"].as_array().unwrap().len(), 2, "{kids}");
+    // Lag sums every parent partition's cursor, whichever node runs it (FanoutCursors):
+    // complete, and 0 once everything is copied.
+    let http = c.http(1);
+    narad_tests::eventually(Duration::from_secs(10), Duration::from_millis(100), || {
+        let http = http.clone();
+        async move {
+            let kids = http
+                .get("/v1/topics/orders/children")
+                .await
+                .expect_json(200);
+            let list = kids["children"].as_array().cloned().unwrap_or_default();
+            anyhow::ensure!(list.len() == 2, "{kids}");
+            for k in &list {
+                anyhow::ensure!(
+                    k["lag_complete"] == true && k["lag_messages"] == 0,
+                    "{kids}"
+                );
+            }
+            Ok(())
+        }
+    })
+    .await;
 }

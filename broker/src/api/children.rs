@@ -104,8 +104,7 @@ pub async fn list(
     authz::view(&caller, &parent, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
     let view = node.meta.view();
-    // Cluster hook: cursors of parent partitions owned elsewhere (node RPC FanoutCursors).
-    let lag = node.fanout.lag(&view, &topic);
+    let lag = node.children_lag(&view, &topic).await;
     let children = view
         .children_of(&parent)
         .into_iter()

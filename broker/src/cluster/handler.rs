@@ -88,6 +88,15 @@ impl RpcHandler for NodeRpc {
                         Err(r) => r,
                     }
                 }
+                Opcode::FanoutCursors => match json::<super::wire::FanoutCursorsRequest>(&body) {
+                    Ok(req) => match node.cluster.topic_by_id(req.parent_id) {
+                        TopicLookup::Known(t) => {
+                            RpcReply::json(200, &node.fanout.partition_lags(&node.meta.view(), &t))
+                        }
+                        _ => RpcReply::error(503, "topic not known here"),
+                    },
+                    Err(r) => r,
+                },
                 Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
                     Ok(req) => stats(&node, req),
                     Err(r) => r,

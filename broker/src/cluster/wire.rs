@@ -207,6 +207,14 @@ pub struct AssignmentReply {
     pub wal_outstanding: u64,
 }
 
+/// `FanoutCursors` (17): the lag of every fan-out cursor the callee runs for parent
+/// partitions of `parent_id`; the reply is `{child: {partition: lag}}`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct FanoutCursorsRequest {
+    pub parent_id: u64,
+    pub parent: String,
+}
+
 /// A record of a `CommitProduceBatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitRecord {

@@ -198,13 +198,30 @@ impl Fanout {
     /// watermark minus the cursor, summed over the parent's partitions; incomplete when a
     /// partition's cursor is not known here (not local, or not started yet).
     pub fn lag(&self, view: &MetaState, parent: &Topic) -> BTreeMap<String, (u64, bool)> {
+        self.partition_lags(view, parent)
+            .into_iter()
+            .map(|(child, parts)| {
+                let complete = parts.len() as u32 == parent.config.partitions;
+                (child, (parts.values().sum(), complete))
+            })
+            .collect()
+    }
+
+    /// Per child, the lag of each parent partition whose cursor runs on this node (parent
+    /// high watermark minus cursor). Partitions owned elsewhere are absent (the cluster asks
+    /// their owners: `FanoutCursors`).
+    pub fn partition_lags(
+        &self,
+        view: &MetaState,
+        parent: &Topic,
+    ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         let cursors = self.cursors.lock();
         let mut out = BTreeMap::new();
         for link in view.children_of(&parent.name) {
             let Some(child) = view.topics.get(&link.child) else {
                 continue;
             };
-            let (mut lag, mut complete) = (0u64, true);
+            let mut parts = BTreeMap::new();
             for p in 0..parent.config.partitions {
                 let key = Key {
                     parent_id: parent.id,
@@ -212,18 +229,17 @@ impl Fanout {
                     child_id: child.id,
                     epoch: link.epoch,
                 };
-                match cursors.get(&key) {
-                    Some(st) => {
-                        lag += st
-                            .part
+                if let Some(st) = cursors.get(&key) {
+                    parts.insert(
+                        p,
+                        st.part
                             .log
                             .high_watermark()
-                            .saturating_sub(st.next.load(Ordering::Acquire))
-                    }
-                    None => complete = false,
+                            .saturating_sub(st.next.load(Ordering::Acquire)),
+                    );
                 }
             }
-            out.insert(link.child.clone(), (lag, complete));
+            out.insert(link.child.clone(), parts);
         }
         out
     }
