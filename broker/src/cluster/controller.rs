@@ -45,6 +45,29 @@ pub fn inflight(view: &MetaState) -> usize {
         .count()
 }
 
+/// The receiver of a partition of `name` from `from`: below its quota (any node when only
+/// shedding), fewest of this topic, then most room, then id.
+fn receiver<'a>(
+    count: &BTreeMap<&'a str, usize>,
+    per_topic: &BTreeMap<(&'a str, &'a str), usize>,
+    quota: &BTreeMap<&'a str, usize>,
+    shed_only: bool,
+    name: &str,
+    from: &str,
+) -> Option<&'a str> {
+    count
+        .iter()
+        .filter(|(id, c)| **id != from && (**c < quota[*id] || shed_only))
+        .min_by(|(a, ca), (b, cb)| {
+            let ta = per_topic.get(&(*a, name)).copied().unwrap_or(0);
+            let tb = per_topic.get(&(*b, name)).copied().unwrap_or(0);
+            ta.cmp(&tb)
+                .then((**ca as i64 - quota[*a] as i64).cmp(&(**cb as i64 - quota[*b] as i64)))
+                .then(a.cmp(b))
+        })
+        .map(|(id, _)| *id)
+}
+
 /// The moves that balance `view` (see the module doc), at most `budget` of them, in a
 /// deterministic order. With `shed_only`, only the moves off draining nodes.
 pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove> {
@@ -98,38 +121,14 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
         .map(|(i, id)| (*id, if i < extra { q + 1 } else { q }))
         .collect();
     let mut out = Vec::new();
-    // The receiver of a partition of `name` from `from`: below its quota (any node when
-    // only shedding), fewest of this topic, then most room, then id.
-    let receiver = |count: &BTreeMap<&str, usize>,
-                    per_topic: &BTreeMap<(&str, &str), usize>,
-                    name: &str,
-                    from: &str|
-     -> Option<String> {
-        count
-            .iter()
-            .filter(|(id, c)| **id != from && (**c < quota[*id] || shed_only))
-            .min_by(|(a, ca), (b, cb)| {
-                let ta = per_topic.get(&(*a, name)).copied().unwrap_or(0);
-                let tb = per_topic.get(&(*b, name)).copied().unwrap_or(0);
-                ta.cmp(&tb)
-                    .then((**ca as i64 - quota[*a] as i64).cmp(&(**cb as i64 - quota[*b] as i64)))
-                    .then(a.cmp(b))
-            })
-            .map(|(id, _)| id.to_string())
-    };
     // Every partition of a draining node moves.
     for (name, topic_id, p, from) in shed {
         if out.len() >= budget {
             return out;
         }
-        let Some(to) = receiver(&count, &per_topic, name, from) else {
+        let Some(to) = receiver(&count, &per_topic, &quota, shed_only, name, from) else {
             continue;
         };
-        let to: &str = count
-            .keys()
-            .find(|k| **k == to)
-            .copied()
-            .expect("a counted node");
         *count.get_mut(to).expect("invariant: a counted node") += 1;
         *per_topic.entry((to, name)).or_default() += 1;
         out.push(PlannedMove {
@@ -154,8 +153,8 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
             let best = (0..mine.len())
                 .filter_map(|i| {
                     let (name, _, p) = mine[i];
-                    let to = receiver(&count, &per_topic, name, id)?;
-                    let at_to = per_topic.get(&(to.as_str(), name)).copied().unwrap_or(0);
+                    let to = receiver(&count, &per_topic, &quota, shed_only, name, id)?;
+                    let at_to = per_topic.get(&(to, name)).copied().unwrap_or(0);
                     let at_me = per_topic.get(&(*id, name)).copied().unwrap_or(0);
                     Some((
                         at_to,
@@ -171,11 +170,6 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
                 break;
             };
             let (name, topic_id, p) = mine.remove(i);
-            let to: &str = count
-                .keys()
-                .find(|k| **k == to)
-                .copied()
-                .expect("a counted node");
             *count.get_mut(to).expect("invariant: a counted node") += 1;
             *per_topic.entry((to, name)).or_default() += 1;
             *count.get_mut(id).expect("invariant: a counted node") -= 1;
