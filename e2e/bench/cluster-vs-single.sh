@@ -7,17 +7,9 @@
 #
 #   NARAD_BIN=target/release/narad BENCH=/path/to/narad-peer-bench e2e/bench/cluster-vs-single.sh
 #
-# Knobs: PASSES (2), DURATION (6), PAYLOAD (256), PRODUCERS (32), CONSUMERS (32).
+# Knobs: see common.sh.
 set -euo pipefail
-NARAD_BIN=${NARAD_BIN:?path to the narad binary}
-BENCH=${BENCH:?path to narad-peer-bench (build ../shared/bench)}
-PASSES=${PASSES:-2}
-DURATION=${DURATION:-6}
-PAYLOAD=${PAYLOAD:-256}
-PRODUCERS=${PRODUCERS:-32}
-CONSUMERS=${CONSUMERS:-32}
-work=$(mktemp -d)
-out=$work/results.jsonl
+source "$(dirname "$0")/common.sh"
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -25,28 +17,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-wait_ready() {
-    for _ in $(seq 1 300); do
-        curl -sf "http://$1/readyz" >/dev/null && return 0
-        sleep 0.1
-    done
-    echo "node $1 not ready" >&2
-    return 1
-}
-
-run_bench() { # label url
-    "$BENCH" run --system narad --url "http://$2" --label "$1" --workload produce,flow \
-        --payload "$PAYLOAD" --producers "$PRODUCERS" --consumers "$CONSUMERS" \
-        --duration "$DURATION" --json-out "$out"
-}
-
 for pass in $(seq 1 "$PASSES"); do
     echo "== pass $pass: single node"
     "$NARAD_BIN" server start --dev --addr 127.0.0.1:18940 --data-dir "$work/single-$pass" \
         >"$work/single-$pass.log" 2>&1 &
     pids+=($!)
     wait_ready 127.0.0.1:18940
-    run_bench single-node 127.0.0.1:18940
+    run_bench single-node http://127.0.0.1:18940
     kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
     echo "== pass $pass: three-node cluster, clients on n0"
@@ -60,7 +37,7 @@ for pass in $(seq 1 "$PASSES"); do
         pids+=($!)
     done
     for i in 0 1 2; do wait_ready "127.0.0.1:1895$i"; done
-    run_bench cluster-3-nodes 127.0.0.1:18950
+    run_bench cluster-3-nodes http://127.0.0.1:18950
     for p in "${pids[@]:$first}"; do kill "$p"; done
     wait 2>/dev/null || true
 done
