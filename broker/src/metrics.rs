@@ -150,6 +150,16 @@ pub struct Metrics {
     pub moves_total: Family<MoveOutcomeLabels, Counter>,
     pub moves_duration: Histogram,
     pub moves_bytes: Counter,
+    /// Records re-produced from old copies a force promotion left behind.
+    pub moves_salvaged: Counter,
+    /// `narad_rpc_served_total{opcode}`: node RPCs this node answered, by opcode (unknown
+    /// ones included: they show a newer peer talking to this build).
+    pub rpc_served: Family<RpcOpLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcOpLabels {
+    pub opcode: u8,
 }
 
 /// `moves_total{outcome}`: `completed`, `force_promoted` (and `aborted`).
@@ -409,6 +419,18 @@ impl Metrics {
                 Gauge::default()
             ),
             moves_total: reg!(r, "moves", "Finished partition moves", Family::default()),
+            moves_salvaged: reg!(
+                r,
+                "moves_salvaged_records",
+                "Records re-produced from a force-promoted partition's old copy",
+                Counter::default()
+            ),
+            rpc_served: reg!(
+                r,
+                "rpc_served",
+                "Node RPCs answered, by opcode",
+                Family::default()
+            ),
             moves_duration: reg!(
                 r,
                 "moves_duration_seconds",

@@ -507,6 +507,9 @@ impl Running {
         for rt in node.registry.all() {
             rt.notify.notify_waiters();
         }
+        // A leader hands off first, so metadata writes pause for one election round instead
+        // of an election timeout after this node's Raft stops.
+        node.cluster.hand_off_leadership().await;
         let grace = node.config.http.shutdown_grace;
         match tokio::time::timeout(grace, self.server).await {
             Ok(r) => r??,
@@ -668,6 +671,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         )),
         config.fanout.clone(),
     );
+    if !clustered {
+        fanout.confirm_view();
+    }
     let node = Arc::new(Node {
         config: config.clone(),
         node_id,
@@ -903,6 +909,11 @@ fn spawn_background(node: Arc<Node>) {
         while rx.changed().await.is_ok() {
             if n.cluster.clustered {
                 n.cluster.sync_peers(&n.meta.view());
+            }
+            // Registered = this node's own registration, proposed after this start, is
+            // applied here: the local view has caught up with the leader (SPEC §6.1).
+            if !n.cluster.clustered || n.cluster.registered() {
+                n.fanout.confirm_view();
             }
             // Cursors of removed links stop before a deleted topic's data goes; new ones
             // start once their partitions are open.

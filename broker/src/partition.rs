@@ -5,7 +5,7 @@
 //! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, rewritten
 //! atomically at most every 50 ms when it moved).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -200,6 +200,17 @@ impl Partition {
         let _no_commit_in_progress = self.write_lock.lock();
         *self.frozen_for.lock() = Some(move_id);
         self.touch();
+        self.state_locked()
+    }
+
+    /// The committed state as of one instant (a commit in progress finishes first): files
+    /// whose committed sizes hold exactly the records below the high watermark.
+    pub fn committed_state(&self) -> FrozenState {
+        let _no_commit_in_progress = self.write_lock.lock();
+        self.state_locked()
+    }
+
+    fn state_locked(&self) -> FrozenState {
         FrozenState {
             high_watermark: self.log.high_watermark(),
             oldest_offset: self.log.oldest_offset(),
@@ -545,6 +556,42 @@ impl Registry {
     /// Puts back released partitions whose deletion could not be confirmed yet.
     pub fn keep_released(&self, r: Vec<Released>) {
         self.released.lock().extend(r);
+    }
+
+    /// Queues for the janitor every partition directory of a topic in `topics` that is not
+    /// open here and that `topics` gives to another node: old copies a move left behind
+    /// (the node went down before removing one, or a force promotion happened while it was
+    /// down). Nothing is removed here: the janitor asks the leader first.
+    pub fn release_orphans(&self, topics: &BTreeMap<String, Arc<Topic>>, node_id: &str) {
+        let mut found = Vec::new();
+        for t in topics.values() {
+            let Ok(rd) = fs::read_dir(self.topic_dir(t.id)) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let elsewhere = t
+                    .assignments
+                    .get(p as usize)
+                    .is_some_and(|a| a.owner.as_deref().is_some_and(|o| o != node_id));
+                let open = self.topic(t.id).and_then(|rt| rt.partition(p)).is_some();
+                if elsewhere && !open && e.path().is_dir() {
+                    tracing::info!(topic = %t.name, partition = p, dir = %e.path().display(),
+                        "found the old copy of a partition owned elsewhere");
+                    found.push(Released {
+                        topic_id: t.id,
+                        topic: t.name.clone(),
+                        partition: p,
+                        dir: e.path(),
+                    });
+                }
+            }
+        }
+        let mut released = self.released.lock();
+        found.retain(|f| !released.iter().any(|r| r.dir == f.dir));
+        released.extend(found);
     }
 
     /// The root of all topic data (`<data dir>/topics`).

@@ -58,6 +58,8 @@ pub struct ClusterOpts {
     /// Run node i in network namespace `netns[i]` at address `hosts[i]` (ports 7942/7943),
     /// instead of on loopback with free ports (see [`netns::NetLab`]).
     pub hosts: Vec<(String, String)>,
+    /// Extra environment for one initial member: (index, name, value).
+    pub node_env: Vec<(usize, String, String)>,
 }
 
 /// Where a node runs: its address, network namespace (if any) and ports.
@@ -127,7 +129,14 @@ impl TestCluster {
         let mut nodes = Vec::new();
         for (i, place) in places.iter().enumerate().take(seeds) {
             let id = format!("n{i}");
-            let server = Server::start(node_opts(&id, place, &peers, &opts.env)).await;
+            let mut env = opts.env.clone();
+            env.extend(
+                opts.node_env
+                    .iter()
+                    .filter(|(n, _, _)| *n == i)
+                    .map(|(_, k, v)| (k.clone(), v.clone())),
+            );
+            let server = Server::start(node_opts(&id, place, &peers, &env)).await;
             nodes.push(Node {
                 id,
                 cluster_port: place.cluster,

@@ -2,11 +2,11 @@
 //! through one node is usable through the others at once, and the data plane survives node
 //! loss and quorum loss.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use narad_e2e::load::Load;
-use narad_e2e::TestCluster;
-use narad_tests::{json, Msg};
+use narad_e2e::{ClusterOpts, TestCluster};
+use narad_tests::{json, metric_sum_where, Msg};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_node_serves_any_request() {
@@ -114,6 +114,111 @@ async fn any_node_serves_any_request() {
     for i in 0..3 {
         c.http(i).get("/v1/topics/orders").await.expect_error(404);
     }
+}
+
+/// SPEC §6.6: n2 plays a node of an older build that knows neither `CommitProduceBatch` (11)
+/// nor `AckBatch` (31). The others fall back to `CommitProduce` (10) and `Ack` (3) for it,
+/// and the cluster serves every request as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_an_older_build_interoperates() {
+    let c = TestCluster::start_with(
+        3,
+        ClusterOpts {
+            node_env: vec![(2, "NARAD_TEST_RPC_UNSUPPORTED".into(), "11,31".into())],
+            ..ClusterOpts::default()
+        },
+    )
+    .await;
+    c.http(0)
+        .create_topic(&json!({"name": "mixed", "partitions": 3}))
+        .await;
+    assert_eq!(c.owners(1, "mixed").await, ["n0", "n1", "n2"]);
+    // Produced through the new nodes, into every partition (n2 owns partition 2).
+    for i in 0..30u32 {
+        c.http(i as usize % 2)
+            .produce_ok("mixed", &format!("partition={}", i % 3), format!("m{i}"))
+            .await;
+    }
+    c.http(2).wait_total_visible("mixed", 30).await;
+    // Consumed through n0, acked through n1: single acks and one batch.
+    let mut got = Vec::new();
+    let mut batch = Vec::new();
+    while got.len() < 30 {
+        let m: Msg = c.http(0).consume_msg("mixed", "wait=2s").await;
+        let h = m.receipt_handle.clone().unwrap();
+        if m.partition == 2 && batch.len() < 5 {
+            batch.push(h);
+        } else {
+            c.http(1).ack_ok("mixed", &h).await;
+        }
+        got.push(String::from_utf8(m.payload_bytes()).unwrap());
+    }
+    let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
+    let r = c
+        .http(1)
+        .ack_batch("mixed", None, &refs)
+        .await
+        .expect_json(200);
+    assert!(
+        r["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["status"] == 204),
+        "{r}"
+    );
+    got.sort();
+    let mut want: Vec<String> = (0..30).map(|i| format!("m{i}")).collect();
+    want.sort();
+    assert_eq!(got, want);
+    c.http(2).consume_none("mixed", "").await;
+    // n2 was asked the new opcodes, answered them as unknown, and got the old ones instead.
+    let text = c.http(2).metrics_text().await;
+    let served = |op: &str| metric_sum_where(&text, "narad_rpc_served_total", &[("opcode", op)]);
+    assert!(served("11").unwrap_or(0.0) >= 1.0, "{text}");
+    assert_eq!(served("10"), Some(10.0), "one CommitProduce per record");
+    assert!(served("31").unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(served("3").unwrap_or(0.0) >= 1.0, "{text}");
+}
+
+/// SPEC §6.2: a leader stopped with SIGTERM hands leadership to a caught-up voter. The
+/// others see the new leader within one election round — an election after the old
+/// leader's Raft stopped could not start before its 1 s lease ran out — and metadata writes
+/// go on through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_gracefully_hands_leadership_off() {
+    let mut c = TestCluster::start(3).await;
+    let leader = c.leader(0).await.expect("a leader");
+    let other = (leader + 1) % 3;
+    let started = Instant::now();
+    c.nodes[leader].server.terminate();
+    let mut took = None;
+    while started.elapsed() < Duration::from_secs(10) {
+        if let Some(l) = c.leader(other).await {
+            if l != leader {
+                took = Some(started.elapsed());
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = took.expect("no new leader within 10 s");
+    eprintln!("leadership moved {took:?} after SIGTERM");
+    assert!(
+        took < Duration::from_millis(900),
+        "leadership took {took:?} to move: no handoff"
+    );
+    c.http(other)
+        .create_topic(&json!({"name": "after-handoff", "partitions": 3}))
+        .await;
+    assert!(
+        c.nodes[leader]
+            .server
+            .wait_exit(Duration::from_secs(30))
+            .await
+            .is_some_and(|s| s.success()),
+        "the old leader did not exit cleanly"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

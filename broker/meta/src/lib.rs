@@ -457,6 +457,60 @@ impl Meta {
         found
     }
 
+    /// Leader only: a voter other than this node whose log holds this node's last entry,
+    /// and that last index: where a leadership handoff can go (SPEC §6.2).
+    pub fn caught_up_voter(&self) -> Option<((NodeId, String), u64)> {
+        let m = self.metrics();
+        let last = m.last_log_index?;
+        let replication = m.replication.as_ref()?;
+        let cfg = &m.membership_config;
+        cfg.voter_ids()
+            .filter(|id| *id != self.inner.raft_id)
+            .filter(|id| {
+                replication
+                    .get(id)
+                    .and_then(|l| l.as_ref())
+                    .is_some_and(|l| l.index >= last)
+            })
+            .find_map(|id| {
+                cfg.nodes()
+                    .find(|(n, _)| **n == id)
+                    .map(|(_, n)| ((n.name.clone(), n.addr.clone()), last))
+            })
+    }
+
+    /// The successor's side of a handoff: a voter whose log reaches `last_index` starts an
+    /// election at once. The old leader grants its vote (its own lease dates from when it
+    /// became leader, and the candidate's log is as long as its own), which makes a majority
+    /// of three by itself; the other voters follow the new term.
+    pub async fn elect_now(&self, last_index: u64) -> Result<(), MetaError> {
+        let m = self.metrics();
+        if !m
+            .membership_config
+            .voter_ids()
+            .any(|id| id == self.inner.raft_id)
+        {
+            return Err(MetaError::Unavailable("not a voter".into()));
+        }
+        if m.last_log_index.unwrap_or(0) < last_index {
+            return Err(MetaError::Unavailable(format!(
+                "log at {} of {last_index}",
+                m.last_log_index.unwrap_or(0)
+            )));
+        }
+        self.inner
+            .raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| MetaError::Unavailable(e.to_string()))
+    }
+
+    /// Whether this node starts elections (off while a leader hands off before it stops).
+    pub fn set_electing(&self, on: bool) {
+        self.inner.raft.runtime_config().elect(on);
+    }
+
     /// Linearizable barrier: confirms with a quorum that this node is still the leader and
     /// waits until the state machine has applied every entry committed before the call. After
     /// `Ok`, `view()` is current (SPEC §6.1 "never destroy on a stale view"). Fails with

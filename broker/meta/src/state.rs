@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::types::{
     Action, ApplyError, Assignment, Grant, Member, MetaCommand, MetaResponse, MetaState, NodeId,
-    SchemaVersion, Topic, TopicPatch, User, ROOT_USERNAME,
+    SalvageClaim, SchemaVersion, Topic, TopicPatch, User, ROOT_USERNAME,
 };
 
 impl MetaState {
@@ -80,6 +80,7 @@ impl MetaState {
                     .ok_or_else(|| ApplyError::NotFound(format!("topic {name} not found")))?;
                 self.topic_names_folded.remove(&fold(name));
                 self.unlink_deleted(name);
+                self.salvage.retain(|c| c.topic_id != topic.id);
                 Ok(MetaResponse::Deleted(topic))
             }
             MetaCommand::RegisterMember {
@@ -117,6 +118,8 @@ impl MetaState {
             }
             MetaCommand::StartMove { .. }
             | MetaCommand::CompleteMove { .. }
+            | MetaCommand::ForceCompleteMove { .. }
+            | MetaCommand::SalvageDone { .. }
             | MetaCommand::AbortMove { .. }
             | MetaCommand::SetDraining { .. }
             | MetaCommand::RemoveMember { .. } => self.apply_move(cmd),
@@ -322,6 +325,62 @@ impl MetaState {
                         move_id: 0,
                     },
                 );
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::ForceCompleteMove {
+                topic,
+                topic_id,
+                partition,
+                from,
+                to,
+                move_id,
+                high_watermark,
+            } => {
+                let a = self.assignment(topic, *topic_id, *partition)?;
+                if a.owner.as_deref() == Some(to.as_str()) && a.target.is_none() {
+                    return Ok(MetaResponse::Ok);
+                }
+                if a.owner.as_deref() != Some(from.as_str())
+                    || a.target.as_deref() != Some(to.as_str())
+                    || a.move_id != *move_id
+                {
+                    return Err(ApplyError::Conflict(format!(
+                        "move {move_id} of partition {partition} of {topic} is no longer in flight"
+                    )));
+                }
+                if !self.members.get(from).is_some_and(|m| m.dead) {
+                    return Err(ApplyError::Conflict(format!(
+                        "{from} is not marked dead: the move completes by handoff"
+                    )));
+                }
+                self.set_assignment(
+                    topic,
+                    *partition,
+                    Assignment {
+                        owner: Some(to.clone()),
+                        target: None,
+                        move_id: 0,
+                    },
+                );
+                self.salvage.retain(|c| {
+                    !(c.topic_id == *topic_id && c.partition == *partition && c.from == *from)
+                });
+                self.salvage.push(SalvageClaim {
+                    topic_id: *topic_id,
+                    partition: *partition,
+                    from: from.clone(),
+                    high_watermark: *high_watermark,
+                });
+                Ok(MetaResponse::Ok)
+            }
+            MetaCommand::SalvageDone {
+                topic_id,
+                partition,
+                from,
+            } => {
+                self.salvage.retain(|c| {
+                    !(c.topic_id == *topic_id && c.partition == *partition && c.from == *from)
+                });
                 Ok(MetaResponse::Ok)
             }
             MetaCommand::AbortMove {
@@ -1382,6 +1441,78 @@ mod move_tests {
         let before = s.clone();
         s.apply(&complete(0, "a", "d", 1)).unwrap();
         assert_eq!(s, before);
+    }
+
+    #[test]
+    fn a_forced_flip_needs_a_dead_owner_and_leaves_a_salvage_claim() {
+        let mut s = cluster();
+        s.apply(&register("d", 2)).unwrap();
+        s.apply(&start(0, "a", "d")).unwrap();
+        let force = |move_id, hwm| MetaCommand::ForceCompleteMove {
+            topic: "t".into(),
+            topic_id: 0,
+            partition: 0,
+            from: "a".into(),
+            to: "d".into(),
+            move_id,
+            high_watermark: hwm,
+        };
+        // The owner is alive: the move must complete by handoff.
+        assert!(matches!(
+            refused(&mut s, force(1, 40)),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&MetaCommand::MarkMemberDead {
+            id: "a".into(),
+            last_seen_ms: 1,
+        })
+        .unwrap();
+        // Wrong move id: refused even with a dead owner.
+        assert!(matches!(
+            refused(&mut s, force(9, 40)),
+            ApplyError::Conflict(_)
+        ));
+        s.apply(&force(1, 40)).unwrap();
+        assert_eq!(a(&s, 0).owner.as_deref(), Some("d"));
+        assert_eq!(a(&s, 0).target, None);
+        assert_eq!(
+            s.salvage_claim(0, 0, "a").map(|c| c.high_watermark),
+            Some(40)
+        );
+        // Retried: Ok, unchanged.
+        let before = s.clone();
+        s.apply(&force(1, 40)).unwrap();
+        assert_eq!(s, before);
+        // Settled once; settling again is a no-op.
+        let done = MetaCommand::SalvageDone {
+            topic_id: 0,
+            partition: 0,
+            from: "a".into(),
+        };
+        s.apply(&done).unwrap();
+        assert!(s.salvage.is_empty());
+        s.apply(&done).unwrap();
+        // Deleting the topic drops its claims.
+        s.apply(&start(1, "b", "d")).unwrap();
+        s.apply(&MetaCommand::MarkMemberDead {
+            id: "b".into(),
+            last_seen_ms: 1,
+        })
+        .unwrap();
+        s.apply(&MetaCommand::ForceCompleteMove {
+            topic: "t".into(),
+            topic_id: 0,
+            partition: 1,
+            from: "b".into(),
+            to: "d".into(),
+            move_id: 2,
+            high_watermark: 3,
+        })
+        .unwrap();
+        assert_eq!(s.salvage.len(), 1);
+        s.apply(&MetaCommand::DeleteTopic { name: "t".into() })
+            .unwrap();
+        assert!(s.salvage.is_empty());
     }
 
     #[test]

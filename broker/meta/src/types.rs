@@ -214,6 +214,26 @@ pub enum MetaCommand {
         to: NodeId,
         move_id: u64,
     },
+    /// The target's flip when the owner `from` stayed dead (SPEC §6.5): like `CompleteMove`,
+    /// and only while `from` is marked dead; the copy holds the owner's records below
+    /// `high_watermark` (its last known high watermark). Records a returning `from` holds
+    /// past it are re-produced (a [`SalvageClaim`], settled by `SalvageDone`).
+    ForceCompleteMove {
+        topic: String,
+        topic_id: u64,
+        partition: u32,
+        from: NodeId,
+        to: NodeId,
+        move_id: u64,
+        high_watermark: u64,
+    },
+    /// `from` re-produced what its old copy held past the claim's high watermark (or had
+    /// nothing more): the claim goes. `Ok` when there is no such claim.
+    SalvageDone {
+        topic_id: u64,
+        partition: u32,
+        from: NodeId,
+    },
     /// Abandons move `move_id` of a partition (`target := None`). A no-op (`Ok`) when that
     /// move is no longer in flight (completed or aborted before), so once it is applied the
     /// move can never complete.
@@ -420,4 +440,33 @@ pub struct MetaState {
     /// The last move id handed out (`Assignment::move_id`); only grows.
     #[serde(default)]
     pub last_move_id: u64,
+    /// Partitions force-promoted away from a dead owner whose old copy may hold records
+    /// past the promoted high watermark (SPEC §6.5): that node re-produces them before it
+    /// deletes the copy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub salvage: Vec<SalvageClaim>,
+}
+
+/// A force-promoted partition's old copy: records of `topic_id`/`partition` at offsets
+/// `high_watermark..` on node `from` are not in the promoted copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SalvageClaim {
+    pub topic_id: u64,
+    pub partition: u32,
+    pub from: NodeId,
+    pub high_watermark: u64,
+}
+
+impl MetaState {
+    /// The salvage claim on `from`'s old copy of a partition, if any.
+    pub fn salvage_claim(
+        &self,
+        topic_id: u64,
+        partition: u32,
+        from: &str,
+    ) -> Option<&SalvageClaim> {
+        self.salvage
+            .iter()
+            .find(|c| c.topic_id == topic_id && c.partition == partition && c.from == from)
+    }
 }

@@ -579,21 +579,21 @@ async fn settle_remote(
         status: e.status.as_u16(),
         error: Some(e.message.clone()),
     };
-    let body = serde_json::to_vec(&SettleRequest {
-        topic_id: topic.id,
-        topic: topic.name.clone(),
-        how,
-        handles,
-    })
-    .expect("invariant: a settle request serialises");
-    match node
-        .cluster
-        .call(
-            owner,
-            Opcode::AckBatch,
-            Bytes::from(body),
-            crate::rpc::DEFAULT_TIMEOUT,
+    let request = |handles: Vec<String>| {
+        Bytes::from(
+            serde_json::to_vec(&SettleRequest {
+                topic_id: topic.id,
+                topic: topic.name.clone(),
+                how,
+                handles,
+            })
+            .expect("invariant: a settle request serialises"),
         )
+    };
+    let timeout = crate::rpc::DEFAULT_TIMEOUT;
+    let cluster = &node.cluster;
+    match cluster
+        .rpc_call(owner, Opcode::AckBatch, request(handles.clone()), timeout)
         .await
     {
         Ok(r) if r.is_success() => match serde_json::from_slice::<BatchAckResponse>(&r.body) {
@@ -606,7 +606,27 @@ async fn settle_remote(
             ],
         },
         Ok(r) => vec![fail(&crate::cluster::reply_error(&r)); n],
-        Err(e) => vec![fail(&e); n],
+        // An owner of an older build: one settle per handle with the opcode of its kind.
+        Err(crate::rpc::RpcError::PeerTooOld { .. }) => {
+            let mut out = Vec::with_capacity(n);
+            for h in handles {
+                out.push(
+                    match cluster
+                        .call(owner, how.opcode(), request(vec![h]), timeout)
+                        .await
+                    {
+                        Ok(r) if r.is_success() => AckResult {
+                            status: 204,
+                            error: None,
+                        },
+                        Ok(r) => fail(&crate::cluster::reply_error(&r)),
+                        Err(e) => fail(&e),
+                    },
+                );
+            }
+            out
+        }
+        Err(e) => vec![fail(&crate::cluster::rpc_unavailable(owner, &e)); n],
     }
 }
 

@@ -10,7 +10,7 @@ use narad_storage::NewRecord;
 use super::wire::{
     AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest, GetTopicReply, GetTopicRequest,
     HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
-    SettleRequest, StatsRequest,
+    SettleRequest, StatsRequest, TransferRequest,
 };
 use super::{error_reply, forward_opcode, TopicLookup};
 use crate::error::ApiError;
@@ -39,7 +39,11 @@ impl RpcHandler for NodeRpc {
             let Some(node) = self.node.get().cloned() else {
                 return RpcReply::error(503, "node is starting");
             };
-            let Some(opcode) = Opcode::from_u8(op) else {
+            node.metrics
+                .rpc_served
+                .get_or_create(&crate::metrics::RpcOpLabels { opcode: op })
+                .inc();
+            let Some(opcode) = Opcode::from_u8(op).filter(|_| !simulated_unknown(op)) else {
                 return RpcReply::unsupported(op);
             };
             match opcode {
@@ -56,7 +60,7 @@ impl RpcHandler for NodeRpc {
                 | Opcode::AbortMove
                 | Opcode::DecommissionMember => propose(&node, from, opcode, &body).await,
                 Opcode::ListPartitionSegments => match json::<PartitionRef>(&body) {
-                    Ok(req) => super::moves::serve_list(&node, req),
+                    Ok(req) => super::moves::serve_list(&node, req).await,
                     Err(r) => r,
                 },
                 Opcode::FetchSegmentChunk => match json::<ChunkRequest>(&body) {
@@ -72,8 +76,16 @@ impl RpcHandler for NodeRpc {
                     Err(r) => r,
                 },
                 Opcode::GetTopic => get_topic(&node, &body).await,
+                Opcode::TransferLeadership => match json::<TransferRequest>(&body) {
+                    Ok(req) => match node.meta.elect_now(req.last_index).await {
+                        Ok(()) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+                        Err(e) => meta_error_reply(e),
+                    },
+                    Err(r) => r,
+                },
                 Opcode::JoinCluster => join(&node, &body).await,
-                Opcode::CommitProduceBatch => commit(&node, from, body).await,
+                Opcode::CommitProduceBatch => commit(&node, from, body, None).await,
+                Opcode::CommitProduce => commit(&node, from, body, Some(1)).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {
                     Ok(req) => crate::api::consume::serve_forwarded(&node, req).await,
                     Err(r) => r,
@@ -105,6 +117,18 @@ impl RpcHandler for NodeRpc {
             }
         })
     }
+}
+
+/// Opcodes this node answers as unknown, to play a node of an older build in mixed-version
+/// tests: `NARAD_TEST_RPC_UNSUPPORTED=11,31` (comma-separated opcodes; unset in production).
+fn simulated_unknown(op: u8) -> bool {
+    static SET: OnceLock<Vec<u8>> = OnceLock::new();
+    SET.get_or_init(|| {
+        std::env::var("NARAD_TEST_RPC_UNSUPPORTED")
+            .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    })
+    .contains(&op)
 }
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RpcReply> {
@@ -139,6 +163,9 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
         if node.meta.is_leader() && !node.meta.voters().iter().any(|(v, _)| v == from) {
             return RpcReply::error(409, "not a voter of this cluster (removed)");
         }
+    }
+    if node.cluster.handing_off() {
+        return RpcReply::error(503, "not the metadata leader; handing leadership off");
     }
     if !node.meta.is_leader() {
         let leader = node.meta.current_leader().map(|l| l.0);
@@ -221,11 +248,22 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
 }
 
 /// `CommitProduceBatch`: commit into a partition this node owns; `200` once visible.
-async fn commit(node: &Arc<Node>, from: &str, body: Bytes) -> RpcReply {
+/// `CommitProduceBatch`, or `CommitProduce` (`exactly: Some(1)`: the same encoding holding
+/// one record).
+async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize>) -> RpcReply {
     let batch = match CommitBatch::decode(body) {
         Ok(b) => b,
         Err(e) => return RpcReply::error(400, &e),
     };
+    if let Some(n) = exactly.filter(|n| *n != batch.records.len()) {
+        return RpcReply::error(
+            400,
+            &format!(
+                "this operation commits {n} record, got {}",
+                batch.records.len()
+            ),
+        );
+    }
     let topic = match node.cluster.topic_by_id(batch.topic_id) {
         TopicLookup::Known(t) => t,
         TopicLookup::Deleted => return RpcReply::error(404, "topic deleted"),

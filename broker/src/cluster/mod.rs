@@ -96,6 +96,8 @@ pub struct Cluster {
     admitted: AtomicBool,
     /// This node's member record reached the metadata.
     registered: AtomicBool,
+    /// A leader shutting down takes no metadata writes while it hands leadership off.
+    handing_off: AtomicBool,
     /// Moves in progress on this node (copies in, freezes, deletions).
     pub moves: moves::Tracker,
     by_id: ArcSwap<TopicIndex>,
@@ -132,6 +134,7 @@ impl Cluster {
             timing,
             admitted: AtomicBool::new(!clustered),
             registered: AtomicBool::new(false),
+            handing_off: AtomicBool::new(false),
             moves: moves::Tracker::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
         }
@@ -149,6 +152,81 @@ impl Cluster {
     }
     pub(crate) fn set_registered(&self) {
         self.registered.store(true, Ordering::Release);
+    }
+    /// Whether this node (a leader shutting down) is handing leadership off.
+    pub fn handing_off(&self) -> bool {
+        self.handing_off.load(Ordering::Acquire)
+    }
+
+    /// Graceful shutdown of the leader (SPEC §6.2): stop taking metadata writes, wait until
+    /// another voter holds every entry, ask it to start an election (`TransferLeadership`),
+    /// and wait until it leads. Returns how long that took; `None` when leadership stayed
+    /// here (not the leader, no caught-up voter within the budget, or the successor did not
+    /// win), in which case this node takes writes again until it stops.
+    pub async fn hand_off_leadership(&self) -> Option<Duration> {
+        if !self.clustered || !self.meta.is_leader() || self.meta.voters().len() < 2 {
+            return None;
+        }
+        let started = tokio::time::Instant::now();
+        let deadline = started + HANDOFF_BUDGET;
+        self.handing_off.store(true, Ordering::Release);
+        let moved = async {
+            let ((to, _), last_index) = loop {
+                if let Some(v) = self.meta.caught_up_voter() {
+                    break v;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    tracing::warn!("no voter caught up in time; leadership stays until the node stops");
+                    return false;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            self.meta.set_electing(false);
+            let body = Bytes::from(
+                serde_json::to_vec(&wire::TransferRequest { last_index })
+                    .expect("invariant: serialises"),
+            );
+            // The successor's first election can fail: a leader elected less than a lease
+            // ago still refuses votes. That failed round makes this node step down, so the
+            // request is repeated until the successor leads.
+            let mut asked = None::<tokio::time::Instant>;
+            while tokio::time::Instant::now() < deadline {
+                if let Some((leader, _)) = self.meta.current_leader() {
+                    if leader != self.node_id && !self.meta.is_leader() {
+                        tracing::info!(to = %leader, ms = started.elapsed().as_millis() as u64,
+                            "metadata leadership handed off");
+                        return true;
+                    }
+                }
+                if asked.is_none_or(|t| t.elapsed() >= HANDOFF_RETRY) {
+                    asked = Some(tokio::time::Instant::now());
+                    match self
+                        .call(&to, Opcode::TransferLeadership, body.clone(), HANDOFF_RETRY)
+                        .await
+                    {
+                        Ok(r) if r.is_success() => {}
+                        Ok(r) => {
+                            tracing::warn!(to = %to, error = %reply_error(&r).message, "leadership handoff refused");
+                            return false;
+                        }
+                        Err(e) => {
+                            tracing::warn!(to = %to, error = %e.message, "leadership handoff failed");
+                            return false;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tracing::warn!(to = %to, "the successor did not take over in time");
+            false
+        }
+        .await;
+        if moved {
+            return Some(started.elapsed());
+        }
+        self.meta.set_electing(true);
+        self.handing_off.store(false, Ordering::Release);
+        None
     }
 
     /// Looks a topic up by id in the current view (index rebuilt when the view changes).
@@ -213,13 +291,35 @@ impl Cluster {
         body: Bytes,
         timeout: Duration,
     ) -> ApiResult<RpcReply> {
+        self.rpc_call(id, op, body, timeout)
+            .await
+            .map_err(|e| rpc_unavailable(id, &e))
+    }
+
+    /// Calls `op` on node `id` and returns the transport's own error (e.g.
+    /// [`RpcError::PeerTooOld`], for callers with an older opcode to fall back to).
+    pub async fn rpc_call(
+        &self,
+        id: &str,
+        op: Opcode,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<RpcReply, RpcError> {
         if self.peers.get(id).is_none() {
             self.sync_peers(&self.meta.view());
         }
-        self.peers
-            .call(id, op, body, timeout)
-            .await
-            .map_err(|e| rpc_unavailable(id, &e))
+        self.peers.call(id, op, body, timeout).await
+    }
+
+    /// Whether node `id` answers a ping within a second.
+    pub async fn reachable(&self, id: &str) -> bool {
+        if self.peers.get(id).is_none() {
+            self.sync_peers(&self.meta.view());
+        }
+        match self.peers.get(id) {
+            Some(c) => c.ping(Duration::from_secs(1)).await.is_ok(),
+            None => false,
+        }
     }
 
     /// Proposes a metadata command: on the leader directly, elsewhere forwarded to the leader
@@ -237,6 +337,11 @@ impl Cluster {
         for attempt in 0..5u32 {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+            }
+            if self.meta.is_leader() && self.handing_off() {
+                // Leadership is moving away: the write goes to the successor shortly.
+                last = ApiError::unavailable("the metadata leader is handing off", 1);
+                continue;
             }
             if self.meta.is_leader() {
                 match self.meta.write(cmd.clone()).await {
@@ -341,6 +446,11 @@ impl Cluster {
     }
 }
 
+/// The most a leader's shutdown waits for its handoff.
+const HANDOFF_BUDGET: Duration = Duration::from_secs(3);
+/// How often a handing-off leader repeats its request to the successor.
+const HANDOFF_RETRY: Duration = Duration::from_millis(150);
+
 /// The opcode a command is forwarded with; `None` for leader-only commands.
 pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
     Some(match cmd {
@@ -355,7 +465,10 @@ pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
         MetaCommand::CreateUser { .. } => Opcode::CreateUser,
         MetaCommand::SetGrants { .. } | MetaCommand::SetPassword { .. } => Opcode::UpdateUser,
         MetaCommand::DeleteUser { .. } => Opcode::DeleteUser,
-        MetaCommand::CompleteMove { .. } => Opcode::CompleteMove,
+        // The forced flip and the settling of its salvage claim finish a move too.
+        MetaCommand::CompleteMove { .. }
+        | MetaCommand::ForceCompleteMove { .. }
+        | MetaCommand::SalvageDone { .. } => Opcode::CompleteMove,
         MetaCommand::AbortMove { .. } => Opcode::AbortMove,
         MetaCommand::SetDraining { .. } => Opcode::DecommissionMember,
         MetaCommand::SeedRoot { .. }

@@ -40,12 +40,13 @@ use super::wire::{
     AssignmentReply, AssignmentRequest, ChunkRequest, HandoffReply, HandoffRequest, PartitionRef,
     SegmentInfo, SegmentList, SmallFile, MAX_CHUNK,
 };
-use super::{error_reply, reply_error, TopicLookup};
+use super::{error_reply, reply_error, Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::MoveOutcomeLabels;
 use crate::node::Node;
 use crate::partition::{Partition, Released};
 use crate::rpc::{Opcode, RpcReply};
+use crate::wal::WalRecord;
 
 /// How long an owner stays frozen for a move's final copy before it aborts the move.
 pub const FREEZE: Duration = Duration::from_secs(5);
@@ -98,8 +99,9 @@ fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, 
         })
 }
 
-/// `ListPartitionSegments`: the owner's segment files with their committed sizes.
-pub fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
+/// `ListPartitionSegments`: the owner's segment files with their committed sizes, the
+/// queue frontier and the fan-out cursors, all as of one instant.
+pub async fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
     let topic = match topic_partition(node, req.topic_id, req.partition) {
         Ok(t) => t,
         Err(r) => return r,
@@ -112,19 +114,24 @@ pub fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
         Err(r) => return r,
     };
     part.touch();
-    RpcReply::json(
-        200,
-        &SegmentList {
-            high_watermark: part.log.high_watermark(),
-            oldest_offset: part.log.oldest_offset(),
-            files: part
-                .log
-                .segment_files()
-                .into_iter()
-                .map(SegmentInfo::from)
-                .collect(),
-        },
-    )
+    let listed = tokio::task::spawn_blocking(move || {
+        let state = part.committed_state();
+        (state, read_small_files(part.dir()))
+    })
+    .await;
+    match listed {
+        Ok((state, small_files)) => RpcReply::json(
+            200,
+            &SegmentList {
+                high_watermark: state.high_watermark,
+                oldest_offset: state.oldest_offset,
+                files: state.files.into_iter().map(SegmentInfo::from).collect(),
+                frontier: Some(state.frontier),
+                small_files,
+            },
+        ),
+        Err(e) => RpcReply::error(500, &format!("list task failed: {e}")),
+    }
 }
 
 /// `FetchSegmentChunk`: raw committed bytes of one segment file.
@@ -311,11 +318,16 @@ fn assignment_in(view: &narad_meta::MetaState, topic_id: u64, p: u32) -> Option<
         .and_then(|t| t.assignments.get(p as usize).cloned())
 }
 
-/// The leader's current assignment of a partition (`None`: the topic or partition is gone).
-async fn confirmed_assignment(node: &Node, topic_id: u64, p: u32) -> ApiResult<Option<Assignment>> {
+/// The leader's current assignment of a partition (`None`: the topic or partition is gone),
+/// with the leader's applied index it was read at.
+async fn confirmed_assignment(
+    node: &Node,
+    topic_id: u64,
+    p: u32,
+) -> ApiResult<(u64, Option<Assignment>)> {
     if node.meta.is_leader() {
-        node.meta.barrier().await.map_err(ApiError::from)?;
-        return Ok(assignment_in(&node.meta.view(), topic_id, p));
+        let index = node.meta.barrier().await.map_err(ApiError::from)?;
+        return Ok((index, assignment_in(&node.meta.view(), topic_id, p)));
     }
     let Some((leader, _)) = node.meta.current_leader() else {
         return Err(ApiError::unavailable("no metadata leader", 1));
@@ -339,7 +351,7 @@ async fn confirmed_assignment(node: &Node, topic_id: u64, p: u32) -> ApiResult<O
     }
     let a: AssignmentReply = serde_json::from_slice(&r.body)
         .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
-    Ok(a.assignment)
+    Ok((a.index, a.assignment))
 }
 
 /// The moves this node takes part in: starts a copy for every assignment targeting it, and
@@ -347,6 +359,7 @@ async fn confirmed_assignment(node: &Node, topic_id: u64, p: u32) -> ApiResult<O
 pub async fn run(node: Arc<Node>) {
     let mut rx = node.meta.subscribe();
     let mut last_janitor = Instant::now();
+    let mut orphans_checked = false;
     loop {
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
@@ -354,6 +367,11 @@ pub async fn run(node: Arc<Node>) {
             _ = node.shutdown_signal() => return,
         }
         let view = node.meta.view();
+        if !orphans_checked && node.is_ready() {
+            // Once per start, with a view that has caught up enough to serve.
+            orphans_checked = true;
+            node.registry.release_orphans(&view.topics, &node.node_id);
+        }
         for t in view.topics.values() {
             for (p, a) in t.assignments.iter().enumerate() {
                 if a.target.as_deref() != Some(node.node_id.as_str()) {
@@ -377,7 +395,8 @@ pub async fn run(node: Arc<Node>) {
 }
 
 /// Deletes released partition directories the leader confirms this node neither owns nor
-/// receives; keeps the others for a later try.
+/// receives; keeps the others for a later try. A directory a force promotion left behind
+/// first gives its records past the promoted high watermark back to the WAL (salvage).
 async fn janitor(node: Arc<Node>) {
     let released = node.registry.take_released();
     if released.is_empty() {
@@ -401,20 +420,23 @@ async fn janitor(node: Arc<Node>) {
         }
         let me = node.node_id.as_str();
         match confirmed_assignment(&node, r.topic_id, r.partition).await {
-            Ok(Some(a)) if a.owner.as_deref() != Some(me) && a.target.as_deref() != Some(me) => {
-                let dir = r.dir.clone();
-                let res = tokio::task::spawn_blocking(move || remove_dir(&dir)).await;
-                match res {
-                    Ok(Ok(())) => {
+            Ok((index, Some(a)))
+                if a.owner.as_deref() != Some(me) && a.target.as_deref() != Some(me) =>
+            {
+                match retire(&node, &r, index).await {
+                    Ok(()) => {
                         tracing::info!(topic = %r.topic, partition = r.partition, dir = %r.dir.display(), "removed the copy of a partition moved away")
                     }
-                    _ => keep.push(r),
+                    Err(e) => {
+                        tracing::warn!(topic = %r.topic, partition = r.partition, error = %e, "cannot remove a moved partition's old copy yet");
+                        keep.push(r);
+                    }
                 }
             }
             // Owned or received here again: not garbage.
-            Ok(Some(_)) => {}
+            Ok((_, Some(_))) => {}
             // The topic is gone: its deletion removes the data.
-            Ok(None) => {}
+            Ok((_, None)) => {}
             Err(e) => {
                 tracing::debug!(error = %e.message, "cannot confirm a moved partition's removal yet");
                 keep.push(r);
@@ -423,6 +445,89 @@ async fn janitor(node: Arc<Node>) {
         node.cluster.moves.release(key);
     }
     node.registry.keep_released(keep);
+}
+
+/// Removes an old copy the leader confirmed (as of its applied `index`) is not this node's:
+/// once the local replica has applied that index, a salvage claim on it is settled first.
+async fn retire(node: &Arc<Node>, r: &Released, index: u64) -> Result<(), String> {
+    if !node.meta.wait_applied(index, Duration::from_secs(5)).await {
+        return Err("the local replica is behind the leader".into());
+    }
+    let claim = node
+        .meta
+        .view()
+        .salvage_claim(r.topic_id, r.partition, &node.node_id)
+        .cloned();
+    if let Some(claim) = claim {
+        let n = salvage(node, r, claim.high_watermark).await?;
+        node.metrics.moves_salvaged.inc_by(n as u64);
+        tracing::warn!(topic = %r.topic, partition = r.partition, records = n, from_offset = claim.high_watermark,
+            "re-produced the records a force promotion left behind on this node");
+        node.cluster
+            .propose(MetaCommand::SalvageDone {
+                topic_id: r.topic_id,
+                partition: r.partition,
+                from: node.node_id.clone(),
+            })
+            .await
+            .map_err(|e| format!("settle the salvage claim: {}", e.message))?;
+    }
+    let dir = r.dir.clone();
+    tokio::task::spawn_blocking(move || remove_dir(&dir))
+        .await
+        .map_err(|e| format!("remove task failed: {e}"))?
+        .map_err(|e| format!("remove {}: {e}", r.dir.display()))
+}
+
+/// Appends the records of the old copy at `r.dir` from offset `from` on to the WAL, for the
+/// dispatcher to commit to the partition's owner (duplicates if this repeats, never loss).
+/// Returns how many.
+async fn salvage(node: &Arc<Node>, r: &Released, from: u64) -> Result<usize, String> {
+    let (dir, cfg) = (r.dir.join("log"), node.registry.log_config().clone());
+    let log = tokio::task::spawn_blocking(move || PartitionLog::open(&dir, cfg))
+        .await
+        .map_err(|e| format!("open task failed: {e}"))?
+        .map_err(|e| format!("open the old copy: {e}"))?;
+    let log = Arc::new(log);
+    let mut offset = from.max(log.oldest_offset());
+    let mut total = 0;
+    while offset < log.high_watermark() {
+        let l = log.clone();
+        let read = tokio::task::spawn_blocking(move || l.read_from(offset, 512, 4 << 20))
+            .await
+            .map_err(|e| format!("read task failed: {e}"))?;
+        let records = match read {
+            Ok(rs) if !rs.is_empty() => rs,
+            Ok(_) => break,
+            Err(StorageError::Unreadable {
+                offset: bad,
+                reason,
+            }) => {
+                tracing::error!(topic = %r.topic, partition = r.partition, offset = bad, %reason, "skipping an unreadable record of an old copy");
+                offset = bad + 1;
+                continue;
+            }
+            Err(e) => return Err(format!("read the old copy at {offset}: {e}")),
+        };
+        offset = records.last().map_or(offset, |x| x.offset + 1);
+        total += records.len();
+        let batch = records
+            .into_iter()
+            .map(|x| WalRecord {
+                topic_id: r.topic_id,
+                partition: r.partition,
+                pinned: false,
+                key: x.key,
+                payload: x.payload,
+            })
+            .collect();
+        node.wal
+            .append(batch)
+            .await
+            .map_err(|e| format!("append to the WAL: {e}"))?;
+    }
+    log.close();
+    Ok(total)
 }
 
 fn remove_dir(dir: &Path) -> std::io::Result<()> {
@@ -462,13 +567,47 @@ fn staging_dir(node: &Node, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
         .join(format!("{p}.move-{move_id}"))
 }
 
+/// How long a move's source must stay marked dead before a copy that reached its last
+/// known high watermark is force-promoted (SPEC §6.5). `NARAD_TEST_FORCE_PROMOTE_MS`
+/// shortens it in tests.
+fn force_promote_after() -> Duration {
+    std::env::var("NARAD_TEST_FORCE_PROMOTE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(120))
+}
+
+/// `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: a pause between the pre-copy and the handoff, so
+/// tests can act while a move is half done. Unset in production.
+fn test_pause_before_handoff() -> Option<Duration> {
+    std::env::var("NARAD_TEST_MOVE_HANDOFF_PAUSE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+}
+
 /// The target's side of one move, retried until it completes or is no longer in flight.
+/// While the source answers, a failed attempt starts over from an empty copy; while it is
+/// marked dead the copy is kept, and once it stayed dead [`force_promote_after`] a copy
+/// holding everything of its last listing is promoted.
 async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_id: u64) {
     let key = (topic.id, p);
     let started = Instant::now();
     node.metrics.moves_inflight.inc();
     tracing::info!(topic = %topic.name, partition = p, from = %from, move_id, "copying a partition in");
     let staging = staging_dir(&node, topic.id, p, move_id);
+    let mut progress = Progress::default();
+    let mut dead_since: Option<Instant> = None;
+    let finished = |outcome: &'static str| {
+        node.metrics
+            .moves_total
+            .get_or_create(&MoveOutcomeLabels { outcome })
+            .inc();
+        node.metrics
+            .moves_duration
+            .observe(started.elapsed().as_secs_f64());
+    };
     loop {
         if node.is_shutting_down() {
             break;
@@ -477,17 +616,9 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
             tracing::info!(topic = %topic.name, partition = p, move_id, "move no longer in flight; copy abandoned");
             break;
         }
-        match attempt(&node, &topic, p, &from, move_id, &staging).await {
+        match attempt(&node, &topic, p, &from, move_id, &staging, &mut progress).await {
             Ok(Outcome::Completed) => {
-                node.metrics
-                    .moves_total
-                    .get_or_create(&MoveOutcomeLabels {
-                        outcome: "completed",
-                    })
-                    .inc();
-                node.metrics
-                    .moves_duration
-                    .observe(started.elapsed().as_secs_f64());
+                finished("completed");
                 tracing::info!(topic = %topic.name, partition = p, from = %from, move_id,
                     ms = started.elapsed().as_millis() as u64, "partition moved here");
                 break;
@@ -495,8 +626,35 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
             Ok(Outcome::Abandoned) => break,
             Err(e) => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "move attempt failed; retrying");
-                let s = staging.clone();
-                let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
+                if Cluster::is_alive(&node.meta.view(), &from) {
+                    dead_since = None;
+                    // A source that answers had a reason: start over from an empty copy. One
+                    // that does not may be dying: keep what is copied.
+                    if node.cluster.reachable(&from).await {
+                        progress = Progress::default();
+                        let s = staging.clone();
+                        let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
+                    }
+                } else {
+                    let since = *dead_since.get_or_insert_with(Instant::now);
+                    let due = since.elapsed() >= force_promote_after();
+                    if let Some(list) = progress.promotable().filter(|_| due) {
+                        match force_promote(&node, &topic, p, &from, move_id, &staging, list).await
+                        {
+                            Ok(Outcome::Completed) => {
+                                finished("force_promoted");
+                                tracing::warn!(topic = %topic.name, partition = p, from = %from, move_id,
+                                    high_watermark = list.high_watermark,
+                                    "source stayed dead: its copy up to the last known high watermark was force-promoted");
+                                break;
+                            }
+                            Ok(Outcome::Abandoned) => break,
+                            Err(e) => {
+                                tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "force promotion failed; retrying")
+                            }
+                        }
+                    }
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY) => {}
                     _ = node.shutdown_signal() => break,
@@ -529,6 +687,26 @@ async fn call_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&r.body).map_err(|e| format!("bad reply from {to}: {e}"))
 }
 
+/// What a target knows of its copy across attempts.
+#[derive(Default)]
+struct Progress {
+    /// The last listing of the source that the staged copy holds completely (it may hold
+    /// more: a later round that failed part-way).
+    synced: Option<SegmentList>,
+    /// The highest high watermark the source ever listed.
+    last_known_hwm: u64,
+}
+
+impl Progress {
+    /// The listing a force promotion may install: one that reached the source's last known
+    /// high watermark (SPEC §6.5); otherwise the move waits for the source.
+    fn promotable(&self) -> Option<&SegmentList> {
+        self.synced
+            .as_ref()
+            .filter(|l| l.high_watermark >= self.last_known_hwm)
+    }
+}
+
 /// One try: pre-copy, handoff, tail, verify, install, flip.
 async fn attempt(
     node: &Arc<Node>,
@@ -537,6 +715,7 @@ async fn attempt(
     from: &str,
     move_id: u64,
     staging: &Path,
+    progress: &mut Progress,
 ) -> Result<Outcome, String> {
     let log_dir = staging.join("log");
     tokio::fs::create_dir_all(&log_dir)
@@ -559,10 +738,15 @@ async fn attempt(
             Duration::from_secs(5),
         )
         .await?;
+        progress.last_known_hwm = progress.last_known_hwm.max(list.high_watermark);
         let copied = sync_log(node, from, topic.id, p, &log_dir, &list.files).await?;
+        progress.synced = Some(list);
         if copied < SMALL_TAIL {
             break;
         }
+    }
+    if let Some(pause) = test_pause_before_handoff() {
+        tokio::time::sleep(pause).await;
     }
     if !still_moving(node, topic.id, p, from, move_id) {
         return Ok(Outcome::Abandoned);
@@ -582,35 +766,134 @@ async fn attempt(
     )
     .await?;
     // 3. The tail, exactly as frozen.
+    progress.last_known_hwm = progress.last_known_hwm.max(h.high_watermark);
     sync_log(node, from, topic.id, p, &log_dir, &h.files).await?;
-    let staging2 = staging.to_path_buf();
+    let fin = Final {
+        high_watermark: h.high_watermark,
+        oldest_offset: h.oldest_offset,
+        frontier: h.frontier,
+        small_files: h.small_files,
+    };
+    prepare_copy(node, staging, fin).await?;
+    if frozen_at.elapsed() + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
+        return Err("the final copy outlasted the freeze".into());
+    }
+    // 4. Into place, then the flip.
+    let cmd = MetaCommand::CompleteMove {
+        topic: topic.name.clone(),
+        topic_id: topic.id,
+        partition: p,
+        from: from.to_string(),
+        to: node.node_id.clone(),
+        move_id,
+    };
+    install_and_flip(node, topic, p, staging, cmd).await
+}
+
+/// The source stayed dead: promote the staged copy of its last listing (`ForceCompleteMove`,
+/// which the leader applies only while the source is marked dead). Records the source
+/// committed after that listing stay on its disk; it re-produces them when it returns
+/// (the salvage claim, see [`janitor`]).
+async fn force_promote(
+    node: &Arc<Node>,
+    topic: &Topic,
+    p: u32,
+    from: &str,
+    move_id: u64,
+    staging: &Path,
+    list: &SegmentList,
+) -> Result<Outcome, String> {
+    let fin = Final {
+        high_watermark: list.high_watermark,
+        oldest_offset: list.oldest_offset,
+        frontier: list.frontier.unwrap_or(list.oldest_offset),
+        small_files: list.small_files.clone(),
+    };
+    let (log_dir, files) = (staging.join("log"), list.files.clone());
+    tokio::task::spawn_blocking(move || trim_to(&log_dir, &files))
+        .await
+        .map_err(|e| format!("trim task failed: {e}"))??;
+    prepare_copy(node, staging, fin).await?;
+    let cmd = MetaCommand::ForceCompleteMove {
+        topic: topic.name.clone(),
+        topic_id: topic.id,
+        partition: p,
+        from: from.to_string(),
+        to: node.node_id.clone(),
+        move_id,
+        high_watermark: list.high_watermark,
+    };
+    install_and_flip(node, topic, p, staging, cmd).await
+}
+
+/// Cuts the staged log back to exactly `files` (a later round may have copied more, or files
+/// a later listing dropped may be gone: then this listing cannot be installed).
+fn trim_to(dir: &Path, files: &[SegmentInfo]) -> Result<(), String> {
+    let listed: HashSet<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    for e in std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))? {
+        let e = e.map_err(|e| e.to_string())?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !listed.contains(name.as_str()) {
+            std::fs::remove_file(e.path()).map_err(|e| format!("remove {name}: {e}"))?;
+        }
+    }
+    for f in files {
+        let path = dir.join(&f.name);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("the copy lacks {}: {e}", f.name))?;
+        let have = file.metadata().map_err(|e| e.to_string())?.len();
+        if have < f.size {
+            return Err(format!(
+                "the copy holds {have} of {} bytes of {}",
+                f.size, f.name
+            ));
+        }
+        if have > f.size {
+            file.set_len(f.size)
+                .map_err(|e| format!("truncate {}: {e}", f.name))?;
+            file.sync_all()
+                .map_err(|e| format!("fsync {}: {e}", f.name))?;
+        }
+    }
+    Ok(())
+}
+
+/// What the installed copy must reproduce.
+struct Final {
+    high_watermark: u64,
+    oldest_offset: u64,
+    frontier: u64,
+    small_files: Vec<SmallFile>,
+}
+
+/// Writes the frontier and the cursor files into the staged copy, checks that it reopens at
+/// exactly the high watermark, and makes it durable.
+async fn prepare_copy(node: &Node, staging: &Path, fin: Final) -> Result<(), String> {
+    let staging = staging.to_path_buf();
     let cfg = node.registry.log_config().clone();
-    let h2 = h.clone();
     tokio::task::spawn_blocking(move || -> Result<(), String> {
-        for f in &h2.small_files {
+        for f in &fin.small_files {
             if f.path.contains("..") || f.path.starts_with('/') {
                 return Err(format!("refusing file path {}", f.path));
             }
-            let path = staging2.join(&f.path);
+            let path = staging.join(&f.path);
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
             }
             write_synced(&path, &f.bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         }
-        crate::partition::write_frontier(&staging2, h2.frontier)
+        crate::partition::write_frontier(&staging, fin.frontier)
             .map_err(|e| format!("write frontier: {e}"))?;
         PartitionLog::verify_copy(
-            &staging2.join("log"),
+            &staging.join("log"),
             cfg,
-            h2.oldest_offset,
-            h2.high_watermark,
+            fin.oldest_offset,
+            fin.high_watermark,
         )
         .map_err(|e| format!("the copy does not verify: {e}"))?;
-        for d in [
-            staging2.join("log"),
-            staging2.join("fanout"),
-            staging2.clone(),
-        ] {
+        for d in [staging.join("log"), staging.join("fanout"), staging.clone()] {
             if d.is_dir() {
                 std::fs::File::open(&d)
                     .and_then(|f| f.sync_all())
@@ -620,11 +903,17 @@ async fn attempt(
         Ok(())
     })
     .await
-    .map_err(|e| format!("verify task failed: {e}"))??;
-    if frozen_at.elapsed() + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
-        return Err("the final copy outlasted the freeze".into());
-    }
-    // 4. Into place, then the flip.
+    .map_err(|e| format!("verify task failed: {e}"))?
+}
+
+/// Moves the verified copy into place and proposes the flip `cmd`.
+async fn install_and_flip(
+    node: &Arc<Node>,
+    topic: &Topic,
+    p: u32,
+    staging: &Path,
+    cmd: MetaCommand,
+) -> Result<Outcome, String> {
     let dest = node.registry.partition_dir(topic.id, p);
     if node
         .registry
@@ -648,13 +937,16 @@ async fn attempt(
     .await
     .map_err(|e| format!("install task failed: {e}"))?
     .map_err(|e| format!("install the copy: {e}"))?;
-    let cmd = MetaCommand::CompleteMove {
-        topic: topic.name.clone(),
+    let released = || Released {
         topic_id: topic.id,
+        topic: topic.name.clone(),
         partition: p,
-        from: from.to_string(),
-        to: node.node_id.clone(),
-        move_id,
+        dir: dest.clone(),
+    };
+    let move_id = match &cmd {
+        MetaCommand::CompleteMove { move_id, .. }
+        | MetaCommand::ForceCompleteMove { move_id, .. } => *move_id,
+        _ => 0,
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -665,12 +957,7 @@ async fn attempt(
             }
             Err(e) if e.status.as_u16() == 409 || e.status.as_u16() == 404 => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e.message, "the flip was refused; discarding the copy");
-                node.registry.keep_released(vec![Released {
-                    topic_id: topic.id,
-                    topic: topic.name.clone(),
-                    partition: p,
-                    dir: dest,
-                }]);
+                node.registry.keep_released(vec![released()]);
                 return Ok(Outcome::Abandoned);
             }
             Err(e) if Instant::now() < deadline => {
@@ -680,12 +967,7 @@ async fn attempt(
             Err(e) => {
                 // Unknown outcome: leave the copy in place; the janitor removes it only if
                 // the leader confirms it is not ours.
-                node.registry.keep_released(vec![Released {
-                    topic_id: topic.id,
-                    topic: topic.name.clone(),
-                    partition: p,
-                    dir: dest,
-                }]);
+                node.registry.keep_released(vec![released()]);
                 return Err(format!("flip not confirmed: {}", e.message));
             }
         }

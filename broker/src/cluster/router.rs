@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-
 use super::wire::CommitBatch;
-use super::{reply_error, Cluster, TopicLookup};
+use super::{reply_error, rpc_unavailable, Cluster, TopicLookup};
 use crate::partition::Registry;
-use crate::rpc::{BoxFuture, Opcode, COMMIT_TIMEOUT};
+use crate::rpc::{BoxFuture, Opcode, RpcError, RpcReply, COMMIT_TIMEOUT};
 use crate::wal::dispatcher::{Route, Router};
 
 pub struct NodeRouter {
@@ -59,18 +57,53 @@ impl Router for NodeRouter {
         batch: CommitBatch,
     ) -> BoxFuture<'static, Result<(), String>> {
         let cluster = self.cluster.clone();
-        Box::pin(async move {
-            let body: Bytes = batch.encode();
-            match cluster
-                .call(&owner, Opcode::CommitProduceBatch, body, COMMIT_TIMEOUT)
-                .await
-            {
-                Ok(r) if r.is_success() => Ok(()),
-                Ok(r) => Err(format!("{owner} answered {}", reply_error(&r))),
-                Err(e) => Err(e.message),
-            }
-        })
+        Box::pin(async move { commit_on(&cluster, &owner, batch).await })
     }
+}
+
+/// Commits `batch` on `owner` with `CommitProduceBatch`; a peer too old for it (SPEC §6.6)
+/// gets one `CommitProduce` per record instead. A failure part-way fails the whole batch,
+/// whose re-send then duplicates the records already committed (never a gap).
+pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Result<(), String> {
+    let answered = |r: RpcReply| {
+        if r.is_success() {
+            Ok(())
+        } else {
+            Err(format!("{owner} answered {}", reply_error(&r)))
+        }
+    };
+    let rpc_err = |e: RpcError| rpc_unavailable(owner, &e).message;
+    match cluster
+        .rpc_call(
+            owner,
+            Opcode::CommitProduceBatch,
+            batch.encode(),
+            COMMIT_TIMEOUT,
+        )
+        .await
+    {
+        Err(RpcError::PeerTooOld { .. }) => {}
+        Ok(r) => return answered(r),
+        Err(e) => return Err(rpc_err(e)),
+    }
+    let CommitBatch {
+        topic_id,
+        partition,
+        records,
+    } = batch;
+    for record in records {
+        let one = CommitBatch {
+            topic_id,
+            partition,
+            records: vec![record],
+        };
+        let r = cluster
+            .rpc_call(owner, Opcode::CommitProduce, one.encode(), COMMIT_TIMEOUT)
+            .await
+            .map_err(rpc_err)?;
+        answered(r)?;
+    }
+    Ok(())
 }
 
 /// Fan-out copies to a child partition owned by another node: `CommitProduceBatch` to its
@@ -107,23 +140,9 @@ impl crate::fanout::ChildCommitter for RemoteChildCommitter {
                     })
                     .collect(),
             };
-            match self
-                .cluster
-                .call(
-                    &owner,
-                    Opcode::CommitProduceBatch,
-                    batch.encode(),
-                    COMMIT_TIMEOUT,
-                )
+            commit_on(&self.cluster, &owner, batch)
                 .await
-            {
-                Ok(r) if r.is_success() => Ok(()),
-                Ok(r) => Err(crate::fanout::CommitError(format!(
-                    "{owner} answered {}",
-                    reply_error(&r)
-                ))),
-                Err(e) => Err(crate::fanout::CommitError(e.message)),
-            }
+                .map_err(crate::fanout::CommitError)
         })
     }
 }

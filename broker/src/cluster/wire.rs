@@ -140,6 +140,13 @@ pub struct SegmentList {
     pub high_watermark: u64,
     pub oldest_offset: u64,
     pub files: Vec<SegmentInfo>,
+    /// The queue's committed frontier and the fan-out cursor files at that instant: what a
+    /// copy force-promoted from this listing starts from (SPEC §6.5). Absent from a peer
+    /// that does not report them (then the frontier is the oldest offset: redeliveries).
+    #[serde(default)]
+    pub frontier: Option<u64>,
+    #[serde(default)]
+    pub small_files: Vec<SmallFile>,
 }
 
 /// Largest chunk `FetchSegmentChunk` returns (SPEC §6.5 copies: ≤ 4 MiB per call).
@@ -364,4 +371,11 @@ mod tests {
         huge.put_u32(u32::MAX - 1);
         assert!(CommitBatch::decode(huge.freeze()).is_err());
     }
+}
+
+/// `TransferLeadership` (32): the successor starts an election once its log reaches
+/// `last_index` (the old leader's last entry).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TransferRequest {
+    pub last_index: u64,
 }

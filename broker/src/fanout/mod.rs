@@ -24,8 +24,9 @@
 //! Cluster hooks (see also `sink`): a remote [`ChildCommitter`] for child partitions owned
 //! elsewhere; cursors of parent partitions owned elsewhere report lag over node RPC
 //! (`FanoutCursors`; [`Fanout::lag`] marks them incomplete until then); anchoring a cursor
-//! on a node whose view may be stale needs the leader's confirmation (SPEC §6.1) — here the
-//! standalone view is the truth; a moved partition keeps its cursors if the move copies the
+//! on a node whose view may be stale needs the leader's confirmation (SPEC §6.1): cursor
+//! files of unknown links are removed only once the view is confirmed current
+//! ([`Fanout::confirm_view`]: the node's own registration was applied locally); a moved partition keeps its cursors if the move copies the
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
@@ -140,6 +141,10 @@ pub struct Fanout {
     reconcile_lock: Mutex<()>,
     shutdown: CancellationToken,
     swept: AtomicBool,
+    /// Set once the local view is known to be current (SPEC §6.1): a restarted node may
+    /// hold an old snapshot that lacks a link, so cursor files of links it does not know
+    /// are only removed after that.
+    view_confirmed: AtomicBool,
     rt: tokio::runtime::Handle,
 }
 
@@ -163,6 +168,7 @@ impl Fanout {
             reconcile_lock: Mutex::new(()),
             shutdown: CancellationToken::new(),
             swept: AtomicBool::new(false),
+            view_confirmed: AtomicBool::new(false),
             rt: tokio::runtime::Handle::current(),
         })
     }
@@ -186,6 +192,12 @@ impl Fanout {
             }
         }
         self.stopping.lock().retain(|st| !*st.done.borrow());
+    }
+
+    /// The local view is current: it caught up with the leader after this start (a standalone
+    /// node's view is always current).
+    pub fn confirm_view(&self) {
+        self.view_confirmed.store(true, Ordering::Release);
     }
 
     /// Stops every cursor (positions are persisted as they stop).
@@ -359,9 +371,12 @@ impl Fanout {
                 }
             }
         }
-        // Once per process: remove cursor files of links that no longer exist (detached or
-        // deleted while the node was down). The standalone view is the whole truth here.
-        if !self.shutdown.is_cancelled() && !self.swept.swap(true, Ordering::AcqRel) {
+        // Once per process, with a confirmed view: remove cursor files of links that no
+        // longer exist (detached or deleted while the node was down).
+        if !self.shutdown.is_cancelled()
+            && self.view_confirmed.load(Ordering::Acquire)
+            && !self.swept.swap(true, Ordering::AcqRel)
+        {
             for rt in self.registry.all() {
                 for part in rt.partitions() {
                     let dir = CursorDir::new(part.dir());

@@ -362,11 +362,14 @@ pub enum Opcode {
     ConsumeBatch = 30,
     /// Ack several receipt handles at the partition owner.
     AckBatch = 31,
+    /// The leader, shutting down, asks a caught-up voter to take over: it starts an election
+    /// at once (Narad's extension of the registry).
+    TransferLeadership = 32,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 31] = [
+    pub const ALL: [Opcode; 32] = [
         Opcode::Produce,
         Opcode::Consume,
         Opcode::Ack,
@@ -398,11 +401,12 @@ impl Opcode {
         Opcode::AttachRemoteChild,
         Opcode::ConsumeBatch,
         Opcode::AckBatch,
+        Opcode::TransferLeadership,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
         match v {
-            1..=31 => Some(Opcode::ALL[usize::from(v) - 1]),
+            1..=32 => Some(Opcode::ALL[usize::from(v) - 1]),
             _ => None,
         }
     }
@@ -595,7 +599,7 @@ mod tests {
             16 DetachChild, 17 FanoutCursors, 18 ExtendAck, 19 Nack, 20 GetTopic, \
             21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
             25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
-            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch";
+            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership";
         let entries: Vec<(u8, &str)> = spec
             .split(',')
             .map(|e| {
@@ -611,7 +615,7 @@ mod tests {
             assert_eq!(op.to_string(), format!("{name}({n})"));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(32), None);
+        assert_eq!(Opcode::from_u8(33), None);
         assert_eq!(Opcode::from_u8(255), None);
     }
 
