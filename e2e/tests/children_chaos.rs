@@ -56,7 +56,7 @@ async fn produce_loop(
         seq += 1;
         let id = payload::id(producer, seq);
         // Half the messages keyed: keys travel to the children too.
-        let path = if seq % 2 == 0 {
+        let path = if seq.is_multiple_of(2) {
             format!("{}/produce?key={id}", topic_path("feed"))
         } else {
             format!("{}/produce", topic_path("feed"))

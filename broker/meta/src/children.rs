@@ -326,8 +326,8 @@ fn same_history(a: &[SchemaVersion], b: &[SchemaVersion]) -> bool {
 /// guess). With one live member there is no other choice. Child partitions beyond the
 /// parent's count are placed as usual.
 ///
-/// Cluster hook: `assign_unassigned` (on member registration) still fills waiting partitions
-/// round-robin; the cluster work must make it (and rebalance) anti-affinity aware.
+/// `assign_unassigned` (on member registration) places waiting replica partitions with this
+/// too, after their parents; the rebalance planner keeps twins apart when it can.
 pub(crate) fn assign_replica(live: &[NodeId], parent: Option<&Assignment>, p: u32) -> Assignment {
     let unassigned = Assignment {
         owner: None,
@@ -634,6 +634,60 @@ mod tests {
             refused(&mut s, create_child("y", "nope", 0, 0)),
             ApplyError::NotFound(_)
         ));
+    }
+
+    /// SPEC §5.4 over many cluster and topic sizes, through the state machine: a replica
+    /// child created with its parent inherits the partition count and never shares a node
+    /// with the parent's copy of a partition while ≥ 2 members live — including partitions
+    /// placed later, when a member registers after a time with none live.
+    #[test]
+    fn replica_children_are_anti_affine_across_cluster_and_topic_sizes() {
+        for nodes in 1..=6usize {
+            for partitions in 1..=24u32 {
+                let mut s = MetaState::default();
+                for i in 0..nodes {
+                    register(&mut s, &format!("n{i}"));
+                }
+                create(&mut s, "orders", partitions, None);
+                s.apply(&create_child("orders-copy", "orders", 0, 0))
+                    .unwrap();
+                let (parent, child) = (&s.topics["orders"], &s.topics["orders-copy"]);
+                assert_eq!(child.config.partitions, partitions, "inherited count");
+                for p in 0..partitions as usize {
+                    let (po, co) = (&parent.assignments[p].owner, &child.assignments[p].owner);
+                    assert!(
+                        po.is_some() && co.is_some(),
+                        "n={nodes} parts={partitions} p={p}"
+                    );
+                    if nodes >= 2 {
+                        assert_ne!(po, co, "n={nodes} parts={partitions} p={p}");
+                    }
+                }
+            }
+        }
+        // Partitions waiting for members: every member dead when the topic and its replica
+        // are created; the first member back takes both (the only choice, SPEC §5.4), parent
+        // partitions placed before their replicas. Rebalance spreads them when others join.
+        let mut s = MetaState::default();
+        register(&mut s, "a");
+        s.apply(&MetaCommand::MarkMemberDead {
+            id: "a".into(),
+            last_seen_ms: 1,
+        })
+        .unwrap();
+        create(&mut s, "t", 5, None);
+        s.apply(&create_child("t-copy", "t", 0, 0)).unwrap();
+        assert!(s.topics["t-copy"]
+            .assignments
+            .iter()
+            .all(|a| a.owner.is_none()));
+        register(&mut s, "a");
+        for name in ["t", "t-copy"] {
+            assert!(s.topics[name]
+                .assignments
+                .iter()
+                .all(|a| a.owner.as_deref() == Some("a")));
+        }
     }
 
     #[test]

@@ -204,14 +204,37 @@ impl MetaState {
         if live.is_empty() {
             return;
         }
-        for topic in self.topics.values_mut() {
-            if topic.assignments.iter().all(|a| a.owner.is_some()) {
-                continue;
-            }
-            let topic = Arc::make_mut(topic);
+        // Replica children last, so their parents' partitions are placed first (SPEC §5.4:
+        // a replica partition waits for its parent partition, then avoids its owner).
+        let replica_parent = |name: &str| {
+            self.child_links
+                .get(name)
+                .filter(|l| l.replica)
+                .map(|l| l.parent.clone())
+        };
+        let (replicas, plain): (Vec<String>, Vec<String>) = self
+            .topics
+            .iter()
+            .filter(|(_, t)| t.assignments.iter().any(|a| a.owner.is_none()))
+            .map(|(n, _)| n.clone())
+            .partition(|n| replica_parent(n).is_some());
+        for name in plain {
+            let topic = Arc::make_mut(self.topics.get_mut(&name).expect("invariant: listed"));
             for (p, a) in topic.assignments.iter_mut().enumerate() {
                 if a.owner.is_none() {
                     a.owner = Some(live[p % live.len()].clone());
+                }
+            }
+        }
+        for name in replicas {
+            let parent = replica_parent(&name)
+                .and_then(|pn| self.topics.get(&pn).cloned())
+                .map(|t| t.assignments.clone())
+                .unwrap_or_default();
+            let topic = Arc::make_mut(self.topics.get_mut(&name).expect("invariant: listed"));
+            for (p, a) in topic.assignments.iter_mut().enumerate() {
+                if a.owner.is_none() {
+                    *a = crate::children::assign_replica(&live, parent.get(p), p as u32);
                 }
             }
         }

@@ -45,14 +45,60 @@ pub fn inflight(view: &MetaState) -> usize {
         .count()
 }
 
-/// The receiver of a partition of `name` from `from`: below its quota (any node when only
-/// shedding), fewest of this topic, then most room, then id.
+/// Where each partition is (its owner, or its target while moving), and its replica twins
+/// (SPEC §5.4: partition p of a replica child and partition p of its parent), so planning
+/// can keep the two copies apart.
+struct Placement<'a> {
+    holder: BTreeMap<(&'a str, u32), &'a str>,
+    twins: BTreeMap<(&'a str, u32), Vec<(&'a str, u32)>>,
+}
+
+impl<'a> Placement<'a> {
+    fn new(view: &'a MetaState) -> Self {
+        let mut twins: BTreeMap<(&str, u32), Vec<(&str, u32)>> = BTreeMap::new();
+        for l in view.child_links.values().filter(|l| l.replica) {
+            let (Some(parent), Some(child)) =
+                (view.topics.get(&l.parent), view.topics.get(&l.child))
+            else {
+                continue;
+            };
+            for p in 0..parent.config.partitions.min(child.config.partitions) {
+                twins
+                    .entry((&child.name, p))
+                    .or_default()
+                    .push((&parent.name, p));
+                twins
+                    .entry((&parent.name, p))
+                    .or_default()
+                    .push((&child.name, p));
+            }
+        }
+        Placement {
+            holder: BTreeMap::new(),
+            twins,
+        }
+    }
+
+    /// Whether partition `p` of `name` on node `to` would share it with a twin.
+    fn conflicts(&self, name: &str, p: u32, to: &str) -> bool {
+        self.twins
+            .get(&(name, p))
+            .is_some_and(|ts| ts.iter().any(|t| self.holder.get(t) == Some(&to)))
+    }
+}
+
+/// The receiver of partition `p` of `name` from `from`: below its quota (any node when only
+/// shedding); then one that holds no replica twin of it (balance first, anti-affinity when
+/// it can), fewest of this topic, most room, id.
+#[allow(clippy::too_many_arguments)]
 fn receiver<'a>(
     count: &BTreeMap<&'a str, usize>,
     per_topic: &BTreeMap<(&'a str, &'a str), usize>,
     quota: &BTreeMap<&'a str, usize>,
+    placement: &Placement<'_>,
     shed_only: bool,
     name: &str,
+    p: u32,
     from: &str,
 ) -> Option<&'a str> {
     count
@@ -61,7 +107,10 @@ fn receiver<'a>(
         .min_by(|(a, ca), (b, cb)| {
             let ta = per_topic.get(&(*a, name)).copied().unwrap_or(0);
             let tb = per_topic.get(&(*b, name)).copied().unwrap_or(0);
-            ta.cmp(&tb)
+            placement
+                .conflicts(name, p, a)
+                .cmp(&placement.conflicts(name, p, b))
+                .then(ta.cmp(&tb))
                 .then((**ca as i64 - quota[*a] as i64).cmp(&(**cb as i64 - quota[*b] as i64)))
                 .then(a.cmp(b))
         })
@@ -88,6 +137,7 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
     // Movable partitions per eligible owner, and every partition of draining owners.
     let mut movable: BTreeMap<&str, Vec<(&str, u64, u32)>> = BTreeMap::new();
     let mut shed: Vec<(&str, u64, u32, &str)> = Vec::new();
+    let mut placement = Placement::new(view);
     for t in view.topics.values() {
         for (p, a) in t.assignments.iter().enumerate() {
             let holder = match (&a.owner, &a.target) {
@@ -95,6 +145,7 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
                 (Some(o), None) => o.as_str(),
                 (None, None) => continue,
             };
+            placement.holder.insert((t.name.as_str(), p as u32), holder);
             if let Some(c) = count.get_mut(holder) {
                 *c += 1;
                 *per_topic.entry((holder, t.name.as_str())).or_default() += 1;
@@ -126,11 +177,14 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
         if out.len() >= budget {
             return out;
         }
-        let Some(to) = receiver(&count, &per_topic, &quota, shed_only, name, from) else {
+        let Some(to) = receiver(
+            &count, &per_topic, &quota, &placement, shed_only, name, p, from,
+        ) else {
             continue;
         };
         *count.get_mut(to).expect("invariant: a counted node") += 1;
         *per_topic.entry((to, name)).or_default() += 1;
+        placement.holder.insert((name, p), to);
         out.push(PlannedMove {
             topic: name.to_string(),
             topic_id,
@@ -153,10 +207,17 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
             let best = (0..mine.len())
                 .filter_map(|i| {
                     let (name, _, p) = mine[i];
-                    let to = receiver(&count, &per_topic, &quota, shed_only, name, id)?;
+                    let to = receiver(
+                        &count, &per_topic, &quota, &placement, shed_only, name, p, id,
+                    )?;
                     let at_to = per_topic.get(&(to, name)).copied().unwrap_or(0);
                     let at_me = per_topic.get(&(*id, name)).copied().unwrap_or(0);
+                    // Prefer moving a partition that shares its node with its twin, then
+                    // moves that create no sharing.
+                    let clean_now = !placement.conflicts(name, p, id);
                     Some((
+                        clean_now,
+                        placement.conflicts(name, p, to),
                         at_to,
                         std::cmp::Reverse(at_me),
                         name,
@@ -166,10 +227,11 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
                     ))
                 })
                 .min();
-            let Some((_, _, _, _, i, to)) = best else {
+            let Some((_, _, _, _, _, _, i, to)) = best else {
                 break;
             };
             let (name, topic_id, p) = mine.remove(i);
+            placement.holder.insert((name, p), to);
             *count.get_mut(to).expect("invariant: a counted node") += 1;
             *per_topic.entry((to, name)).or_default() += 1;
             *count.get_mut(id).expect("invariant: a counted node") -= 1;
@@ -468,6 +530,51 @@ mod tests {
         let rest = plan(&s2, 100, false);
         assert_eq!(rest.len(), 1, "{rest:?}");
         assert_eq!(inflight(&s2), 2);
+    }
+
+    /// SPEC §5.4/§6.5: a replica and its parent that had to share one node (it was the only
+    /// one alive) are pulled apart by the rebalance when others join, balance first.
+    #[test]
+    fn rebalance_separates_replica_twins() {
+        let mut s = state(
+            &[
+                ("a", ALIVE, false),
+                ("b", ALIVE, false),
+                ("c", ALIVE, false),
+            ],
+            &[("t", &["a"; 5]), ("t-copy", &["a"; 5]), ("u", &["b", "c"])],
+        );
+        s.child_links.insert(
+            "t-copy".into(),
+            narad_meta::ChildLink {
+                parent: "t".into(),
+                child: "t-copy".into(),
+                epoch: 1,
+                delay_ms: 0,
+                replica: true,
+                parent_partitions_at_attach: 5,
+                attached_at_ms: 0,
+            },
+        );
+        let moves = plan(&s, 100, false);
+        let counts = after(&s, &moves);
+        assert!(counts.values().all(|c| (4..=4).contains(c)), "{counts:?}");
+        let mut owner: BTreeMap<(String, u32), String> = BTreeMap::new();
+        for t in s.topics.values() {
+            for (p, a) in t.assignments.iter().enumerate() {
+                owner.insert((t.name.clone(), p as u32), a.owner.clone().unwrap());
+            }
+        }
+        for m in &moves {
+            owner.insert((m.topic.clone(), m.partition), m.to.clone());
+        }
+        for p in 0..5 {
+            assert_ne!(
+                owner[&("t".to_string(), p)],
+                owner[&("t-copy".to_string(), p)],
+                "partition {p} shares a node: {moves:?}"
+            );
+        }
     }
 
     #[test]

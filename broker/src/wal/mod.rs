@@ -770,7 +770,7 @@ mod tests {
 
     #[test]
     fn frame_round_trip_keeps_empty_and_absent_keys_apart() {
-        let recs = vec![
+        let recs = [
             rec(1, 0, None, "a"),
             rec(2, 1, Some(""), "bb"),
             rec(3, 2, Some("k"), ""),
