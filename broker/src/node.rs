@@ -515,6 +515,8 @@ impl Running {
             Ok(r) => r??,
             Err(_) => tracing::warn!("in-flight requests outlived the shutdown grace"),
         }
+        // Messages prefetched from remote owners go back to them at once.
+        crate::api::consume::release_all_kept(&node).await;
         // Let the dispatcher commit what the WAL holds, so a restart re-sends little.
         let until = Instant::now() + Duration::from_secs(5);
         while node.wal.outstanding() > 0 && Instant::now() < until {

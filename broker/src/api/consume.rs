@@ -123,6 +123,8 @@ enum Found {
     Local(Vec<Got>),
     /// A remote owner's answer, passed on as it is.
     Remote(RpcReply),
+    /// Messages leased on remote owners (prefetched), rendered one by one.
+    Prefetched(Vec<Bytes>),
     Nothing,
 }
 
@@ -134,7 +136,7 @@ const REPROBE_EVERY: Duration = Duration::from_millis(250);
 /// commit, nack or expiry, asking the remote owners again every 250 ms.
 #[allow(clippy::too_many_arguments)]
 async fn lease_spread(
-    node: &Node,
+    node: &Arc<Node>,
     topic: &Topic,
     rt: &TopicRuntime,
     only: Option<u32>,
@@ -153,9 +155,22 @@ async fn lease_spread(
         if !got.is_empty() {
             return Ok(Found::Local(got));
         }
+        if !remotes.is_empty() {
+            let view = node.meta.view();
+            let (kept, stale) = node
+                .cluster
+                .prefetch
+                .take(topic.id, want, |o| Cluster::is_alive(&view, o));
+            release_kept(node, topic, stale);
+            if !kept.is_empty() {
+                return Ok(Found::Prefetched(
+                    kept.into_iter().map(|s| s.body).collect(),
+                ));
+            }
+        }
         if !remotes.is_empty() && Instant::now() >= next_probe {
-            if let Some(reply) = probe_remotes(node, topic, max, remotes).await {
-                return Ok(Found::Remote(reply));
+            if let Some(found) = probe_remotes(node, topic, rt, want, max, remotes).await {
+                return Ok(found);
             }
             next_probe = Instant::now() + REPROBE_EVERY;
         }
@@ -179,29 +194,102 @@ async fn lease_spread(
     }
 }
 
-/// Asks each remote owner once for messages (`wait` 0); the first `200` wins.
+/// Asks each remote owner once for messages (`wait` 0); the first `200` wins. With other
+/// consumes of the topic running here it asks for one message each and keeps the extra
+/// ones for them (see `cluster::prefetch`), waking them.
 async fn probe_remotes(
     node: &Node,
     topic: &Topic,
+    rt: &TopicRuntime,
+    want: usize,
     max: Option<u32>,
     remotes: &[String],
-) -> Option<RpcReply> {
+) -> Option<Found> {
+    let fetch = node.cluster.prefetch.fetch_size(topic.id, want);
+    let ask = if fetch > want {
+        Some(fetch as u32)
+    } else {
+        max
+    };
     for owner in remotes {
         let req = ConsumeRequest {
             topic_id: topic.id,
             topic: topic.name.clone(),
             partition: None,
             offset: None,
-            max,
+            max: ask,
             wait_ms: 0,
         };
-        match forward_consume(node, owner, &req).await {
-            Ok(r) if r.status == 200 => return Some(r),
-            Ok(_) => {}
-            Err(e) => tracing::debug!(owner = %owner, error = %e.message, "consume probe failed"),
+        let r = match forward_consume(node, owner, &req).await {
+            Ok(r) if r.status == 200 => r,
+            Ok(_) => continue,
+            Err(e) => {
+                tracing::debug!(owner = %owner, error = %e.message, "consume probe failed");
+                continue;
+            }
+        };
+        if ask == max {
+            return Some(Found::Remote(r));
+        }
+        let usable = Duration::from_millis(topic.config.visibility_timeout_ms / 2);
+        match node
+            .cluster
+            .prefetch
+            .split(topic.id, owner, &r.body, want, usable)
+        {
+            Ok(split) => {
+                if split.kept > 0 {
+                    rt.notify.notify_waiters();
+                }
+                if !split.mine.is_empty() {
+                    return Some(Found::Prefetched(split.mine));
+                }
+            }
+            Err(e) => {
+                tracing::warn!(owner = %owner, error = %e, "unreadable batch consume answer");
+            }
         }
     }
     None
+}
+
+/// Releases kept messages that can no longer be handed out (`Nack` to their owners), in the
+/// background.
+fn release_kept(node: &Arc<Node>, topic: &Topic, items: Vec<crate::cluster::prefetch::Stashed>) {
+    if items.is_empty() {
+        return;
+    }
+    let mut by_owner: Vec<(String, Vec<String>)> = Vec::new();
+    for s in items {
+        match by_owner.iter_mut().find(|(o, _)| *o == s.owner) {
+            Some((_, v)) => v.push(s.handle),
+            None => by_owner.push((s.owner, vec![s.handle])),
+        }
+    }
+    let (node, topic) = (node.clone(), topic.clone());
+    tokio::spawn(async move {
+        for (owner, handles) in by_owner {
+            settle_remote(&node, &topic, &owner, handles, SettleKind::Nack).await;
+        }
+    });
+}
+
+/// Releases every kept message (a stopping node), waiting for the owners' answers.
+pub async fn release_all_kept(node: &Arc<Node>) {
+    let kept = node.cluster.prefetch.drain();
+    let mut groups: Vec<((u64, String), Vec<String>)> = Vec::new();
+    for (topic_id, s) in kept {
+        let key = (topic_id, s.owner);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => v.push(s.handle),
+            None => groups.push((key, vec![s.handle])),
+        }
+    }
+    for ((topic_id, owner), handles) in groups {
+        if let TopicLookup::Known(topic) = node.cluster.topic_by_id(topic_id) {
+            settle_remote(node, &topic, &owner, handles, SettleKind::Nack).await;
+        }
+    }
 }
 
 async fn forward_consume(node: &Node, owner: &str, req: &ConsumeRequest) -> ApiResult<RpcReply> {
@@ -376,6 +464,7 @@ pub async fn consume(
         None => {
             let rt = node.runtime(&topic)?;
             let remotes = remote_owners(&node, &topic);
+            let _consuming = node.cluster.prefetch.enter(topic.id);
             lease_spread(&node, &topic, &rt, None, want, max, deadline, &remotes).await?
         }
     };
@@ -393,6 +482,10 @@ pub async fn consume(
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Found::Remote(reply) => Ok(reply_response(reply)),
+        Found::Prefetched(bodies) => Ok(json_response(
+            StatusCode::OK,
+            crate::cluster::prefetch::render(&bodies, max.is_some()),
+        )),
         Found::Local(got) => Ok(json_response(
             StatusCode::OK,
             render(&topic, &got, max.is_some()),

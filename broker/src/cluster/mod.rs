@@ -16,6 +16,7 @@ pub mod controller;
 pub mod handler;
 pub mod membership;
 pub mod moves;
+pub mod prefetch;
 pub mod router;
 pub mod wire;
 
@@ -100,6 +101,8 @@ pub struct Cluster {
     handing_off: AtomicBool,
     /// Moves in progress on this node (copies in, freezes, deletions).
     pub moves: moves::Tracker,
+    /// Messages leased on remote owners, kept for this node's next consumes.
+    pub prefetch: prefetch::Prefetch,
     by_id: ArcSwap<TopicIndex>,
 }
 
@@ -136,6 +139,7 @@ impl Cluster {
             registered: AtomicBool::new(false),
             handing_off: AtomicBool::new(false),
             moves: moves::Tracker::default(),
+            prefetch: prefetch::Prefetch::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
         }
     }
