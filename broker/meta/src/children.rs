@@ -799,7 +799,10 @@ mod tests {
             ApplyError::NotFound(_)
         ));
         s.apply(&remote("p", "dr")).unwrap();
-        assert!(s.remote_link("p", "dr").unwrap().epoch > epoch, "fresh epoch");
+        assert!(
+            s.remote_link("p", "dr").unwrap().epoch > epoch,
+            "fresh epoch"
+        );
         // Deleting the parent removes its remote links.
         s.apply(&MetaCommand::DeleteTopic {
             name: "solo".into(),
@@ -839,7 +842,11 @@ mod tests {
         let back: MetaState = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
         assert_eq!(
-            back.remote_link("p", "dr").unwrap().endpoint.password.as_deref(),
+            back.remote_link("p", "dr")
+                .unwrap()
+                .endpoint
+                .password
+                .as_deref(),
             Some("s3cret-pw")
         );
     }
