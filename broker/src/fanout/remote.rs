@@ -67,9 +67,9 @@ pub enum RemoteConfigError {
     Tls(String),
 }
 
-/// The canonical base URL of a remote: `http`/`https`, a host, optional port and path
-/// prefix; no credentials (they go in `username`/`password`), query or fragment; no
-/// trailing `/`.
+/// A remote's base URL, checked: `http`/`https`, a host, optional port and path prefix; no
+/// credentials (they go in `username`/`password`), query or fragment. Returned as given
+/// without trailing `/`.
 pub fn normalize_url(url: &str) -> Result<String, RemoteConfigError> {
     let bad = |why: &str| Err(RemoteConfigError::Url(why.to_string()));
     if url.is_empty() {
@@ -82,12 +82,11 @@ pub fn normalize_url(url: &str) -> Result<String, RemoteConfigError> {
         Ok(u) => u,
         Err(e) => return Err(RemoteConfigError::Url(format!("is not a valid URL: {e}"))),
     };
-    let scheme = match uri.scheme_str() {
-        Some(s) if s.eq_ignore_ascii_case("http") => "http",
-        Some(s) if s.eq_ignore_ascii_case("https") => "https",
+    match uri.scheme_str() {
+        Some(s) if s.eq_ignore_ascii_case("http") || s.eq_ignore_ascii_case("https") => {}
         Some(_) => return bad("must be an http or https URL"),
         None => return bad("must be an absolute http or https URL"),
-    };
+    }
     let Some(authority) = uri.authority() else {
         return bad("must name a host");
     };
@@ -111,8 +110,8 @@ pub fn normalize_url(url: &str) -> Result<String, RemoteConfigError> {
             _ => return bad("has an invalid port"),
         }
     }
-    let path = uri.path().trim_end_matches('/');
-    Ok(format!("{scheme}://{}{path}", authority.as_str()))
+    // As given (clients compare it with what they sent), without the trailing `/`.
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 /// The certificates of a PEM bundle (at least one, each usable as a trust anchor).
@@ -624,7 +623,7 @@ mod tests {
         assert_eq!(ok("http://[::1]:7942"), "http://[::1]:7942");
         assert_eq!(
             ok("HTTPS://dr.example.com/narad/"),
-            "https://dr.example.com/narad"
+            "HTTPS://dr.example.com/narad"
         );
         for bad in [
             "",
