@@ -826,12 +826,22 @@ impl Fanout {
                 n = body.fill(&batch[i..]);
             }
             let single = n == 0;
-            let sent = if single {
-                n = 1;
-                client.send_single(&batch[i]).await
-            } else {
-                client.send_batch(body.bytes()).await
+            let send = async {
+                if single {
+                    client.send_single(&batch[i]).await
+                } else {
+                    client.send_batch(body.bytes()).await
+                }
             };
+            // A stop (detach, shutdown) does not wait for a slow remote: the records are
+            // sent again by the next cursor of this link, if any (at-least-once).
+            let sent = tokio::select! {
+                r = send => r,
+                _ = st.cancel.cancelled() => return false,
+            };
+            if single {
+                n = 1;
+            }
             let (verdict, error, reason) = match &sent {
                 Ok(a) => (
                     remote::classify(a.status, !single, a.retry_after),
