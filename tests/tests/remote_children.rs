@@ -301,6 +301,43 @@ async fn remote_down_and_back_loses_nothing() {
 }
 
 #[tokio::test]
+async fn cursors_survive_kill9_of_the_parent_node() {
+    let (mut local, remote) = tokio::join!(Server::start_default(), Server::start_default());
+    let a = Http::new(local.url());
+    let b = Http::new(remote.url());
+    a.create_topic(&json!({"name": "jobs", "partitions": 3}))
+        .await;
+    b.create_topic(&json!({"name": "jobs", "partitions": 3}))
+        .await;
+    attach(
+        &a,
+        "jobs",
+        &json!({"child": "jobs", "remote": {"url": remote.url()}}),
+    )
+    .await
+    .expect(200);
+    let mut ids = BTreeSet::new();
+    for round in 0..3 {
+        for i in 0..100 {
+            let id = format!("r{round}-{i:03}");
+            a.produce_ok("jobs", "", id.clone()).await;
+            ids.insert(id);
+        }
+        // Killed while copying (or just after): the cursor resumes from its durable
+        // position, so everything arrives (a re-sent batch may duplicate).
+        local.kill9();
+        local.restart().await;
+    }
+    wait_all_arrived(&b, "jobs", &ids, COPY_TIMEOUT).await;
+    let c = wait_state(&a, "jobs", "jobs", "ok", COPY_TIMEOUT).await;
+    assert_eq!(
+        c["remote"],
+        json!({"url": remote.url(), "topic": "jobs"}),
+        "{c}"
+    );
+}
+
+#[tokio::test]
 async fn bad_credentials_block_skip_nothing_and_recover_once_fixed() {
     let (local, remote) = tokio::join!(
         Server::start(ServerOpts::secured("local-admin-pw")),
