@@ -837,6 +837,98 @@ mod tests {
         }
     }
 
+    const TEST_CA: &str = include_str!("testdata/ca.pem");
+    const TEST_CERT: &str = include_str!("testdata/server.pem");
+    const TEST_KEY: &str = include_str!("testdata/server.key");
+
+    /// A one-connection-at-a-time https server (certificate for `localhost`, signed by the
+    /// test CA) answering every request `202`; returns its port.
+    async fn tls_server() -> u16 {
+        use rustls::pki_types::PrivateKeyDer;
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let certs = CertificateDer::pem_slice_iter(TEST_CERT.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(TEST_KEY.as_bytes()).unwrap();
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((sock, _)) = l.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(sock).await else {
+                        return;
+                    };
+                    let mut r = BufReader::new(tls);
+                    loop {
+                        let mut len = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let l = line.trim_end().to_ascii_lowercase();
+                            if l.is_empty() {
+                                break;
+                            }
+                            if let Some(v) = l.strip_prefix("content-length:") {
+                                len = v.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0u8; len];
+                        if r.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let resp = b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n";
+                        if r.get_mut().write_all(resp).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn https_trusts_the_given_ca_and_refuses_an_unknown_one() {
+        let port = tls_server().await;
+        let endpoint = |ca: Option<&str>| RemoteEndpoint {
+            url: format!("https://localhost:{port}"),
+            topic: "t".into(),
+            username: None,
+            password: None,
+            ca_pem: ca.map(str::to_string),
+        };
+        assert_eq!(parse_ca_pem(TEST_CA).unwrap().len(), 1);
+        let trusted = RemoteClient::new(&endpoint(Some(TEST_CA))).unwrap();
+        let a = trusted
+            .send_single(&rec(0, Some(b"k"), b"x"))
+            .await
+            .unwrap();
+        assert_eq!(a.status, 202);
+        let mut body = BatchBody::default();
+        body.fill(&[rec(0, None, b"{}")]);
+        assert_eq!(trusted.send_batch(body.bytes()).await.unwrap().status, 202);
+        // Only the system roots: the test CA is unknown, the handshake fails (retried).
+        let untrusted = RemoteClient::new(&endpoint(None)).unwrap();
+        let e = untrusted
+            .send_single(&rec(0, None, b"x"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.reason(), "network", "{e}");
+        assert!(e.to_string().to_lowercase().contains("certificate"), "{e}");
+    }
+
     #[tokio::test]
     async fn client_sends_credentials_only_in_a_sensitive_header() {
         let c = RemoteClient::new(&RemoteEndpoint {
