@@ -346,7 +346,11 @@ async fn bad_credentials_block_skip_nothing_and_recover_once_fixed() {
     let a = Http::new(local.url()).as_user("admin", "local-admin-pw");
     let b = Http::new(remote.url()).as_user("admin", "remote-admin-pw");
     a.create_topic_named("events").await;
+    a.create_topic_named("events-local").await;
     b.create_topic_named("events-dr").await;
+    attach(&a, "events", &json!({"child": "events-local"}))
+        .await
+        .expect(200);
     let r = attach(
         &a,
         "events",
@@ -373,6 +377,16 @@ async fn bad_credentials_block_skip_nothing_and_recover_once_fixed() {
     );
     assert_eq!(c["lag_messages"], json!(30), "{c}");
     assert_eq!(total(&b, "events-dr").await.unwrap(), 0);
+    // A blocked remote link holds up nothing else: a local child of the same parent gets
+    // every message.
+    let local_child = child_entry(&a, "events", "events-local").await;
+    assert_eq!(local_child["kind"], json!("fanout"), "{local_child}");
+    eventually(COPY_TIMEOUT, Duration::from_millis(100), || async {
+        let n = total(&a, "events-local").await?;
+        anyhow::ensure!(n == 30, "events-local: {n} of 30");
+        Ok(())
+    })
+    .await;
 
     // The user exists but may not produce there: 403, still blocked.
     b.post_json(
