@@ -19,8 +19,9 @@ pub struct AttachChildRequest {
     pub remote: Option<RemoteTarget>,
 }
 
-/// The remote end of a remote child link (ext, SPEC §5.5). Credentials are write-only.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+/// The remote end of a remote child link (ext, SPEC §5.5). Credentials are write-only, and
+/// `Debug` never shows them.
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteTarget {
     pub url: String,
@@ -32,6 +33,19 @@ pub struct RemoteTarget {
     pub password: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for RemoteTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        f.debug_struct("RemoteTarget")
+            .field("url", &self.url)
+            .field("topic", &self.topic)
+            .field("username", &redacted(&self.username))
+            .field("password", &redacted(&self.password))
+            .field("ca_pem_bytes", &self.ca_pem.as_ref().map(String::len))
+            .finish()
+    }
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
@@ -141,6 +155,29 @@ pub struct MoveInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn remote_credentials_never_in_debug_output() {
+        let r = AttachChildRequest {
+            child: "orders-dr".into(),
+            delay_ms: None,
+            remote: Some(RemoteTarget {
+                url: "https://dr.example.com".into(),
+                topic: Some("orders".into()),
+                username: Some("replicator".into()),
+                password: Some("s3cret-pw".into()),
+                ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            }),
+        };
+        let text = format!("{r:?}");
+        assert!(
+            !text.contains("s3cret-pw") && !text.contains("replicator"),
+            "{text}"
+        );
+        assert!(text.contains("dr.example.com"), "{text}");
+        // The wire form still carries them (write-only to the server).
+        assert!(serde_json::to_string(&r).unwrap().contains("s3cret-pw"));
+    }
 
     #[test]
     fn shapes() {

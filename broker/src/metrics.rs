@@ -71,6 +71,14 @@ pub struct FanoutLabels {
     pub child: String,
 }
 
+/// `remote_child_send_errors_total{parent, child, reason}` (SPEC §9 ext).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RemoteSendErrorLabels {
+    pub parent: String,
+    pub child: String,
+    pub reason: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FanoutPartitionLabels {
     pub parent: String,
@@ -145,6 +153,8 @@ pub struct Metrics {
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
     pub fanout: FanoutMetrics,
+    /// Failed sends of remote child links (SPEC §9 ext), by reason.
+    pub remote_child_send_errors: Family<RemoteSendErrorLabels, Counter>,
     /// Moves this node copies in as target (SPEC §9 `moves_*`).
     pub moves_inflight: Gauge,
     pub moves_total: Family<MoveOutcomeLabels, Counter>,
@@ -493,6 +503,12 @@ impl Metrics {
                     Histogram::new(exponential_buckets(256.0, 4.0, 9))
                 ),
             },
+            remote_child_send_errors: reg!(
+                r,
+                "remote_child_send_errors",
+                "Failed sends of remote child links (retried, blocked or skipped), by reason",
+                Family::default()
+            ),
             registry: r,
         }
     }

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use crate::state::fold;
 use crate::types::{
-    ApplyError, Assignment, ChildLink, MetaCommand, MetaResponse, MetaState, NodeId, SchemaVersion,
-    Topic, TopicConfig, TopicPatch, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN, MAX_FANOUT_DELAY_MS,
+    ApplyError, Assignment, ChildLink, MetaCommand, MetaResponse, MetaState, NodeId, RemoteLink,
+    SchemaVersion, Topic, TopicConfig, TopicPatch, DELAY_RETENTION_MARGIN_MS, MAX_CHILDREN,
+    MAX_FANOUT_DELAY_MS,
 };
 
 impl MetaState {
@@ -28,11 +29,47 @@ impl MetaState {
         v
     }
 
+    /// The remote child links of `parent` (SPEC §5.5), in attach order.
+    pub fn remote_links_of(&self, parent: &str) -> Vec<&RemoteLink> {
+        let mut v: Vec<&RemoteLink> = self
+            .remote_links
+            .get(parent)
+            .map(|m| m.values().collect())
+            .unwrap_or_default();
+        v.sort_by_key(|l| l.epoch);
+        v
+    }
+
+    /// The remote link `link` of `parent`, if attached.
+    pub fn remote_link(&self, parent: &str, link: &str) -> Option<&RemoteLink> {
+        self.remote_links.get(parent)?.get(link)
+    }
+
+    /// Every remote link of every parent.
+    pub fn all_remote_links(&self) -> impl Iterator<Item = &RemoteLink> {
+        self.remote_links.values().flat_map(|m| m.values())
+    }
+
+    /// Whether `name` has children, local or remote.
+    fn is_parent(&self, name: &str) -> bool {
+        self.child_links.values().any(|l| l.parent == name)
+            || self.remote_links.get(name).is_some_and(|m| !m.is_empty())
+    }
+
+    /// Local and remote children of `parent` together (the 108 limit counts both).
+    fn child_count(&self, parent: &str) -> usize {
+        self.child_links
+            .values()
+            .filter(|l| l.parent == parent)
+            .count()
+            + self.remote_links.get(parent).map_or(0, |m| m.len())
+    }
+
     /// `parent`, `child` or `standalone` (SPEC §3.2).
     pub fn role(&self, name: &str) -> &'static str {
         if self.child_links.contains_key(name) {
             "child"
-        } else if self.child_links.values().any(|l| l.parent == name) {
+        } else if self.is_parent(name) {
             "parent"
         } else {
             "standalone"
@@ -62,15 +99,69 @@ impl MetaState {
             MetaCommand::DetachChild { parent, child } => {
                 self.existing_topic(parent)?;
                 match self.child_links.get(child) {
-                    Some(l) if l.parent == *parent => {}
+                    Some(l) if l.parent == *parent => {
+                        self.child_links.remove(child);
+                    }
+                    // A remote link is detached by its name, like a local child.
+                    _ if self.remote_link(parent, child).is_some() => {
+                        let links = self
+                            .remote_links
+                            .get_mut(parent)
+                            .expect("invariant: the link was just found");
+                        links.remove(child);
+                        if links.is_empty() {
+                            self.remote_links.remove(parent);
+                        }
+                    }
                     _ => {
                         return Err(ApplyError::NotFound(format!(
                             "topic {child} is not attached to {parent}"
                         )))
                     }
                 }
-                self.child_links.remove(child);
                 Ok(MetaResponse::Ok)
+            }
+            MetaCommand::AttachRemoteChild {
+                parent,
+                link,
+                endpoint,
+                now_ms,
+            } => {
+                let p = self.existing_topic(parent)?.clone();
+                if let Some(l) = self.child_links.get(parent.as_str()) {
+                    return Err(ApplyError::Conflict(format!(
+                        "role conflict: topic {parent} is a child of {}; children cannot have \
+                         children, local or remote",
+                        l.parent
+                    )));
+                }
+                let taken_locally = self
+                    .child_links
+                    .get(link.as_str())
+                    .is_some_and(|l| l.parent == *parent);
+                if taken_locally || self.remote_link(parent, link).is_some() {
+                    return Err(ApplyError::Conflict(format!(
+                        "{link} is already attached to {parent}"
+                    )));
+                }
+                if self.child_count(parent) >= MAX_CHILDREN {
+                    return Err(ApplyError::Conflict(format!(
+                        "topic {parent} already has {MAX_CHILDREN} children, the most allowed"
+                    )));
+                }
+                self.last_attach_epoch += 1;
+                self.remote_links.entry(parent.clone()).or_default().insert(
+                    link.clone(),
+                    RemoteLink {
+                        parent: parent.clone(),
+                        link: link.clone(),
+                        epoch: self.last_attach_epoch,
+                        endpoint: endpoint.clone(),
+                        parent_partitions_at_attach: p.config.partitions,
+                        attached_at_ms: *now_ms,
+                    },
+                );
+                Ok(MetaResponse::Topic(p))
             }
             MetaCommand::CreateChildTopic {
                 name,
@@ -193,12 +284,17 @@ impl MetaState {
                 l.parent
             )));
         }
-        if self.child_links.values().any(|l| l.parent == child) {
+        if self.remote_link(pname, child).is_some() {
+            return Err(ApplyError::Conflict(format!(
+                "{child} is already attached to {pname} (a remote link of that name)"
+            )));
+        }
+        if self.is_parent(child) {
             return Err(ApplyError::Conflict(format!(
                 "role conflict: topic {child} is a parent; a parent cannot become a child"
             )));
         }
-        if self.children_of(pname).len() >= MAX_CHILDREN {
+        if self.child_count(pname) >= MAX_CHILDREN {
             return Err(ApplyError::Conflict(format!(
                 "topic {pname} already has {MAX_CHILDREN} children, the most allowed"
             )));
@@ -268,6 +364,7 @@ impl MetaState {
     pub(crate) fn unlink_deleted(&mut self, name: &str) {
         self.child_links
             .retain(|child, l| child != name && l.parent != name);
+        self.remote_links.remove(name);
     }
 }
 
@@ -688,6 +785,124 @@ mod tests {
                 .iter()
                 .all(|a| a.owner.as_deref() == Some("a")));
         }
+    }
+
+    fn remote(parent: &str, link: &str) -> MetaCommand {
+        MetaCommand::AttachRemoteChild {
+            parent: parent.into(),
+            link: link.into(),
+            endpoint: crate::types::RemoteEndpoint {
+                url: "https://dr.example.com".into(),
+                topic: link.into(),
+                username: Some("replicator".into()),
+                password: Some("s3cret-pw".into()),
+                ca_pem: None,
+            },
+            now_ms: 9,
+        }
+    }
+
+    #[test]
+    fn remote_links_attach_detach_and_rules() {
+        let mut s = MetaState::default();
+        for t in ["p", "c", "q", "solo"] {
+            create(&mut s, t, 3, None);
+        }
+        s.apply(&attach("p", "c", 0)).unwrap();
+        s.apply(&remote("p", "dr")).unwrap();
+        s.apply(&remote("solo", "solo-dr")).unwrap();
+        assert_eq!(s.role("solo"), "parent", "remote children make a parent");
+        let dr = s.remote_link("p", "dr").unwrap();
+        assert!(dr.epoch > s.parent_link("c").unwrap().epoch, "own epoch");
+        assert_eq!(dr.parent_partitions_at_attach, 3);
+        assert_eq!(
+            s.remote_links_of("p")
+                .iter()
+                .map(|l| l.link.as_str())
+                .collect::<Vec<_>>(),
+            ["dr"]
+        );
+        assert!(matches!(
+            refused(&mut s, remote("nope", "x")),
+            ApplyError::NotFound(_)
+        ));
+        conflict(refused(&mut s, remote("p", "dr")), "already attached");
+        conflict(refused(&mut s, remote("p", "c")), "already attached");
+        conflict(refused(&mut s, remote("c", "x")), "children cannot have");
+        // The names are shared with local children: neither shadows the other.
+        create(&mut s, "dr", 3, None);
+        conflict(refused(&mut s, attach("p", "dr", 0)), "already attached");
+        // A topic with remote children is a parent: it cannot become a child.
+        conflict(refused(&mut s, attach("q", "solo", 0)), "is a parent");
+        // Detach by link name; a second detach is a 404.
+        let epoch = s.remote_link("p", "dr").unwrap().epoch;
+        s.apply(&MetaCommand::DetachChild {
+            parent: "p".into(),
+            child: "dr".into(),
+        })
+        .unwrap();
+        assert!(s.remote_link("p", "dr").is_none());
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::DetachChild {
+                    parent: "p".into(),
+                    child: "dr".into()
+                }
+            ),
+            ApplyError::NotFound(_)
+        ));
+        s.apply(&remote("p", "dr")).unwrap();
+        assert!(
+            s.remote_link("p", "dr").unwrap().epoch > epoch,
+            "fresh epoch"
+        );
+        // Deleting the parent removes its remote links.
+        s.apply(&MetaCommand::DeleteTopic {
+            name: "solo".into(),
+        })
+        .unwrap();
+        assert!(s.remote_links_of("solo").is_empty());
+        assert!(!s.remote_links.contains_key("solo"));
+    }
+
+    #[test]
+    fn the_108_limit_counts_local_and_remote() {
+        let mut s = MetaState::default();
+        create(&mut s, "p", 3, None);
+        for i in 0..MAX_CHILDREN / 2 {
+            create(&mut s, &format!("c{i}"), 3, None);
+            s.apply(&attach("p", &format!("c{i}"), 0)).unwrap();
+            s.apply(&remote("p", &format!("r{i}"))).unwrap();
+        }
+        create(&mut s, "late", 3, None);
+        conflict(refused(&mut s, remote("p", "one-more")), "108 children");
+        conflict(refused(&mut s, attach("p", "late", 0)), "108 children");
+    }
+
+    #[test]
+    fn remote_credentials_never_in_debug_output() {
+        let mut s = MetaState::default();
+        create(&mut s, "p", 3, None);
+        let cmd = remote("p", "dr");
+        s.apply(&cmd).unwrap();
+        for text in [format!("{cmd:?}"), format!("{s:?}"), format!("{s:#?}")] {
+            assert!(!text.contains("s3cret-pw"), "{text}");
+            assert!(!text.contains("replicator"), "{text}");
+            assert!(text.contains("dr.example.com"), "{text}");
+        }
+        // Stored (and snapshotted) in full.
+        let json = serde_json::to_string(&s).unwrap();
+        let back: MetaState = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+        assert_eq!(
+            back.remote_link("p", "dr")
+                .unwrap()
+                .endpoint
+                .password
+                .as_deref(),
+            Some("s3cret-pw")
+        );
     }
 
     #[test]

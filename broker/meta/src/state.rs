@@ -130,7 +130,8 @@ impl MetaState {
             | MetaCommand::SeedRoot { .. } => self.apply_user(cmd),
             MetaCommand::AttachChild { .. }
             | MetaCommand::DetachChild { .. }
-            | MetaCommand::CreateChildTopic { .. } => self.apply_child(cmd),
+            | MetaCommand::CreateChildTopic { .. }
+            | MetaCommand::AttachRemoteChild { .. } => self.apply_child(cmd),
         }
     }
 

@@ -253,6 +253,17 @@ pub enum MetaCommand {
     RemoveMember {
         id: NodeId,
     },
+    /// Attaches a remote child link named `link` to `parent` (SPEC §5.5, §3.7 ext) with a
+    /// fresh attach epoch. Refused (state unchanged) when the parent is missing (404), is a
+    /// child itself, already has a local child or remote link of that name, or has 108
+    /// children, local and remote together (409). The proposer validated the endpoint.
+    /// Detach travels as [`MetaCommand::DetachChild`] with the link name.
+    AttachRemoteChild {
+        parent: String,
+        link: String,
+        endpoint: RemoteEndpoint,
+        now_ms: u64,
+    },
 }
 
 /// Most children (local and remote) per parent (SPEC §5.1, §11).
@@ -294,6 +305,52 @@ impl ChildLink {
             "fanout"
         }
     }
+}
+
+/// The other cluster a remote child link copies to (SPEC §5.5). The credentials are stored
+/// here and nowhere else: never returned by the API, never logged (`Debug` redacts them).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteEndpoint {
+    /// `http`/`https` base URL, without credentials, query or fragment, no trailing `/`.
+    pub url: String,
+    /// The topic on the remote cluster.
+    pub topic: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// Extra CA certificates (PEM) trusted for the remote's https, besides the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for RemoteEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |o: &Option<String>| o.as_ref().map(|_| "<redacted>");
+        f.debug_struct("RemoteEndpoint")
+            .field("url", &self.url)
+            .field("topic", &self.topic)
+            .field("username", &redacted(&self.username))
+            .field("password", &redacted(&self.password))
+            .field("ca_pem_bytes", &self.ca_pem.as_ref().map(String::len))
+            .finish()
+    }
+}
+
+/// A remote child link (SPEC §5.5): every record committed to `parent` from the attach on is
+/// copied to `endpoint.topic` on another cluster. Named `link` among the parent's children.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteLink {
+    pub parent: String,
+    pub link: String,
+    /// This attachment's id, from the same sequence as local links' epochs (cursor state
+    /// is keyed by it, so a detach and re-attach starts fresh).
+    pub epoch: u64,
+    pub endpoint: RemoteEndpoint,
+    /// As [`ChildLink::parent_partitions_at_attach`].
+    pub parent_partitions_at_attach: u32,
+    /// The proposer's clock at attach (informational).
+    pub attached_at_ms: u64,
 }
 
 /// The name of the root user seeded on first start (SPEC §4.4).
@@ -440,6 +497,9 @@ pub struct MetaState {
     /// The last move id handed out (`Assignment::move_id`); only grows.
     #[serde(default)]
     pub last_move_id: u64,
+    /// Remote child links (SPEC §5.5) by parent name, then link name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub remote_links: BTreeMap<String, BTreeMap<String, RemoteLink>>,
     /// Partitions force-promoted away from a dead owner whose old copy may hold records
     /// past the promoted high watermark (SPEC §6.5): that node re-produces them before it
     /// deletes the copy.

@@ -8,10 +8,10 @@ use axum::body::Body;
 use axum::extract::{FromRequestParts, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{AttachChildRequest, ChildInfo, ChildList};
-use narad_meta::{MetaCommand, MetaResponse, MAX_FANOUT_DELAY_MS};
+use narad_api::{AttachChildRequest, ChildInfo, ChildList, RemoteInfo, RemoteTarget};
+use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint, MAX_FANOUT_DELAY_MS};
 
-use super::topics::record;
+use super::topics::{record, validate_name};
 use super::{find_topic, json, read_json, AppState, Name};
 use crate::error::{ApiError, ApiResult};
 use crate::security::{audit, authz, Caller};
@@ -42,21 +42,20 @@ pub async fn attach(
         Some(d) => check_delay("delay_ms", d as u64)?,
         None => 0,
     };
-    if req.remote.is_some() {
+    if let Some(remote) = req.remote {
         if req.delay_ms.is_some() {
             return Err(ApiError::bad_request(
                 "delay_ms cannot be combined with remote: remote children have no delay",
             ));
         }
+        let endpoint = remote_endpoint(&req.child, remote)?;
         authz::attach(
             &caller,
             &parent,
             find_topic(&node, &parent).await.as_deref(),
             authz::ChildRef::Remote,
         )?;
-        return Err(ApiError::bad_request(
-            "remote children are not supported by this node yet",
-        ));
+        return attach_remote(node, caller, parent, req.child, endpoint).await;
     }
     authz::attach(
         &caller,
@@ -95,6 +94,85 @@ pub async fn attach(
     Ok(json(StatusCode::OK, &record(&view, &current)))
 }
 
+/// Validates a remote link's target (`400`): the link name, an http(s) base URL without
+/// credentials, the remote topic name (default: the link name), credentials, the CA bundle.
+fn remote_endpoint(link: &str, r: RemoteTarget) -> ApiResult<RemoteEndpoint> {
+    validate_name(link).map_err(|e| ApiError::bad_request(format!("child: {}", e.message)))?;
+    let bad = |e: crate::fanout::remote::RemoteConfigError| ApiError::bad_request(e.to_string());
+    let url = crate::fanout::remote::normalize_url(&r.url).map_err(bad)?;
+    let topic = match r.topic {
+        Some(t) if t.is_empty() => return Err(ApiError::bad_request("remote.topic is empty")),
+        Some(t) => t,
+        None => link.to_string(),
+    };
+    validate_name(&topic)
+        .map_err(|e| ApiError::bad_request(format!("remote.topic: {}", e.message)))?;
+    let username = r.username.filter(|u| !u.is_empty());
+    if username.is_none() && r.password.as_deref().is_some_and(|p| !p.is_empty()) {
+        return Err(ApiError::bad_request(
+            "remote.password needs remote.username",
+        ));
+    }
+    if let Some(u) = &username {
+        if u.contains(':') || u.chars().any(char::is_control) {
+            return Err(ApiError::bad_request(
+                "remote.username must not contain ':' or control characters",
+            ));
+        }
+    }
+    if r.password
+        .as_deref()
+        .is_some_and(|p| p.chars().any(char::is_control))
+    {
+        return Err(ApiError::bad_request(
+            "remote.password must not contain control characters",
+        ));
+    }
+    let ca_pem = r.ca_pem.filter(|c| !c.trim().is_empty());
+    if let Some(pem) = &ca_pem {
+        crate::fanout::remote::parse_ca_pem(pem).map_err(bad)?;
+    }
+    Ok(RemoteEndpoint {
+        url,
+        topic,
+        password: username.as_ref().and(r.password),
+        username,
+        ca_pem,
+    })
+}
+
+/// `POST /v1/topics/{parent}/children` with `remote` (SPEC §5.5), after validation and
+/// authorisation.
+async fn attach_remote(
+    node: AppState,
+    caller: Caller,
+    parent: String,
+    link: String,
+    endpoint: RemoteEndpoint,
+) -> ApiResult<Response> {
+    let topic = match node
+        .propose(MetaCommand::AttachRemoteChild {
+            parent: parent.clone(),
+            link: link.clone(),
+            endpoint,
+            now_ms: crate::partition::now_ms(),
+        })
+        .await?
+    {
+        MetaResponse::Topic(t) => t,
+        other => {
+            return Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            )))
+        }
+    };
+    node.fanout.sync().await;
+    audit::event("topic.attach", caller.actor(), &format!("{parent}/{link}"));
+    let view = node.meta.view();
+    let current = view.topics.get(&parent).cloned().unwrap_or(topic);
+    Ok(json(StatusCode::OK, &record(&view, &current)))
+}
+
 pub async fn list(
     State(node): State<AppState>,
     caller: Caller,
@@ -105,7 +183,8 @@ pub async fn list(
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
     let view = node.meta.view();
     let lag = node.children_lag(&view, &topic).await;
-    let children = view
+    let states = node.fanout.remote_states(&view, &topic);
+    let mut children: Vec<ChildInfo> = view
         .children_of(&parent)
         .into_iter()
         .map(|l| {
@@ -120,6 +199,25 @@ pub async fn list(
             }
         })
         .collect();
+    // Remote links after the local children; credentials never leave the metadata.
+    children.extend(view.remote_links_of(&parent).into_iter().map(|l| {
+        let (lag_messages, lag_complete) = lag.get(&l.link).copied().unwrap_or((0, false));
+        let status = states.get(&l.link);
+        ChildInfo {
+            name: l.link.clone(),
+            delay_ms: 0,
+            lag_messages,
+            lag_complete,
+            kind: "remote".to_string(),
+            remote: Some(RemoteInfo {
+                url: l.endpoint.url.clone(),
+                topic: l.endpoint.topic.clone(),
+            }),
+            // From the cursors running on this node (absent when none runs here).
+            state: status.map(|s| s.state.as_str().to_string()),
+            last_error: status.and_then(|s| s.last_error.clone()),
+        }
+    }));
     Ok(json(StatusCode::OK, &ChildList { parent, children }))
 }
 

@@ -115,6 +115,11 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
             .into_iter()
             .map(|l| l.child.clone())
             .collect(),
+        remote_children: view
+            .remote_links_of(&t.name)
+            .into_iter()
+            .map(|l| l.link.clone())
+            .collect(),
         schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
         schema_version: schema.map_or(0, |s| s.version),
         ..Default::default()

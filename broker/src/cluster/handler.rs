@@ -55,6 +55,7 @@ impl RpcHandler for NodeRpc {
                 | Opcode::UpdateUser
                 | Opcode::DeleteUser
                 | Opcode::AttachChild
+                | Opcode::AttachRemoteChild
                 | Opcode::DetachChild
                 | Opcode::CompleteMove
                 | Opcode::AbortMove

@@ -462,6 +462,7 @@ pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
             Opcode::CreateTopic
         }
         MetaCommand::AttachChild { .. } => Opcode::AttachChild,
+        MetaCommand::AttachRemoteChild { .. } => Opcode::AttachRemoteChild,
         MetaCommand::DetachChild { .. } => Opcode::DetachChild,
         MetaCommand::AlterTopic { .. } => Opcode::AlterTopic,
         MetaCommand::DeleteTopic { .. } => Opcode::DeleteTopic,

@@ -21,6 +21,11 @@
 //! A new cursor is anchored at the parent partition's high watermark (a partition added to
 //! the parent after the attach: at its start) and written to disk before `sync` returns.
 //!
+//! Remote children (SPEC §5.5) run the same cursors, keyed by the link's epoch (their
+//! cursor files use [`REMOTE_CHILD_ID`] as child id), but commit through the remote
+//! cluster's HTTP API ([`remote`]): a cursor retries, blocks or skips exactly as §5.5 says
+//! and exposes its `state` and `last_error`; it never holds up the parent's other cursors.
+//!
 //! Cluster hooks (see also `sink`): a remote [`ChildCommitter`] for child partitions owned
 //! elsewhere; cursors of parent partitions owned elsewhere report lag over node RPC
 //! (`FanoutCursors`; [`Fanout::lag`] marks them incomplete until then); anchoring a cursor
@@ -30,6 +35,7 @@
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
+pub mod remote;
 pub mod route;
 pub mod sink;
 
@@ -38,15 +44,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use narad_meta::{ChildLink, Meta, MetaState, Topic};
+use narad_meta::{ChildLink, Meta, MetaState, RemoteEndpoint, RemoteLink, Topic};
 use narad_storage::{NewRecord, StorageError, StoredRecord};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics};
+use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics, RemoteSendErrorLabels};
 use crate::partition::{now_ms, Partition, Registry};
 use cursor::{CursorDir, CursorId, Loaded};
+use remote::{BatchBody, LinkState, LinkStatus, RemoteClient, Verdict};
 pub use sink::{ChildCommitter, CommitError, RoutedCommitter};
 
 /// Tunables (SPEC §8 `fanout.*`, §11).
@@ -77,6 +84,54 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long `sync` waits for a stopping cursor.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
+/// The child id of a remote link's cursor (its epoch alone identifies it; topic ids never
+/// reach this value).
+pub const REMOTE_CHILD_ID: u64 = u64::MAX;
+
+/// A link as a cursor needs it: a local child or a remote link.
+#[derive(Debug, Clone)]
+struct LinkSpec {
+    parent: String,
+    /// The child topic, or the remote link's name.
+    child: String,
+    epoch: u64,
+    delay_ms: u64,
+    parent_partitions_at_attach: u32,
+    remote: Option<RemoteEndpoint>,
+}
+
+impl From<&ChildLink> for LinkSpec {
+    fn from(l: &ChildLink) -> Self {
+        LinkSpec {
+            parent: l.parent.clone(),
+            child: l.child.clone(),
+            epoch: l.epoch,
+            delay_ms: l.delay_ms,
+            parent_partitions_at_attach: l.parent_partitions_at_attach,
+            remote: None,
+        }
+    }
+}
+
+impl From<&RemoteLink> for LinkSpec {
+    fn from(l: &RemoteLink) -> Self {
+        LinkSpec {
+            parent: l.parent.clone(),
+            child: l.link.clone(),
+            epoch: l.epoch,
+            delay_ms: 0,
+            parent_partitions_at_attach: l.parent_partitions_at_attach,
+            remote: Some(l.endpoint.clone()),
+        }
+    }
+}
+
+/// The remote side of a remote link's cursor.
+struct RemoteCursor {
+    client: Arc<RemoteClient>,
+    status: Mutex<LinkStatus>,
+}
+
 /// One running cursor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct Key {
@@ -103,6 +158,8 @@ pub struct CursorState {
     done: watch::Receiver<bool>,
     /// Wakes a sleeping cursor early (retention removed parent records).
     wake: tokio::sync::Notify,
+    /// Set for a remote link's cursor.
+    remote: Option<RemoteCursor>,
 }
 
 impl CursorState {
@@ -139,6 +196,8 @@ pub struct Fanout {
     stopping: Mutex<Vec<Arc<CursorState>>>,
     /// Serialises reconciles (they do file I/O outside the `cursors` lock).
     reconcile_lock: Mutex<()>,
+    /// One HTTP client per remote link (by epoch), shared by its cursors here.
+    remote_clients: Mutex<HashMap<u64, Arc<RemoteClient>>>,
     shutdown: CancellationToken,
     swept: AtomicBool,
     /// Set once the local view is known to be current (SPEC §6.1): a restarted node may
@@ -166,6 +225,7 @@ impl Fanout {
             cursors: Mutex::new(HashMap::new()),
             stopping: Mutex::new(Vec::new()),
             reconcile_lock: Mutex::new(()),
+            remote_clients: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             swept: AtomicBool::new(false),
             view_confirmed: AtomicBool::new(false),
@@ -253,6 +313,51 @@ impl Fanout {
             }
             out.insert(link.child.clone(), parts);
         }
+        for link in view.remote_links_of(&parent.name) {
+            let mut parts = BTreeMap::new();
+            for p in 0..parent.config.partitions {
+                let key = Key {
+                    parent_id: parent.id,
+                    partition: p,
+                    child_id: REMOTE_CHILD_ID,
+                    epoch: link.epoch,
+                };
+                if let Some(st) = cursors.get(&key) {
+                    parts.insert(
+                        p,
+                        st.part
+                            .log
+                            .high_watermark()
+                            .saturating_sub(st.next.load(Ordering::Acquire)),
+                    );
+                }
+            }
+            out.insert(link.link.clone(), parts);
+        }
+        out
+    }
+
+    /// Per remote link of `parent`, the worst `state` (with its `last_error`) of its cursors
+    /// running on this node; links without a cursor here are absent.
+    pub fn remote_states(&self, view: &MetaState, parent: &Topic) -> BTreeMap<String, LinkStatus> {
+        let cursors = self.cursors.lock();
+        let mut out = BTreeMap::new();
+        for link in view.remote_links_of(&parent.name) {
+            let statuses: Vec<LinkStatus> = (0..parent.config.partitions)
+                .filter_map(|p| {
+                    let key = Key {
+                        parent_id: parent.id,
+                        partition: p,
+                        child_id: REMOTE_CHILD_ID,
+                        epoch: link.epoch,
+                    };
+                    Some(cursors.get(&key)?.remote.as_ref()?.status.lock().clone())
+                })
+                .collect();
+            if let Some(w) = remote::worst(&statuses) {
+                out.insert(link.link.clone(), w);
+            }
+        }
         out
     }
 
@@ -292,14 +397,20 @@ impl Fanout {
     }
 
     /// The cursors the metadata wants on this node.
-    fn desired(&self, view: &MetaState) -> HashMap<Key, (ChildLink, Arc<Partition>)> {
+    fn desired(&self, view: &MetaState) -> HashMap<Key, (LinkSpec, Arc<Partition>)> {
         let mut want = HashMap::new();
         if self.shutdown.is_cancelled() {
             return want;
         }
-        for link in view.child_links.values() {
-            let (Some(p), Some(c)) = (view.topics.get(&link.parent), view.topics.get(&link.child))
-            else {
+        let local = view.child_links.values().filter_map(|link| {
+            let c = view.topics.get(&link.child)?;
+            Some((LinkSpec::from(link), c.id))
+        });
+        let remote = view
+            .all_remote_links()
+            .map(|link| (LinkSpec::from(link), REMOTE_CHILD_ID));
+        for (link, child_id) in local.chain(remote) {
+            let Some(p) = view.topics.get(&link.parent) else {
                 continue;
             };
             let Some(rt) = self.registry.topic(p.id) else {
@@ -310,7 +421,7 @@ impl Fanout {
                     Key {
                         parent_id: p.id,
                         partition: part.index,
-                        child_id: c.id,
+                        child_id,
                         epoch: link.epoch,
                     },
                     (link.clone(), part),
@@ -329,6 +440,7 @@ impl Fanout {
             .child_links
             .values()
             .filter_map(|l| Some((view.topics.get(&l.child)?.id, l.epoch)))
+            .chain(view.all_remote_links().map(|l| (REMOTE_CHILD_ID, l.epoch)))
             .collect();
         // Stop what is no longer wanted.
         {
@@ -350,8 +462,14 @@ impl Fanout {
                 stopping.push(st);
             }
         }
+        // Remote clients of links no longer running here go (their cursors hold their own
+        // reference until they stop).
+        self.remote_clients.lock().retain(|epoch, _| {
+            want.keys()
+                .any(|k| k.child_id == REMOTE_CHILD_ID && k.epoch == *epoch)
+        });
         // Start what is missing.
-        let missing: Vec<(Key, ChildLink, Arc<Partition>)> = {
+        let missing: Vec<(Key, LinkSpec, Arc<Partition>)> = {
             let cursors = self.cursors.lock();
             want.iter()
                 .filter(|(k, _)| !cursors.contains_key(k))
@@ -359,9 +477,21 @@ impl Fanout {
                 .collect()
         };
         for (key, link, part) in missing {
+            let remote = match &link.remote {
+                None => None,
+                Some(endpoint) => match self.remote_client(link.epoch, endpoint) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        self.metrics.error("fanout", "remote_client");
+                        tracing::error!(parent = %link.parent, link = %link.child, error = %e,
+                            "cannot set up the client of a remote child link; retried on the next change");
+                        continue;
+                    }
+                },
+            };
             match open_cursor(&link, &part, key.child_id) {
                 Ok(next) => {
-                    let st = self.spawn(key, &link, part, next);
+                    let st = self.spawn(key, &link, part, next, remote);
                     self.cursors.lock().insert(key, st);
                 }
                 Err(e) => {
@@ -392,12 +522,26 @@ impl Fanout {
         }
     }
 
+    /// The shared client of remote link `epoch` (built on first use).
+    fn remote_client(
+        &self,
+        epoch: u64,
+        endpoint: &RemoteEndpoint,
+    ) -> Result<Arc<RemoteClient>, remote::RemoteConfigError> {
+        if let Some(c) = self.remote_clients.lock().get(&epoch) {
+            return Ok(c.clone());
+        }
+        let c = RemoteClient::new(endpoint)?;
+        Ok(self.remote_clients.lock().entry(epoch).or_insert(c).clone())
+    }
+
     fn spawn(
         self: &Arc<Self>,
         key: Key,
-        link: &ChildLink,
+        link: &LinkSpec,
         part: Arc<Partition>,
         next: u64,
+        remote: Option<Arc<RemoteClient>>,
     ) -> Arc<CursorState> {
         let (done_tx, done_rx) = watch::channel(false);
         let st = Arc::new(CursorState {
@@ -413,6 +557,10 @@ impl Fanout {
             cancel: self.shutdown.child_token(),
             done: done_rx,
             wake: tokio::sync::Notify::new(),
+            remote: remote.map(|client| RemoteCursor {
+                client,
+                status: Mutex::new(LinkStatus::default()),
+            }),
         });
         tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, epoch = st.epoch,
             next, delay_ms = st.delay_ms, "fan-out cursor started");
@@ -532,7 +680,11 @@ impl Fanout {
                 continue;
             }
             let batch = &recs[..n];
-            if !self.commit(st, batch).await {
+            let copied = match &st.remote {
+                None => self.commit(st, batch).await,
+                Some(r) => self.commit_remote(st, r, batch).await,
+            };
+            if !copied {
                 break;
             }
             pos = batch[n - 1].offset + 1;
@@ -541,7 +693,9 @@ impl Fanout {
             backoff = RETRY_MIN;
             let bytes: usize = batch.iter().map(|r| r.payload.len()).sum();
             let m = &self.metrics.fanout;
-            m.committed.get_or_create(&st.labels()).inc_by(n as u64);
+            if st.remote.is_none() {
+                m.committed.get_or_create(&st.labels()).inc_by(n as u64);
+            }
             m.batch_records.observe(n as f64);
             m.batch_bytes.observe(bytes as f64);
         }
@@ -652,6 +806,161 @@ impl Fanout {
         results.into_iter().all(|ok| ok)
     }
 
+    /// Whether the remote link this cursor serves is still attached (same epoch).
+    fn remote_link_holds(&self, st: &CursorState) -> bool {
+        self.meta
+            .view()
+            .remote_link(&st.parent, &st.child)
+            .is_some_and(|l| l.epoch == st.epoch)
+    }
+
+    /// Copies `batch` to the remote topic (SPEC §5.5): in batch produces (single produce
+    /// when the remote lacks the batch route), retrying, blocking and skipping as
+    /// [`remote::classify`] says, until every record is accepted (`202`) or skipped.
+    /// `false` when the cursor must stop (cancelled, or the link is gone).
+    async fn commit_remote(
+        &self,
+        st: &CursorState,
+        r: &RemoteCursor,
+        batch: &[StoredRecord],
+    ) -> bool {
+        let client = &r.client;
+        let mut body = BatchBody::default();
+        let mut backoff = remote::Backoff::default();
+        let mut i = 0;
+        // Records before this index go one by one (their batch was refused as a whole).
+        let mut one_by_one_until = 0;
+        // The batch route answered 404/405: is it missing, or is the topic?
+        let mut probing = false;
+        while i < batch.len() {
+            if st.cancel.is_cancelled() || !self.remote_link_holds(st) {
+                return false;
+            }
+            let mut n = 0;
+            if !(probing || i < one_by_one_until || client.single_mode()) {
+                n = body.fill(&batch[i..]);
+            }
+            let single = n == 0;
+            let send = async {
+                if single {
+                    client.send_single(&batch[i]).await
+                } else {
+                    client.send_batch(body.bytes()).await
+                }
+            };
+            // A stop (detach, shutdown) does not wait for a slow remote: the records are
+            // sent again by the next cursor of this link, if any (at-least-once).
+            let sent = tokio::select! {
+                r = send => r,
+                _ = st.cancel.cancelled() => return false,
+            };
+            if single {
+                n = 1;
+            }
+            let (verdict, error, reason) = match &sent {
+                Ok(a) => (
+                    remote::classify(a.status, !single, a.retry_after),
+                    a.describe(),
+                    remote::error_reason(a.status),
+                ),
+                Err(e) => (Verdict::Retry { after: None }, e.to_string(), e.reason()),
+            };
+            match verdict {
+                Verdict::Accepted | Verdict::Skip => {
+                    if probing {
+                        probing = false;
+                        client.set_single_mode();
+                        tracing::info!(parent = %st.parent, link = %st.child, url = %client.url,
+                            "the remote has no batch produce; copying with single produce");
+                    }
+                    if verdict == Verdict::Skip {
+                        self.count_send_error(st, reason);
+                        self.metrics
+                            .fanout
+                            .dropped
+                            .get_or_create(&st.labels())
+                            .inc();
+                        tracing::warn!(parent = %st.parent, link = %st.child, partition = st.partition,
+                            offset = batch[i].offset, url = %client.url, topic = %client.topic, error = %error,
+                            "the remote refused a record on its own; it is skipped (not copied)");
+                    } else {
+                        self.metrics
+                            .fanout
+                            .committed
+                            .get_or_create(&st.labels())
+                            .inc_by(n as u64);
+                    }
+                    i += n;
+                    backoff.reset();
+                    self.set_status(st, r, LinkState::Ok, None);
+                }
+                Verdict::NoBatchRoute => probing = true,
+                Verdict::OneByOne => one_by_one_until = i + n,
+                Verdict::Retry { after } => {
+                    self.count_send_error(st, reason);
+                    self.set_status(st, r, LinkState::Retrying, Some(error));
+                    let wait = backoff.delay(after);
+                    self.nap(st, wait).await;
+                }
+                Verdict::Block => {
+                    probing = false;
+                    self.count_send_error(st, reason);
+                    self.set_status(st, r, LinkState::Blocked, Some(error));
+                    self.nap(st, remote::BLOCKED_RETRY).await;
+                }
+            }
+        }
+        true
+    }
+
+    fn count_send_error(&self, st: &CursorState, reason: &'static str) {
+        self.metrics
+            .remote_child_send_errors
+            .get_or_create(&RemoteSendErrorLabels {
+                parent: st.parent.clone(),
+                child: st.child.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Records a cursor's link state; a change is logged (warn when it gets worse).
+    fn set_status(
+        &self,
+        st: &CursorState,
+        r: &RemoteCursor,
+        state: LinkState,
+        error: Option<String>,
+    ) {
+        let before = {
+            let mut s = r.status.lock();
+            let before = s.state;
+            s.state = state;
+            s.last_error = error;
+            before
+        };
+        if before == state {
+            return;
+        }
+        let last_error = r.status.lock().last_error.clone().unwrap_or_default();
+        if state > before {
+            tracing::warn!(parent = %st.parent, link = %st.child, partition = st.partition,
+                url = %r.client.url, topic = %r.client.topic, state = state.as_str(), error = %last_error,
+                "remote child link cannot copy; retrying");
+        } else {
+            tracing::info!(parent = %st.parent, link = %st.child, partition = st.partition,
+                url = %r.client.url, state = state.as_str(), "remote child link copies again");
+        }
+    }
+
+    /// Sleeps `d` unless the cursor is stopped first.
+    async fn nap(&self, st: &CursorState, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = st.cancel.cancelled() => {}
+        }
+    }
+
     async fn commit_group(&self, st: &CursorState, p: u32, records: Vec<NewRecord>) -> bool {
         let mut backoff = RETRY_MIN;
         loop {
@@ -675,7 +984,7 @@ impl Fanout {
 }
 
 /// Loads (or anchors) a cursor. Blocking.
-fn open_cursor(link: &ChildLink, part: &Partition, child_id: u64) -> std::io::Result<u64> {
+fn open_cursor(link: &LinkSpec, part: &Partition, child_id: u64) -> std::io::Result<u64> {
     let dir = CursorDir::new(part.dir());
     let id = CursorId {
         child_id,
