@@ -300,6 +300,67 @@ impl Node {
             .collect()
     }
 
+    /// `state`/`last_error` per remote link of `parent` across the cluster (SPEC §3.7): the
+    /// worst of this node's cursors and every other parent-partition owner's
+    /// (`RemoteLinkStates`); links with no cursor reporting are absent.
+    pub async fn remote_link_states(
+        &self,
+        view: &MetaState,
+        parent: &Topic,
+    ) -> std::collections::BTreeMap<String, crate::fanout::remote::LinkStatus> {
+        use crate::fanout::remote::{LinkState, LinkStatus};
+        let mut all: std::collections::BTreeMap<String, Vec<LinkStatus>> = self
+            .fanout
+            .remote_states(view, parent)
+            .into_iter()
+            .map(|(k, v)| (k, vec![v]))
+            .collect();
+        if view.remote_links_of(&parent.name).is_empty() {
+            return std::collections::BTreeMap::new();
+        }
+        let owners: std::collections::BTreeSet<String> = parent
+            .assignments
+            .iter()
+            .filter_map(|a| a.owner.clone())
+            .filter(|o| *o != self.node_id)
+            .collect();
+        let body = bytes::Bytes::from(
+            serde_json::to_vec(&crate::cluster::wire::FanoutCursorsRequest {
+                parent_id: parent.id,
+                parent: parent.name.clone(),
+            })
+            .expect("invariant: a states request serialises"),
+        );
+        let calls = owners.iter().map(|o| {
+            self.cluster.call(
+                o,
+                crate::rpc::Opcode::RemoteLinkStates,
+                body.clone(),
+                crate::rpc::DEFAULT_TIMEOUT,
+            )
+        });
+        for reply in futures::future::join_all(calls).await.into_iter().flatten() {
+            let Ok(states) = serde_json::from_slice::<
+                std::collections::BTreeMap<String, crate::cluster::wire::RemoteLinkState>,
+            >(&reply.body)
+            .map_err(|_| ())
+            .and_then(|s| if reply.is_success() { Ok(s) } else { Err(()) }) else {
+                continue;
+            };
+            for (link, s) in states {
+                if let Some(state) = LinkState::parse(&s.state) {
+                    all.entry(link).or_default().push(LinkStatus {
+                        state,
+                        last_error: s.last_error,
+                    });
+                }
+            }
+        }
+        all.into_iter()
+            .filter_map(|(k, v)| Some((k, crate::fanout::remote::worst(&v)?)))
+            .collect()
+    }
+
     /// `/readyz` (SPEC §3.10): recovery done, admitted to the cluster with a leader known and
     /// this node registered, and, with security on, the root admin seeded.
     /// Once ready, a node stays ready while it runs: losing the metadata quorum later must

@@ -13,7 +13,7 @@ const COPY_TIMEOUT: Duration = Duration::from_secs(45);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_parent_owner_copies_to_the_remote() {
-    let (c, remote) = tokio::join!(TestCluster::start(3), Server::start_default());
+    let (c, mut remote) = tokio::join!(TestCluster::start(3), Server::start_default());
     let b = narad_tests::Http::new(remote.url());
     b.create_topic(&json!({"name": "orders-dr", "partitions": 3}))
         .await;
@@ -94,6 +94,47 @@ async fn every_parent_owner_copies_to_the_remote() {
         })
         .await;
     }
+
+    // `state` is the worst of every owner's cursors: with the remote down, records of one
+    // partition make its owner's cursor retry, and every node reports it.
+    remote.kill9();
+    let owner0 = c.index_of(&c.owners(0, "orders").await[0]);
+    for i in 0..3u32 {
+        c.http(owner0)
+            .produce_ok("orders", "partition=0", format!("down-{i}"))
+            .await;
+    }
+    for i in (0..3).filter(|i| *i != owner0).chain([owner0]) {
+        eventually(COPY_TIMEOUT, Duration::from_millis(200), || async {
+            let l = c
+                .http(i)
+                .get("/v1/topics/orders/children")
+                .await
+                .expect_json(200);
+            let e = &l["children"][0];
+            anyhow::ensure!(
+                e["state"] == json!("retrying") && e["last_error"].is_string(),
+                "node {i}: {l}"
+            );
+            Ok(())
+        })
+        .await;
+    }
+    remote.restart().await;
+    eventually(COPY_TIMEOUT, Duration::from_millis(200), || async {
+        let l = c
+            .http((owner0 + 1) % 3)
+            .get("/v1/topics/orders/children")
+            .await
+            .expect_json(200);
+        let e = &l["children"][0];
+        anyhow::ensure!(
+            e["state"] == json!("ok") && e["lag_messages"] == json!(0),
+            "{l}"
+        );
+        Ok(())
+    })
+    .await;
 
     // Detach through yet another node: nothing more is copied.
     c.http((via + 1) % 3)

@@ -182,8 +182,10 @@ pub async fn list(
     authz::view(&caller, &parent, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
     let view = node.meta.view();
-    let lag = node.children_lag(&view, &topic).await;
-    let states = node.fanout.remote_states(&view, &topic);
+    let (lag, states) = tokio::join!(
+        node.children_lag(&view, &topic),
+        node.remote_link_states(&view, &topic)
+    );
     let mut children: Vec<ChildInfo> = view
         .children_of(&parent)
         .into_iter()
@@ -213,7 +215,7 @@ pub async fn list(
                 url: l.endpoint.url.clone(),
                 topic: l.endpoint.topic.clone(),
             }),
-            // From the cursors running on this node (absent when none runs here).
+            // The worst of every owner's cursors (absent when none reported).
             state: status.map(|s| s.state.as_str().to_string()),
             last_error: status.and_then(|s| s.last_error.clone()),
         }

@@ -110,6 +110,29 @@ impl RpcHandler for NodeRpc {
                     },
                     Err(r) => r,
                 },
+                Opcode::RemoteLinkStates => {
+                    match json::<super::wire::FanoutCursorsRequest>(&body) {
+                        Ok(req) => match node.cluster.topic_by_id(req.parent_id) {
+                            TopicLookup::Known(t) => {
+                                let states: std::collections::BTreeMap<_, _> = node
+                                    .fanout
+                                    .remote_states(&node.meta.view(), &t)
+                                    .into_iter()
+                                    .map(|(link, s)| {
+                                        let state = super::wire::RemoteLinkState {
+                                            state: s.state.as_str().to_string(),
+                                            last_error: s.last_error,
+                                        };
+                                        (link, state)
+                                    })
+                                    .collect();
+                                RpcReply::json(200, &states)
+                            }
+                            _ => RpcReply::error(503, "topic not known here"),
+                        },
+                        Err(r) => r,
+                    }
+                }
                 Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
                     Ok(req) => stats(&node, req),
                     Err(r) => r,

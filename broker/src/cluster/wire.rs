@@ -379,3 +379,11 @@ mod tests {
 pub struct TransferRequest {
     pub last_index: u64,
 }
+
+/// One remote link's status in a `RemoteLinkStates` (33) reply, keyed by link name.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RemoteLinkState {
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}

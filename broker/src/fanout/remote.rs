@@ -153,6 +153,15 @@ pub enum LinkState {
 }
 
 impl LinkState {
+    pub fn parse(s: &str) -> Option<LinkState> {
+        match s {
+            "ok" => Some(LinkState::Ok),
+            "retrying" => Some(LinkState::Retrying),
+            "blocked" => Some(LinkState::Blocked),
+            _ => None,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             LinkState::Ok => "ok",

@@ -365,11 +365,14 @@ pub enum Opcode {
     /// The leader, shutting down, asks a caught-up voter to take over: it starts an election
     /// at once (Narad's extension of the registry).
     TransferLeadership = 32,
+    /// `state` and `last_error` of the remote-child cursors the callee runs for a parent
+    /// (Narad's extension of the registry).
+    RemoteLinkStates = 33,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 32] = [
+    pub const ALL: [Opcode; 33] = [
         Opcode::Produce,
         Opcode::Consume,
         Opcode::Ack,
@@ -402,11 +405,12 @@ impl Opcode {
         Opcode::ConsumeBatch,
         Opcode::AckBatch,
         Opcode::TransferLeadership,
+        Opcode::RemoteLinkStates,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
         match v {
-            1..=32 => Some(Opcode::ALL[usize::from(v) - 1]),
+            1..=33 => Some(Opcode::ALL[usize::from(v) - 1]),
             _ => None,
         }
     }
@@ -599,7 +603,7 @@ mod tests {
             16 DetachChild, 17 FanoutCursors, 18 ExtendAck, 19 Nack, 20 GetTopic, \
             21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
             25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
-            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership";
+            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership, 33 RemoteLinkStates";
         let entries: Vec<(u8, &str)> = spec
             .split(',')
             .map(|e| {
@@ -615,7 +619,7 @@ mod tests {
             assert_eq!(op.to_string(), format!("{name}({n})"));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(33), None);
+        assert_eq!(Opcode::from_u8(34), None);
         assert_eq!(Opcode::from_u8(255), None);
     }
 
