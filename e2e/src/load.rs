@@ -24,28 +24,52 @@ pub struct Load {
     stop: Arc<AtomicBool>,
     producers: Vec<JoinHandle<()>>,
     consumers: Vec<Consumers>,
+    /// Child topics consumed too: every message acknowledged by the parent must reach each.
+    children: Vec<(String, Arc<Ledger>, Vec<Consumers>)>,
 }
 
 impl Load {
     /// `producers` producers spread round-robin over `urls`, and `consumers_per_node`
     /// consume+ack loops on each node.
     pub fn start(urls: &[String], topic: &str, producers: u32, consumers_per_node: usize) -> Load {
+        Load::start_with_children(urls, topic, &[], producers, consumers_per_node)
+    }
+
+    /// Like [`Load::start`], and also consumes the (attached) child topics `children`, each
+    /// with its own ledger fed by the parent's acknowledgements.
+    pub fn start_with_children(
+        urls: &[String],
+        topic: &str,
+        children: &[&str],
+        producers: u32,
+        consumers_per_node: usize,
+    ) -> Load {
         let ledger = Ledger::new();
         let stop = Arc::new(AtomicBool::new(false));
+        let child_ledgers: Vec<Arc<Ledger>> = children.iter().map(|_| Ledger::new()).collect();
         let producers = (0..producers)
             .map(|p| {
+                let mut ledgers = vec![ledger.clone()];
+                ledgers.extend(child_ledgers.iter().cloned());
                 tokio::spawn(produce_loop(
                     p,
                     urls.to_vec(),
                     topic.to_string(),
-                    ledger.clone(),
+                    ledgers,
                     stop.clone(),
                 ))
             })
             .collect();
-        let consumers = urls
+        let spawn = |t: &str, l: &Arc<Ledger>| -> Vec<Consumers> {
+            urls.iter()
+                .map(|u| Consumers::spawn(consumers_per_node, u, t, l))
+                .collect()
+        };
+        let consumers = spawn(topic, &ledger);
+        let children = children
             .iter()
-            .map(|u| Consumers::spawn(consumers_per_node, u, topic, &ledger))
+            .zip(child_ledgers)
+            .map(|(c, l)| (c.to_string(), l.clone(), spawn(c, &l)))
             .collect();
         Load {
             ledger,
@@ -54,6 +78,7 @@ impl Load {
             stop,
             producers,
             consumers,
+            children,
         }
     }
 
@@ -71,16 +96,37 @@ impl Load {
 
     /// Stops producing, waits until every acknowledged message was consumed (at most
     /// `drain`), stops the consumers and returns the ledger's report.
-    pub async fn finish(mut self, drain: Duration) -> (Report, anyhow::Result<()>) {
+    pub async fn finish(self, drain: Duration) -> (Report, anyhow::Result<()>) {
+        let mut all = self.finish_all(drain).await;
+        let (_, report, drained) = all.remove(0);
+        (report, drained)
+    }
+
+    /// [`Load::finish`] for the topic and each child topic, in that order: (topic, report,
+    /// drained).
+    pub async fn finish_all(
+        mut self,
+        drain: Duration,
+    ) -> Vec<(String, Report, anyhow::Result<()>)> {
         self.stop_producing().await;
-        let drained = wait_all_consumed(&self.ledger, drain).await;
-        if drained.is_err() {
-            diagnose(&self.urls, &self.topic).await;
+        let mut out = Vec::new();
+        let mut topics = vec![(
+            self.topic.clone(),
+            self.ledger.clone(),
+            std::mem::take(&mut self.consumers),
+        )];
+        topics.append(&mut self.children);
+        for (topic, ledger, consumers) in topics {
+            let drained = wait_all_consumed(&ledger, drain).await;
+            if drained.is_err() {
+                diagnose(&self.urls, &topic).await;
+            }
+            for c in consumers {
+                c.stop().await;
+            }
+            out.push((topic, ledger.report(), drained));
         }
-        for c in self.consumers.drain(..) {
-            c.stop().await;
-        }
-        (self.ledger.report(), drained)
+        out
     }
 }
 
@@ -88,9 +134,10 @@ async fn produce_loop(
     producer: u32,
     urls: Vec<String>,
     topic: String,
-    ledger: Arc<Ledger>,
+    ledgers: Vec<Arc<Ledger>>,
     stop: Arc<AtomicBool>,
 ) {
+    let ledger = &ledgers[0];
     let clients: Vec<Http> = urls.iter().map(Http::new).collect();
     let mut node = producer as usize % clients.len();
     let path = format!("{}/produce", topic_path(&topic));
@@ -109,19 +156,29 @@ async fn produce_loop(
             .try_send()
             .await;
         match r {
-            Ok(r) if r.status == 202 => ledger.record_acked(id),
+            Ok(r) if r.status == 202 => {
+                for l in &ledgers {
+                    l.record_acked(id.clone());
+                }
+            }
             Ok(r) if r.status >= 500 => {
-                ledger.record_ambiguous(id);
+                for l in &ledgers {
+                    l.record_ambiguous(id.clone());
+                }
                 node = (node + 1) % clients.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok(r) => {
-                ledger.record_ambiguous(id);
+                for l in &ledgers {
+                    l.record_ambiguous(id.clone());
+                }
                 ledger.record_rejected(r.describe());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(_) => {
-                ledger.record_ambiguous(id);
+                for l in &ledgers {
+                    l.record_ambiguous(id.clone());
+                }
                 node = (node + 1) % clients.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

@@ -11,6 +11,8 @@ use narad_tests::{json, Method};
 use serde_json::Value;
 
 const PARTITIONS: u64 = 12;
+/// The fan-out child's partitions (they move too).
+const CHILD_PARTITIONS: u64 = 4;
 const PRODUCERS: u32 = 16;
 const CONSUMERS_PER_NODE: usize = 2;
 const SETTLE: Duration = Duration::from_secs(40);
@@ -74,8 +76,23 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
             &json!({"name": "scale", "partitions": PARTITIONS, "visibility_timeout_ms": 5000}),
         )
         .await;
+    // A fan-out child: its cursors live in the parent partitions' directories and travel
+    // with every move (SPEC §5.1 "cursors survive partition moves").
+    c.http(0)
+        .create_topic(&json!({"name": "scale-fan", "partitions": CHILD_PARTITIONS, "visibility_timeout_ms": 5000}))
+        .await;
+    c.http(0)
+        .post_json("/v1/topics/scale/children", &json!({"child": "scale-fan"}))
+        .await
+        .expect(200);
     let urls: Vec<String> = (0..3).map(|i| c.url(i)).collect();
-    let load = Load::start(&urls, "scale", PRODUCERS, CONSUMERS_PER_NODE);
+    let load = Load::start_with_children(
+        &urls,
+        "scale",
+        &["scale-fan"],
+        PRODUCERS,
+        CONSUMERS_PER_NODE,
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // Unknown members cannot be decommissioned.
@@ -94,7 +111,8 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
         started.elapsed(),
         load.progress()
     );
-    let (lo, hi) = (PARTITIONS / 4, PARTITIONS.div_ceil(4));
+    let total = PARTITIONS + CHILD_PARTITIONS;
+    let (lo, hi) = (total / 4, total.div_ceil(4));
     let mut max_moves = 0;
     let until = Instant::now() + SETTLE;
     loop {
@@ -126,7 +144,8 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let copied_in = completed_moves(&c, n3).await;
     assert_eq!(copied_in, hi, "{id} completed {copied_in} moves");
-    let owners = c.owners(1, "scale").await;
+    let mut owners = c.owners(1, "scale").await;
+    owners.extend(c.owners(1, "scale-fan").await);
     assert_eq!(
         owners.iter().filter(|o| **o == id).count() as u64,
         owned(&members(&c, 1).await, &id).unwrap_or(0),
@@ -161,7 +180,8 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
     assert!(saw_draining, "{id} was never reported draining");
     let ms = members(&c, 2).await;
     assert!(ms.iter().all(|m| m["id"] != id.as_str()), "{ms:?}");
-    let owners = c.owners(0, "scale").await;
+    let mut owners = c.owners(0, "scale").await;
+    owners.extend(c.owners(0, "scale-fan").await);
     assert!(owners.iter().all(|o| *o != id), "{owners:?}");
     let mut shed = 0;
     for i in 0..3 {
@@ -175,11 +195,15 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
     );
 
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (report, drained) = load.finish(DRAIN).await;
-    eprintln!("scale: {report} (total {:?})", started.elapsed());
-    if let Err(e) = drained {
-        eprintln!("drain incomplete: {e:#}");
+    let all = load.finish_all(DRAIN).await;
+    for (topic, report, drained) in &all {
+        eprintln!("{topic}: {report} (total {:?})", started.elapsed());
+        if let Err(e) = drained {
+            eprintln!("{topic}: drain incomplete: {e:#}");
+        }
     }
-    assert!(report.produced > 0, "{report}");
-    report.assert_ok();
+    for (_, report, _) in &all {
+        assert!(report.produced > 0, "{report}");
+        report.assert_ok();
+    }
 }
