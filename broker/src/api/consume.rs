@@ -151,10 +151,7 @@ async fn lease_spread(
         let notified = rt.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        try_lease(topic, rt, only, want, &mut got)?;
-        if !got.is_empty() {
-            return Ok(Found::Local(got));
-        }
+        // Prefetched messages first: their leases already run.
         if !remotes.is_empty() {
             let view = node.meta.view();
             let (kept, stale) = node
@@ -167,6 +164,10 @@ async fn lease_spread(
                     kept.into_iter().map(|s| s.body).collect(),
                 ));
             }
+        }
+        try_lease(topic, rt, only, want, &mut got)?;
+        if !got.is_empty() {
+            return Ok(Found::Local(got));
         }
         if !remotes.is_empty() && Instant::now() >= next_probe {
             if let Some(found) = probe_remotes(node, topic, rt, want, max, remotes).await {
