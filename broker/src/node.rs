@@ -781,10 +781,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if clustered {
         let token = node.shutdown.clone();
         tokio::spawn(membership::establish(cluster.clone(), token.clone()));
+        // The test knob `NARAD_TEST_VERSION` changes the version this member reports, so a
+        // rolling-upgrade test can restart the same binary as the "new" version.
+        let member_version =
+            std::env::var("NARAD_TEST_VERSION").unwrap_or_else(|_| VERSION.to_string());
         tokio::spawn(membership::heartbeat(
             cluster.clone(),
             addr.to_string(),
-            VERSION.to_string(),
+            member_version,
             token.clone(),
         ));
         tokio::spawn(membership::controller(cluster.clone(), token));
