@@ -60,6 +60,9 @@ pub struct ClusterOpts {
     pub hosts: Vec<(String, String)>,
     /// Extra environment for one initial member: (index, name, value).
     pub node_env: Vec<(usize, String, String)>,
+    /// Node IDs of the initial members in order (e.g. StatefulSet pod names); default
+    /// `n0`, `n1`, ….
+    pub ids: Vec<String>,
 }
 
 /// Where a node runs: its address, network namespace (if any) and ports.
@@ -120,15 +123,18 @@ impl TestCluster {
             })
             .collect();
         let seeds = opts.seeds.unwrap_or(n);
+        let ids: Vec<String> = (0..n)
+            .map(|i| opts.ids.get(i).cloned().unwrap_or_else(|| format!("n{i}")))
+            .collect();
         let peers = places[..seeds]
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("n{i}@{}:{}", p.host, p.cluster))
+            .map(|(i, p)| format!("{}@{}:{}", ids[i], p.host, p.cluster))
             .collect::<Vec<_>>()
             .join(",");
         let mut nodes = Vec::new();
         for (i, place) in places.iter().enumerate().take(seeds) {
-            let id = format!("n{i}");
+            let id = ids[i].clone();
             let mut env = opts.env.clone();
             env.extend(
                 opts.node_env
