@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, ResourceExt};
@@ -46,6 +46,20 @@ pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
         .owns(api::<StatefulSet>(&c, ns), wc.clone())
         .owns(api::<Service>(&c, ns), wc.clone())
         .owns(api::<ConfigMap>(&c, ns), wc.clone())
+        // Broker pods (owned by the StatefulSet, not the NaradCluster): a pod deleted,
+        // recreated or becoming ready moves a rollout on at once.
+        .watches(
+            api::<Pod>(&c, ns),
+            watcher::Config::default().labels("app.kubernetes.io/name=narad"),
+            |p: Pod| {
+                let instance = p.labels().get("app.kubernetes.io/instance")?.clone();
+                let mut r = ObjectRef::<NaradCluster>::new(&instance);
+                if let Some(ns) = p.namespace() {
+                    r = r.within(&ns);
+                }
+                Some(r)
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile::cluster::reconcile, error_policy, ctx.clone());
 

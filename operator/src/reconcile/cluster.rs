@@ -3,7 +3,6 @@
 //! broker's member list (`cluster_status`, pure). Rolling upgrades pick their next pod with
 //! `next_rollout_step` (pure).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -217,14 +216,24 @@ pub enum RolloutStep {
     Stalled(String),
 }
 
-/// SPEC §10.3: one pod at a time, highest ordinal first, each only when all pods are ready,
-/// all members are alive, a leader exists and nothing drains; the next waits until the
-/// replaced pod is ready and its member reports `version` and `alive`.
-pub fn next_rollout_step(pods: &[PodView], members: &[MemberInfo], version: &str) -> RolloutStep {
+/// SPEC §10.3: one pod at a time, highest ordinal first, each only when all `replicas` pods
+/// exist and are ready, all members are alive, a leader exists and nothing drains; the next
+/// waits until the replaced pod is back, ready, and its member reports `version` and `alive`.
+pub fn next_rollout_step(
+    pods: &[PodView],
+    replicas: i32,
+    members: &[MemberInfo],
+    version: &str,
+) -> RolloutStep {
     let mut pods = pods.to_vec();
     pods.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
     if let Some(p) = pods.iter().find(|p| p.terminating) {
         return RolloutStep::Wait(format!("pod {} is terminating", p.name));
+    }
+    // A deleted pod is gone before the StatefulSet controller recreates it: not a pod less
+    // to replace, but one still being replaced.
+    if let Some(missing) = (0..replicas).find(|o| !pods.iter().any(|p| p.ordinal == *o)) {
+        return RolloutStep::Wait(format!("pod with ordinal {missing} does not exist yet"));
     }
     if let Some(p) = pods.iter().find(|p| !p.ready) {
         if p.updated && p.age_secs >= ROLLOUT_STALL.as_secs() as i64 {
@@ -334,6 +343,77 @@ pub fn plan_scale(
             member: id,
         },
     }
+}
+
+/// One PersistentVolumeClaim as the storage growth sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimView {
+    pub name: String,
+    /// `status.phase` is `Bound` (only bound claims may be expanded).
+    pub bound: bool,
+    /// `spec.resources.requests.storage`.
+    pub request: Option<String>,
+}
+
+/// `storage.size` grew (SPEC §10.3: it may only grow): the claims to raise to `size`. The
+/// StatefulSet's claim template is immutable, so growth is written to each bound claim
+/// whose request is smaller; an unbound one is left for a later pass (the API server
+/// refuses to resize it), a larger or unparsable one is never touched.
+pub fn plan_expansion(claims: &[ClaimView], size: &str) -> Vec<String> {
+    let Some(want) = crate::crd::validate::parse_quantity(size) else {
+        return Vec::new();
+    };
+    claims
+        .iter()
+        .filter(|c| c.bound)
+        .filter(|c| {
+            c.request
+                .as_deref()
+                .and_then(crate::crd::validate::parse_quantity)
+                .is_some_and(|have| have < want)
+        })
+        .map(|c| c.name.clone())
+        .collect()
+}
+
+/// Raises the bound claims of `nc` smaller than `spec.storage.size` to it; returns how many.
+async fn expand_claims(ctx: &Context, nc: &NaradCluster, ns: &str) -> Result<usize> {
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), ns);
+    let claims: Vec<ClaimView> = pvcs
+        .list(&ListParams::default().labels(&label_selector(nc)))
+        .await?
+        .items
+        .into_iter()
+        .map(|p| ClaimView {
+            name: p.name_any(),
+            bound: p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+            request: p
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.as_ref())
+                .and_then(|r| r.requests.as_ref())
+                .and_then(|r| r.get("storage"))
+                .map(|q| q.0.clone()),
+        })
+        .collect();
+    let grow = plan_expansion(&claims, &nc.spec.storage.size);
+    let patch =
+        serde_json::json!({"spec": {"resources": {"requests": {"storage": nc.spec.storage.size}}}});
+    for name in &grow {
+        tracing::info!(claim = %name, size = %nc.spec.storage.size, "expanding volume claim");
+        pvcs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(grow.len())
+}
+
+/// `k=v,…` of the selector labels (pods and claims of `nc`).
+fn label_selector(nc: &NaradCluster) -> String {
+    resources::selector_labels(nc)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The controller's entry point for NaradClusters.
@@ -470,7 +550,9 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     ssa(&stss, &sts).await?;
     let sts = stss.get(&nc.fullname()).await?;
     let st = sts.status.clone().unwrap_or_default();
-    let rolling = st.update_revision.is_some() && st.current_revision != st.update_revision;
+    // `currentRevision` is not advanced for `OnDelete` StatefulSets by every server version;
+    // the pods themselves say whether the rollout is done (below).
+    let mut rolling = st.update_revision.is_some() && st.current_revision != st.update_revision;
     let mut observed = Observed {
         ready_replicas: st.ready_replicas.unwrap_or(0),
         sts_replicas: sts.spec.as_ref().and_then(|s| s.replicas),
@@ -479,21 +561,34 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         stalled: None,
     };
     if rolling {
-        if let RolloutStep::Stalled(why) =
-            roll_one(ctx, nc, &ns, &sts, members.as_deref().unwrap_or(&[])).await?
-        {
-            tracing::warn!(reason = %why, "rolling upgrade stalled");
-            observed.stalled = Some(why);
+        match roll_one(ctx, nc, &ns, &sts, members.as_deref().unwrap_or(&[])).await? {
+            RolloutStep::Stalled(why) => {
+                tracing::warn!(reason = %why, "rolling upgrade stalled");
+                observed.stalled = Some(why);
+            }
+            RolloutStep::Done => {
+                rolling = false;
+                observed.rolling = false;
+            }
+            RolloutStep::Wait(why) => tracing::debug!(reason = %why, "rolling upgrade waits"),
+            RolloutStep::Delete(_) => {}
         }
     }
+    // Storage growth goes to the claims; a refusal (e.g. a class without
+    // allowVolumeExpansion) is returned after the status is written, and retried.
+    let expanded = expand_claims(ctx, nc, &ns).await;
     let mut status = cluster_status(nc, &prev, &observed, &now());
     status.initial_cluster_size = Some(nc.spec.effective_initial_cluster_size());
     status.storage_size = Some(nc.spec.storage.size.clone());
     if nc.status.as_ref() != Some(&status) {
         patch_status(api, nc, &status).await?;
     }
+    expanded?;
+    // A rollout re-checks its preconditions often (the members' versions and liveness are
+    // not Kubernetes events); otherwise the periodic resync.
+    let every = if rolling { 5 } else { 30 };
     Ok(Action::requeue(
-        std::time::Duration::from_secs(30).min(ctx.resync),
+        std::time::Duration::from_secs(every).min(ctx.resync),
     ))
 }
 
@@ -511,11 +606,7 @@ async fn roll_one(
         .and_then(|s| s.update_revision.clone())
         .unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let sel = resources::selector_labels(nc)
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let sel = label_selector(nc);
     let prefix = format!("{}-", nc.fullname());
     let views: Vec<PodView> = pods
         .list(&ListParams::default().labels(&sel))
@@ -546,7 +637,8 @@ async fn roll_one(
             })
         })
         .collect();
-    let step = next_rollout_step(&views, members, &nc.spec.version);
+    let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    let step = next_rollout_step(&views, replicas, members, &nc.spec.version);
     if let RolloutStep::Delete(name) = &step {
         tracing::info!(pod = %name, "rolling upgrade: deleting pod");
         pods.delete(name, &DeleteParams::default()).await?;
@@ -558,12 +650,7 @@ async fn cleanup(nc: &NaradCluster, ctx: &Context) -> Result<Action> {
     if nc.spec.pvc_deletion_policy == PvcDeletionPolicy::Delete {
         let ns = nc.namespace().unwrap_or_else(|| "default".into());
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-        let sel: BTreeMap<String, String> = resources::selector_labels(nc);
-        let sel = sel
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let sel = label_selector(nc);
         pvcs.delete_collection(
             &DeleteParams::default(),
             &ListParams::default().labels(&sel),
@@ -783,24 +870,30 @@ mod tests {
             pod(2, false, true),
         ];
         assert_eq!(
-            next_rollout_step(&pods, &healthy("1.4.0"), "1.5.0"),
+            next_rollout_step(&pods, 3, &healthy("1.4.0"), "1.5.0"),
             RolloutStep::Delete("prod-narad-2".into())
         );
+        // 2 deleted and not recreated yet: wait (never 1 meanwhile).
+        let gone = vec![pod(0, false, true), pod(1, false, true)];
+        assert!(matches!(
+            next_rollout_step(&gone, 3, &healthy("1.4.0"), "1.5.0"),
+            RolloutStep::Wait(_)
+        ));
         // 2 replaced and ready, but its member still reports the old version: wait.
         let pods = vec![pod(0, false, true), pod(1, false, true), pod(2, true, true)];
         assert!(matches!(
-            next_rollout_step(&pods, &healthy("1.4.0"), "1.5.0"),
+            next_rollout_step(&pods, 3, &healthy("1.4.0"), "1.5.0"),
             RolloutStep::Wait(_)
         ));
         let mut m = healthy("1.4.0");
         m[2].version = "1.5.0".into();
         assert_eq!(
-            next_rollout_step(&pods, &m, "1.5.0"),
+            next_rollout_step(&pods, 3, &m, "1.5.0"),
             RolloutStep::Delete("prod-narad-1".into())
         );
         let all = vec![pod(0, true, true), pod(1, true, true), pod(2, true, true)];
         assert_eq!(
-            next_rollout_step(&all, &healthy("1.5.0"), "1.5.0"),
+            next_rollout_step(&all, 3, &healthy("1.5.0"), "1.5.0"),
             RolloutStep::Done
         );
     }
@@ -813,12 +906,12 @@ mod tests {
             pod(2, true, false),
         ];
         assert!(matches!(
-            next_rollout_step(&pods, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, &healthy("1"), "2"),
             RolloutStep::Wait(_)
         ));
         pods[2].age_secs = 601;
         assert!(matches!(
-            next_rollout_step(&pods, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, &healthy("1"), "2"),
             RolloutStep::Stalled(_)
         ));
         // An old pod that is merely not ready is waited for, not a stall.
@@ -829,7 +922,7 @@ mod tests {
         ];
         old[2].age_secs = 10_000;
         assert!(matches!(
-            next_rollout_step(&old, &healthy("1"), "2"),
+            next_rollout_step(&old, 3, &healthy("1"), "2"),
             RolloutStep::Wait(_)
         ));
 
@@ -860,6 +953,33 @@ mod tests {
     }
 
     #[test]
+    fn storage_growth_expands_bound_smaller_claims_only() {
+        let claim = |name: &str, bound: bool, request: Option<&str>| ClaimView {
+            name: name.into(),
+            bound,
+            request: request.map(Into::into),
+        };
+        let claims = vec![
+            claim("data-prod-narad-0", true, Some("10Gi")),
+            claim("data-prod-narad-1", true, Some("20Gi")),
+            claim("data-prod-narad-2", false, Some("10Gi")),
+            claim("data-prod-narad-3", true, Some("30Gi")),
+            claim("data-prod-narad-4", true, None),
+        ];
+        assert_eq!(
+            plan_expansion(&claims, "20Gi"),
+            vec!["data-prod-narad-0".to_string()]
+        );
+        // 0.02Ti is larger than 20Gi.
+        assert_eq!(
+            plan_expansion(&claims, "0.02Ti"),
+            vec!["data-prod-narad-0".to_string(), "data-prod-narad-1".into()]
+        );
+        assert!(plan_expansion(&claims, "10Gi").is_empty());
+        assert!(plan_expansion(&claims, "lots").is_empty());
+    }
+
+    #[test]
     fn rollout_waits_for_health() {
         let pods = vec![
             pod(0, false, true),
@@ -867,7 +987,7 @@ mod tests {
             pod(2, false, false),
         ];
         assert!(matches!(
-            next_rollout_step(&pods, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, &healthy("1"), "2"),
             RolloutStep::Wait(_)
         ));
         let pods = vec![
@@ -878,25 +998,25 @@ mod tests {
         let mut dead = healthy("1");
         dead[0].status = "dead".into();
         assert!(matches!(
-            next_rollout_step(&pods, &dead, "2"),
+            next_rollout_step(&pods, 3, &dead, "2"),
             RolloutStep::Wait(_)
         ));
         let mut leaderless = healthy("1");
         leaderless[1].leader = false;
         assert!(matches!(
-            next_rollout_step(&pods, &leaderless, "2"),
+            next_rollout_step(&pods, 3, &leaderless, "2"),
             RolloutStep::Wait(_)
         ));
         let mut draining = healthy("1");
         draining[0].draining = true;
         assert!(matches!(
-            next_rollout_step(&pods, &draining, "2"),
+            next_rollout_step(&pods, 3, &draining, "2"),
             RolloutStep::Wait(_)
         ));
         let mut term = pods.clone();
         term[2].terminating = true;
         assert!(matches!(
-            next_rollout_step(&term, &healthy("1"), "2"),
+            next_rollout_step(&term, 3, &healthy("1"), "2"),
             RolloutStep::Wait(_)
         ));
     }
