@@ -7,6 +7,7 @@
 //! - `reconcile`: one reconciler per kind, each a pure plan plus a thin async shell calling
 //!   the Kubernetes API and the broker (through `narad_api::Client`);
 //! - `leader`: Lease-based leader election;
+//! - `metrics`: the operator's Prometheus metrics and their endpoint;
 //! - `run`: wiring of the controllers.
 //!
 //! State: none of its own; everything lives in the API server (spec, status, finalizers)
@@ -14,6 +15,7 @@
 
 pub mod crd;
 pub mod leader;
+pub mod metrics;
 pub mod reconcile;
 pub mod resources;
 pub mod run;

@@ -71,6 +71,13 @@ struct RunArgs {
     /// This replica's identity in the Lease (default: POD_NAME, else the hostname).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Where to serve GET /metrics and /healthz (empty: nowhere).
+    #[arg(
+        long,
+        env = "NARAD_OPERATOR_METRICS_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_addr: String,
 }
 
 #[tokio::main]
@@ -125,8 +132,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .max(Duration::from_secs(1));
     ctx.pdb_api_version = pdb.to_string();
     let ctx = Arc::new(ctx);
+    if !args.metrics_addr.is_empty() {
+        let l = tokio::net::TcpListener::bind(&args.metrics_addr)
+            .await
+            .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
+        tracing::info!(addr = %args.metrics_addr, "serving /metrics and /healthz");
+        tokio::spawn(narad_operator::metrics::serve(l, ctx.metrics.clone()));
+    }
 
     if args.no_leader_election {
+        ctx.metrics.leader.set(1);
         narad_operator::run::controllers(ctx, args.namespace).await;
         return Ok(());
     }
@@ -143,6 +158,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     tracing::info!(%identity, lease = %args.lease_name, "waiting for leadership");
     elector.acquire().await;
     tracing::info!(%identity, "leading");
+    ctx.metrics.leader.set(1);
     tokio::select! {
         _ = narad_operator::run::controllers(ctx, args.namespace) => Ok(()),
         _ = elector.hold() => anyhow::bail!("lost leadership"),

@@ -36,6 +36,22 @@ where
     .await
 }
 
+/// Runs `fut` (one reconciliation of `kind`) and records its outcome and duration.
+async fn observed(
+    kind: &'static str,
+    ctx: Arc<Context>,
+    fut: impl std::future::Future<Output = reconcile::Result<kube::runtime::controller::Action>>,
+) -> reconcile::Result<kube::runtime::controller::Action> {
+    let start = std::time::Instant::now();
+    let r = fut.await;
+    let result = match &r {
+        Ok(_) => "ok",
+        Err(e) => e.metric_label(),
+    };
+    ctx.metrics.observe(kind, result, start.elapsed());
+    r
+}
+
 /// Runs the four controllers until they all stop (watch all namespaces, or `ns` only).
 pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
     let c = ctx.client.clone();
@@ -61,11 +77,25 @@ pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
             },
         )
         .shutdown_on_signal()
-        .run(reconcile::cluster::reconcile, error_policy, ctx.clone());
+        .run(
+            |o, c| {
+                observed(
+                    "naradcluster",
+                    c.clone(),
+                    reconcile::cluster::reconcile(o, c),
+                )
+            },
+            error_policy,
+            ctx.clone(),
+        );
 
     let topics = Controller::new(api::<Topic>(&c, ns), wc.clone())
         .shutdown_on_signal()
-        .run(reconcile::topic::reconcile, error_policy, ctx.clone());
+        .run(
+            |o, c| observed("topic", c.clone(), reconcile::topic::reconcile(o, c)),
+            error_policy,
+            ctx.clone(),
+        );
 
     let users_ctl = Controller::new(api::<User>(&c, ns), wc.clone());
     let user_store = users_ctl.store();
@@ -90,7 +120,11 @@ pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
             Some(r)
         })
         .shutdown_on_signal()
-        .run(reconcile::user::reconcile, error_policy, ctx.clone());
+        .run(
+            |o, c| observed("user", c.clone(), reconcile::user::reconcile(o, c)),
+            error_policy,
+            ctx.clone(),
+        );
 
     let grants_ctl = Controller::new(api::<Grant>(&c, ns), wc.clone());
     let grant_store = grants_ctl.store();
@@ -106,7 +140,11 @@ pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
                 .collect::<Vec<_>>()
         })
         .shutdown_on_signal()
-        .run(reconcile::grant::reconcile, error_policy, ctx.clone());
+        .run(
+            |o, c| observed("grant", c.clone(), reconcile::grant::reconcile(o, c)),
+            error_policy,
+            ctx.clone(),
+        );
 
     tokio::join!(
         drain("naradcluster", clusters),

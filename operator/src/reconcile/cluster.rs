@@ -403,6 +403,7 @@ async fn expand_claims(ctx: &Context, nc: &NaradCluster, ns: &str) -> Result<usi
         tracing::info!(claim = %name, size = %nc.spec.storage.size, "expanding volume claim");
         pvcs.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        ctx.metrics.volume_expansions.inc();
     }
     Ok(grow.len())
 }
@@ -642,6 +643,7 @@ async fn roll_one(
     if let RolloutStep::Delete(name) = &step {
         tracing::info!(pod = %name, "rolling upgrade: deleting pod");
         pods.delete(name, &DeleteParams::default()).await?;
+        ctx.metrics.rollout_pod_deletions.inc();
     }
     Ok(step)
 }

@@ -73,6 +73,8 @@ pub struct Context {
     pub wait_retry: Duration,
     /// `policy/v1` or `policy/v1beta1`, as the server serves PDBs.
     pub pdb_api_version: String,
+    /// The operator's metrics.
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -87,6 +89,7 @@ impl Context {
             resync: Duration::from_secs(300),
             wait_retry: Duration::from_secs(5),
             pdb_api_version: "policy/v1".into(),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
             failures: Mutex::new(HashMap::new()),
         }
     }
