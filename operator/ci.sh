@@ -79,10 +79,10 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   trap 'bash "$tenv/stop.sh" "$state"' EXIT
   export KUBECONFIG="$state/kubeconfig"
 
-  echo "== envtest: operator against the real API server and a real broker"
+  echo "== envtest: operator against the real API server and real brokers (rollout included)"
   [ -x "$target_dir/$PROFILE/narad" ] || cargo build "${flag[@]}" --workspace
   NARAD_K8S_KUBECONFIG="$KUBECONFIG" NARAD_BIN="$(cd "$target_dir/$PROFILE" && pwd)/narad" \
-    cargo test "${flag[@]}" --workspace --test envtest
+    cargo test "${flag[@]}" --workspace --test envtest --test rollout
 
   echo "== helm install / upgrade / uninstall against the API server"
   kubectl create namespace helm-ci

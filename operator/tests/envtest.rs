@@ -6,50 +6,21 @@
 //! or the workspace target has a `narad` binary); otherwise it says so and passes. Each
 //! wait is bounded by [`WAIT`]; the operator's resync is 2 s so drift repair is observable.
 
-use std::time::{Duration, Instant};
+mod common;
 
+use std::time::Duration;
+
+use common::{apply, client, eventually, install_crds, secret};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret, Service};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::Api;
 use narad_api::AlterTopicRequest;
-use narad_operator::crd::{all_crds, cond, is_true, Grant, NaradCluster, Topic, User};
-use narad_operator::reconcile::Context;
+use narad_operator::crd::{cond, is_true, Grant, NaradCluster, Topic, User};
 use narad_tests::server::{Server, ServerOpts};
 use serde_json::json;
 
-/// Longest wait for any convergence (the operator normally needs well under 2 s).
-const WAIT: Duration = Duration::from_secs(30);
 const ADMIN_PASSWORD: &str = "envtest-admin-secret";
-
-async fn client() -> Option<Client> {
-    let path = std::env::var("NARAD_K8S_KUBECONFIG").ok()?;
-    let kc = Kubeconfig::read_from(path).expect("kubeconfig");
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-        .await
-        .expect("kube config");
-    Some(Client::try_from(cfg).expect("kube client"))
-}
-
-/// Polls `f` until it returns `Some`, at most [`WAIT`]; the elapsed time with the value.
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> (T, Duration)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return (v, start.elapsed());
-        }
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 fn ready(conds: Option<&Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>) -> bool {
     conds.is_some_and(|c| is_true(c, cond::READY))
@@ -61,63 +32,6 @@ fn reason(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t
         .find(|c| c.type_ == t)
         .map(|c| c.reason.clone())
         .unwrap_or_default()
-}
-
-async fn install_crds(c: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(c.clone());
-    for (_, crd) in all_crds() {
-        let name = crd.metadata.name.clone().unwrap();
-        // Create or replace, not server-side apply: a 1.20 server refuses an applied CRD that
-        // carries `x-kubernetes-validations` (unknown there), while create/replace drop it.
-        match crds.get_opt(&name).await.expect("get CRD") {
-            None => {
-                crds.create(&PostParams::default(), &crd)
-                    .await
-                    .expect("create CRD");
-            }
-            Some(old) => {
-                let mut crd = crd.clone();
-                crd.metadata.resource_version = old.metadata.resource_version;
-                crds.replace(&name, &PostParams::default(), &crd)
-                    .await
-                    .expect("replace CRD");
-            }
-        }
-        eventually(&format!("CRD {name} established"), || {
-            let crds = crds.clone();
-            let name = name.clone();
-            async move {
-                let c = crds.get(&name).await.ok()?;
-                c.status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-                    .then_some(())
-            }
-        })
-        .await;
-    }
-}
-
-async fn apply<K>(api: &Api<K>, name: &str, body: serde_json::Value)
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply("narad-envtest").force(),
-        &Patch::Apply(&body),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("apply {name}: {e}"));
-}
-
-fn secret(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
-    let data: serde_json::Map<String, serde_json::Value> = data
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": data})
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,14 +46,7 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         .try_init();
     install_crds(&c).await;
     let ns = format!("narad-it-{}", std::process::id());
-    let namespaces: Api<Namespace> = Api::all(c.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await
-        .expect("namespace");
+    let namespaces = common::create_namespace(&c, &ns).await;
 
     let broker = Server::start(ServerOpts::secured(ADMIN_PASSWORD)).await;
     let admin =
@@ -147,16 +54,7 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .unwrap();
 
     // The operator, in-process, watching only this namespace.
-    let info = c.apiserver_version().await.unwrap();
-    let minor = narad_operator::resources::parse_minor(&info.minor).unwrap();
-    let mut ctx = Context::new(c.clone());
-    ctx.resync = Duration::from_secs(2);
-    ctx.wait_retry = Duration::from_millis(500);
-    ctx.pdb_api_version = narad_operator::resources::pdb_api_version(minor).into();
-    let operator = tokio::spawn(narad_operator::run::controllers(
-        std::sync::Arc::new(ctx),
-        Some(ns.clone()),
-    ));
+    let (operator, minor) = common::start_operator(&c, &ns, Duration::from_secs(2)).await;
 
     // --- CRDs reject invalid objects (OpenAPI schema; CEL is ignored by 1.20).
     let topics: Api<Topic> = Api::namespaced(c.clone(), &ns);
@@ -195,14 +93,30 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         ),
     )
     .await;
-    let clusters: Api<NaradCluster> = Api::namespaced(c.clone(), &ns);
+    // A storage class that allows expansion, for the storage growth below.
+    let storage_class = format!("narad-expandable-{}", std::process::id());
+    let classes: Api<DynamicObject> = Api::all_with(
+        c.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("storage.k8s.io", "v1", "StorageClass"),
+            "storageclasses",
+        ),
+    );
     apply(
-        &clusters,
-        "prod",
-        json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
-        "metadata": {"name": "prod"}, "spec": {"version": "0.1.0", "endpoint": broker.url()}}),
+        &classes,
+        &storage_class,
+        json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+        "metadata": {"name": storage_class}, "provisioner": "narad.io/envtest",
+        "allowVolumeExpansion": true}),
     )
     .await;
+    let clusters: Api<NaradCluster> = Api::namespaced(c.clone(), &ns);
+    let prod = |size: &str| {
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "prod"}, "spec": {"version": "0.1.0", "endpoint": broker.url(),
+        "storage": {"size": size, "storageClassName": storage_class}}})
+    };
+    apply(&clusters, "prod", prod("10Gi")).await;
     let stss: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
     let (sts, _) = eventually("StatefulSet prod-narad", || async {
         stss.get_opt("prod-narad").await.ok().flatten()
@@ -245,6 +159,90 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     let st = nc.status.unwrap();
     assert_eq!(st.initial_cluster_size, Some(3));
     assert!(st.leader.is_some(), "{st:?}");
+
+    // --- storage.size growth reaches the claims (the claim template is immutable). The
+    // StatefulSet controller creates the claims; the test provisions a volume for each
+    // (pre-bound, so the binder binds them), as a real provisioner would.
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(c.clone(), &ns);
+    let pvs: Api<PersistentVolume> = Api::all(c.clone());
+    let mut volumes = Vec::new();
+    for i in 0..3 {
+        let claim = format!("data-prod-narad-{i}");
+        let (pvc, _) = eventually(&format!("claim {claim}"), || async {
+            pvcs.get_opt(&claim).await.ok().flatten()
+        })
+        .await;
+        let pv = format!("{ns}-{i}");
+        pvs.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+            "metadata": {"name": pv},
+            "spec": {"capacity": {"storage": "10Gi"}, "accessModes": ["ReadWriteOnce"],
+                     "hostPath": {"path": format!("/tmp/{pv}")}, "storageClassName": storage_class,
+                     "persistentVolumeReclaimPolicy": "Retain",
+                     "claimRef": {"namespace": ns, "name": claim, "uid": pvc.metadata.uid}}}))
+            .unwrap(),
+        )
+        .await
+        .expect("create volume");
+        volumes.push(pv);
+    }
+    let request = |p: &PersistentVolumeClaim| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.clone())
+            .unwrap_or_default()
+    };
+    eventually("claims bound", || async {
+        let l = pvcs.list(&Default::default()).await.ok()?;
+        (l.items.len() == 3
+            && l.items
+                .iter()
+                .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")))
+        .then_some(())
+    })
+    .await;
+    apply(&clusters, "prod", prod("20Gi")).await;
+    let (_, t_expand) = eventually("claims expanded to 20Gi", || async {
+        let l = pvcs.list(&Default::default()).await.ok()?;
+        l.items.iter().all(|p| request(p) == "20Gi").then_some(())
+    })
+    .await;
+    let vct = stss
+        .get("prod-narad")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_claim_templates;
+    assert_eq!(
+        request(&vct.unwrap()[0]),
+        "10Gi",
+        "the claim template keeps its creation size"
+    );
+    // Shrinking is refused by the operator (CEL is ignored by 1.20) and changes nothing.
+    apply(&clusters, "prod", prod("5Gi")).await;
+    eventually("shrink refused", || async {
+        let n = clusters.get("prod").await.ok()?;
+        (reason(&n.status?.conditions, cond::READY) == "Invalid").then_some(())
+    })
+    .await;
+    assert!(pvcs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .all(|p| request(p) == "20Gi"));
+    apply(&clusters, "prod", prod("20Gi")).await;
+    eventually("valid again", || async {
+        let n = clusters.get("prod").await.ok()?;
+        (reason(&n.status?.conditions, cond::READY) != "Invalid").then_some(())
+    })
+    .await;
     // A cluster without a security Secret gets one generated.
     apply(&clusters, "gen", json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
         "metadata": {"name": "gen"}, "spec": {"version": "0.1.0", "endpoint": "http://127.0.0.1:1"}})).await;
@@ -533,10 +531,19 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         "the broker was not called"
     );
 
-    eprintln!(
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
         "envtest timings: topic create→Ready {t_create:?}, partitions change→broker {t_partitions:?}, \
-         drift repair {t_drift:?}, grants→broker {t_grants:?}, grant change→broker {t_grant_change:?}"
+         drift repair {t_drift:?}, grants→broker {t_grants:?}, grant change→broker {t_grant_change:?}, \
+         storage.size growth→claims {t_expand:?}"
     );
     operator.abort();
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
+    for pv in volumes {
+        let _ = pvs.delete(&pv, &DeleteParams::default()).await;
+    }
+    let _ = classes
+        .delete(&storage_class, &DeleteParams::default())
+        .await;
 }
