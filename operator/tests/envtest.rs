@@ -314,31 +314,86 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (synced.status == "False" && synced.message.starts_with("http 404")).then_some(())
     })
     .await;
-    // A remote link is attached (or its refusal reported, on a broker without the route).
+    // A remote link to a second (secured) broker: attached with the credentials from the
+    // Secret, messages cross it, and removing the entry detaches it. A broker without remote
+    // children refuses the attach instead (404 route or 400): the refusal must show.
+    let dr = Server::start(ServerOpts::secured("dr-admin-secret")).await;
+    let dr_admin =
+        narad_api::Client::new(&dr.url(), Some(("admin".into(), "dr-admin-secret".into())))
+            .unwrap();
+    dr_admin
+        .create_topic(&narad_api::CreateTopicRequest {
+            name: "mirrored".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("topic on the remote cluster");
     apply(
         &secrets,
         "dr-creds",
-        secret("dr-creds", &[("username", "u"), ("password", "p")]),
+        secret(
+            "dr-creds",
+            &[("username", "admin"), ("password", "dr-admin-secret")],
+        ),
     )
     .await;
-    apply(&topics, "mirrored", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
-        "metadata": {"name": "mirrored"}, "spec": {"clusterRef": {"name": "prod"}, "remoteChildren": [
-            {"name": "mirrored-dr", "url": "http://127.0.0.1:1", "topic": "mirrored",
-             "credentialsSecretRef": {"name": "dr-creds"}}]}})).await;
-    eventually("mirrored-dr attached, or the refusal reported", || async {
-        let t = topics.get("mirrored").await.ok()?;
-        let st = t.status?;
-        if st.remote_links == vec!["mirrored-dr".to_string()] {
-            return Some(());
-        }
-        // A broker without remote children refuses the attach (404 route or 400 "not
-        // supported"): the refusal must show, with its status code.
-        let synced = st.conditions.iter().find(|c| c.type_ == cond::SYNCED)?;
-        (synced.status == "False"
-            && (synced.message.starts_with("http 404") || synced.message.starts_with("http 400")))
-        .then_some(())
-    })
+    let mirrored = |links: serde_json::Value| {
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "mirrored"}, "spec": {"clusterRef": {"name": "prod"}, "remoteChildren": links}})
+    };
+    apply(
+        &topics,
+        "mirrored",
+        mirrored(
+            json!([{"name": "mirrored-dr", "url": dr.url(), "topic": "mirrored",
+             "credentialsSecretRef": {"name": "dr-creds"}}]),
+        ),
+    )
     .await;
+    let (attached, t_remote) =
+        eventually("mirrored-dr attached, or the refusal reported", || async {
+            let t = topics.get("mirrored").await.ok()?;
+            let st = t.status?;
+            if st.remote_links == vec!["mirrored-dr".to_string()] {
+                return Some(true);
+            }
+            let synced = st.conditions.iter().find(|c| c.type_ == cond::SYNCED)?;
+            (synced.status == "False"
+                && (synced.message.starts_with("http 404")
+                    || synced.message.starts_with("http 400")))
+            .then_some(false)
+        })
+        .await;
+    if attached {
+        let kids = admin.list_children("mirrored").await.unwrap().children;
+        let link = kids
+            .iter()
+            .find(|c| c.name == "mirrored-dr")
+            .expect("link on the broker");
+        assert_eq!(link.kind, "remote", "{kids:?}");
+        admin
+            .produce("mirrored", b"{\"across\":1}".to_vec(), None, None)
+            .await
+            .expect("produce on the parent");
+        eventually("the message on the remote cluster", || async {
+            let m = dr_admin
+                .consume("mirrored", Some(Duration::from_secs(1)), None)
+                .await
+                .ok()??;
+            let v: serde_json::Value = serde_json::from_str(m.payload.get()).ok()?;
+            (v == json!({"across": 1})).then_some(())
+        })
+        .await;
+        apply(&topics, "mirrored", mirrored(json!([]))).await;
+        eventually("mirrored-dr detached", || async {
+            let kids = admin.list_children("mirrored").await.ok()?.children;
+            kids.iter().all(|c| c.name != "mirrored-dr").then_some(())
+        })
+        .await;
+        eprintln!("remote link attached in {t_remote:?}, crossed and detached");
+    } else {
+        eprintln!("this broker refuses remote children; the refusal was reported");
+    }
     apply(&topics, "orphan", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
         "metadata": {"name": "orphan"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "nope"}})).await;
     eventually("orphan WaitingForParent", || async {
