@@ -48,6 +48,7 @@ while True:
     names = {t["name"] for t in (ts or {}).get("topics", []) if t["name"].startswith("bench-")}
     if seen is None:
         seen = names
+        print("ready", flush=True)
     fresh = sorted(names - seen)
     seen |= names
     newest = fresh[-1] if fresh else None
@@ -77,11 +78,14 @@ for pass in $(seq 1 "$PASSES"); do
             curl -sf -XPOST "http://$api/v1/topics" -H 'content-type: application/json' \
                 -d "{\"name\":\"c$n-$i\",\"partitions\":3}" >/dev/null
         done
-        python3 "$work/watch.py" "http://$api" "$n" &
+        python3 "$work/watch.py" "http://$api" "$n" >"$work/watch-$n.log" &
         watcher=$!
+        # The watcher must know the topics that exist before the harness creates its own.
+        until grep -q ready "$work/watch-$n.log"; do sleep 0.05; done
         run_bench "children-$n" "http://$api"
         sleep 1
         kill "$watcher"; wait "$watcher" 2>/dev/null || true
+        grep -v ready "$work/watch-$n.log" || true
     done
     kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 done

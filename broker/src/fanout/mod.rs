@@ -83,6 +83,10 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long `sync` waits for a stopping cursor.
 const STOP_WAIT: Duration = Duration::from_secs(10);
+/// Local-child commits (read, fsync, verify) in flight per node. Produce commits come
+/// first: a cursor that waits for its turn reads a fuller batch when it gets it, so under
+/// load fan-out costs fewer, larger commits instead of taking the disk from producers.
+const COMMITS_IN_FLIGHT: usize = 1;
 
 /// The child id of a remote link's cursor (its epoch alone identifies it; topic ids never
 /// reach this value).
@@ -196,6 +200,8 @@ pub struct Fanout {
     stopping: Mutex<Vec<Arc<CursorState>>>,
     /// Serialises reconciles (they do file I/O outside the `cursors` lock).
     reconcile_lock: Mutex<()>,
+    /// Turns for local-child commits (see [`COMMITS_IN_FLIGHT`]).
+    commit_gate: tokio::sync::Semaphore,
     /// One HTTP client per remote link (by epoch), shared by its cursors here.
     remote_clients: Mutex<HashMap<u64, Arc<RemoteClient>>>,
     shutdown: CancellationToken,
@@ -225,6 +231,7 @@ impl Fanout {
             cursors: Mutex::new(HashMap::new()),
             stopping: Mutex::new(Vec::new()),
             reconcile_lock: Mutex::new(()),
+            commit_gate: tokio::sync::Semaphore::new(COMMITS_IN_FLIGHT),
             remote_clients: Mutex::new(HashMap::new()),
             shutdown: CancellationToken::new(),
             swept: AtomicBool::new(false),
@@ -654,6 +661,17 @@ impl Fanout {
                     _ = st.cancel.cancelled() => continue,
                 }
             }
+            // A local child's turn is taken before reading, so waiting fills the batch; it is
+            // given back at the first failed attempt (a stalled child stalls only itself).
+            let turn = if st.remote.is_none() {
+                tokio::select! {
+                    t = self.commit_gate.acquire() => t.ok(),
+                    _ = st.cancel.cancelled() => continue,
+                }
+            } else {
+                None
+            };
+            let turn = Mutex::new(turn);
             let want = if st.delay_ms > 0 { chunk } else { max };
             let bytes = self.cfg.max_batch_bytes;
             let p2 = part.clone();
@@ -681,7 +699,7 @@ impl Fanout {
             }
             let batch = &recs[..n];
             let copied = match &st.remote {
-                None => self.commit(st, batch).await,
+                None => self.commit(st, batch, &turn).await,
                 Some(r) => self.commit_remote(st, r, batch).await,
             };
             if !copied {
@@ -785,7 +803,12 @@ impl Fanout {
 
     /// Commits `batch` to the child's partitions, each group retried until it is durable.
     /// `false` when the cursor must stop (cancelled, or its link is gone).
-    async fn commit(&self, st: &CursorState, batch: &[StoredRecord]) -> bool {
+    async fn commit(
+        &self,
+        st: &CursorState,
+        batch: &[StoredRecord],
+        turn: &Mutex<Option<tokio::sync::SemaphorePermit<'_>>>,
+    ) -> bool {
         let Some(child) = self.child_topic(st) else {
             return false;
         };
@@ -800,7 +823,7 @@ impl Fanout {
         let results = futures::future::join_all(
             groups
                 .into_iter()
-                .map(|(p, records)| self.commit_group(st, p, records)),
+                .map(|(p, records)| self.commit_group(st, p, records, turn)),
         )
         .await;
         results.into_iter().all(|ok| ok)
@@ -961,7 +984,13 @@ impl Fanout {
         }
     }
 
-    async fn commit_group(&self, st: &CursorState, p: u32, records: Vec<NewRecord>) -> bool {
+    async fn commit_group(
+        &self,
+        st: &CursorState,
+        p: u32,
+        records: Vec<NewRecord>,
+        turn: &Mutex<Option<tokio::sync::SemaphorePermit<'_>>>,
+    ) -> bool {
         let mut backoff = RETRY_MIN;
         loop {
             if st.cancel.is_cancelled() {
@@ -976,6 +1005,7 @@ impl Fanout {
                     self.metrics.error("fanout", "child_commit");
                     tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
                         child_partition = p, error = %e, "fan-out commit failed; retrying (this cursor waits)");
+                    drop(turn.lock().take());
                     self.pause(st, &mut backoff).await;
                 }
             }
