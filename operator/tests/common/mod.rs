@@ -17,7 +17,7 @@ use narad_operator::reconcile::Context;
 use serde_json::json;
 
 /// Longest wait for any convergence (the operator normally needs well under 2 s).
-pub const WAIT: Duration = Duration::from_secs(30);
+pub const WAIT: Duration = Duration::from_secs(60);
 
 /// The test server's client, or `None` when `NARAD_K8S_KUBECONFIG` is not set.
 pub async fn client() -> Option<Client> {
