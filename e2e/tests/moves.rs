@@ -83,6 +83,9 @@ async fn a_move_whose_source_dies_is_force_promoted_and_loses_nothing() {
         assert!(Instant::now() < until, "no move copied anything: {ms:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // Every move of the rebalance pre-copies within milliseconds; give the slowest a
+    // moment (well inside the handoff pause) so the killed source's move has its listing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let src = c.index_of(&source);
     eprintln!(
         "killing {source} while partition {partition} moves to {target} ({:?}): {}",
