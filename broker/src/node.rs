@@ -249,19 +249,17 @@ impl Node {
         out
     }
 
-    /// Lag per child of `parent` (SPEC §3.7): this node's cursors, plus those of the other
-    /// parent partition owners (`FanoutCursors`, one call per owner, concurrently). A
-    /// partition whose cursor did not report makes the sum a lower bound (`false`).
-    pub async fn children_lag(
+    /// Asks every other owner of a partition of `parent`, concurrently, `op` with a
+    /// `FanoutCursorsRequest`; the successful replies (owners that fail are left out).
+    async fn ask_parent_owners(
         &self,
-        view: &MetaState,
         parent: &Topic,
-    ) -> std::collections::BTreeMap<String, (u64, bool)> {
-        let mut lags = self.fanout.partition_lags(view, parent);
-        let owners: std::collections::BTreeSet<String> = parent
+        op: crate::rpc::Opcode,
+    ) -> Vec<crate::rpc::RpcReply> {
+        let owners: std::collections::BTreeSet<&str> = parent
             .assignments
             .iter()
-            .filter_map(|a| a.owner.clone())
+            .filter_map(|a| a.owner.as_deref())
             .filter(|o| *o != self.node_id)
             .collect();
         let body = bytes::Bytes::from(
@@ -272,17 +270,30 @@ impl Node {
             .expect("invariant: a cursors request serialises"),
         );
         let calls = owners.iter().map(|o| {
-            self.cluster.call(
-                o,
-                crate::rpc::Opcode::FanoutCursors,
-                body.clone(),
-                crate::rpc::DEFAULT_TIMEOUT,
-            )
+            self.cluster
+                .call(o, op, body.clone(), crate::rpc::DEFAULT_TIMEOUT)
         });
-        for reply in futures::future::join_all(calls).await.into_iter().flatten() {
-            if !reply.is_success() {
-                continue;
-            }
+        futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|r| r.is_success())
+            .collect()
+    }
+
+    /// Lag per child of `parent` (SPEC §3.7): this node's cursors, plus those of the other
+    /// parent partition owners (`FanoutCursors`, one call per owner, concurrently). A
+    /// partition whose cursor did not report makes the sum a lower bound (`false`).
+    pub async fn children_lag(
+        &self,
+        view: &MetaState,
+        parent: &Topic,
+    ) -> std::collections::BTreeMap<String, (u64, bool)> {
+        let mut lags = self.fanout.partition_lags(view, parent);
+        for reply in self
+            .ask_parent_owners(parent, crate::rpc::Opcode::FanoutCursors)
+            .await
+        {
             let Ok(remote) = serde_json::from_slice::<
                 std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
             >(&reply.body) else {
@@ -318,33 +329,13 @@ impl Node {
         if view.remote_links_of(&parent.name).is_empty() {
             return std::collections::BTreeMap::new();
         }
-        let owners: std::collections::BTreeSet<String> = parent
-            .assignments
-            .iter()
-            .filter_map(|a| a.owner.clone())
-            .filter(|o| *o != self.node_id)
-            .collect();
-        let body = bytes::Bytes::from(
-            serde_json::to_vec(&crate::cluster::wire::FanoutCursorsRequest {
-                parent_id: parent.id,
-                parent: parent.name.clone(),
-            })
-            .expect("invariant: a states request serialises"),
-        );
-        let calls = owners.iter().map(|o| {
-            self.cluster.call(
-                o,
-                crate::rpc::Opcode::RemoteLinkStates,
-                body.clone(),
-                crate::rpc::DEFAULT_TIMEOUT,
-            )
-        });
-        for reply in futures::future::join_all(calls).await.into_iter().flatten() {
+        for reply in self
+            .ask_parent_owners(parent, crate::rpc::Opcode::RemoteLinkStates)
+            .await
+        {
             let Ok(states) = serde_json::from_slice::<
                 std::collections::BTreeMap<String, crate::cluster::wire::RemoteLinkState>,
-            >(&reply.body)
-            .map_err(|_| ())
-            .and_then(|s| if reply.is_success() { Ok(s) } else { Err(()) }) else {
+            >(&reply.body) else {
                 continue;
             };
             for (link, s) in states {

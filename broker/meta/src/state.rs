@@ -247,6 +247,46 @@ impl MetaState {
 // non-draining member, completes only as the compare-and-swap of the move that is in
 // flight, and a member is forgotten only once it owns nothing.
 impl MetaState {
+    /// The compare-and-swap of a move's flip: `Ok(true)` while move `move_id` from `from` to
+    /// `to` is in flight, `Ok(false)` when `to` already owns the partition with no move (a
+    /// retried flip), else 409.
+    fn flip_pending(
+        &self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        from: &str,
+        to: &str,
+        move_id: u64,
+    ) -> Result<bool, ApplyError> {
+        let a = self.assignment(topic, topic_id, partition)?;
+        if a.owner.as_deref() == Some(to) && a.target.is_none() {
+            return Ok(false);
+        }
+        if a.owner.as_deref() != Some(from)
+            || a.target.as_deref() != Some(to)
+            || a.move_id != move_id
+        {
+            return Err(ApplyError::Conflict(format!(
+                "move {move_id} of partition {partition} of {topic} is no longer in flight"
+            )));
+        }
+        Ok(true)
+    }
+
+    /// `owner := to`, no move in flight.
+    fn flip(&mut self, topic: &str, partition: u32, to: &str) {
+        self.set_assignment(
+            topic,
+            partition,
+            Assignment {
+                owner: Some(to.to_string()),
+                target: None,
+                move_id: 0,
+            },
+        );
+    }
+
     /// The assignment of partition `partition` of `topic`, checking the topic id (a topic
     /// re-created under the same name is another topic).
     fn assignment(
@@ -328,27 +368,9 @@ impl MetaState {
                 to,
                 move_id,
             } => {
-                let a = self.assignment(topic, *topic_id, *partition)?;
-                if a.owner.as_deref() == Some(to.as_str()) && a.target.is_none() {
-                    return Ok(MetaResponse::Ok);
+                if self.flip_pending(topic, *topic_id, *partition, from, to, *move_id)? {
+                    self.flip(topic, *partition, to);
                 }
-                if a.owner.as_deref() != Some(from.as_str())
-                    || a.target.as_deref() != Some(to.as_str())
-                    || a.move_id != *move_id
-                {
-                    return Err(ApplyError::Conflict(format!(
-                        "move {move_id} of partition {partition} of {topic} is no longer in flight"
-                    )));
-                }
-                self.set_assignment(
-                    topic,
-                    *partition,
-                    Assignment {
-                        owner: Some(to.clone()),
-                        target: None,
-                        move_id: 0,
-                    },
-                );
                 Ok(MetaResponse::Ok)
             }
             MetaCommand::ForceCompleteMove {
@@ -360,32 +382,15 @@ impl MetaState {
                 move_id,
                 high_watermark,
             } => {
-                let a = self.assignment(topic, *topic_id, *partition)?;
-                if a.owner.as_deref() == Some(to.as_str()) && a.target.is_none() {
+                if !self.flip_pending(topic, *topic_id, *partition, from, to, *move_id)? {
                     return Ok(MetaResponse::Ok);
-                }
-                if a.owner.as_deref() != Some(from.as_str())
-                    || a.target.as_deref() != Some(to.as_str())
-                    || a.move_id != *move_id
-                {
-                    return Err(ApplyError::Conflict(format!(
-                        "move {move_id} of partition {partition} of {topic} is no longer in flight"
-                    )));
                 }
                 if !self.members.get(from).is_some_and(|m| m.dead) {
                     return Err(ApplyError::Conflict(format!(
                         "{from} is not marked dead: the move completes by handoff"
                     )));
                 }
-                self.set_assignment(
-                    topic,
-                    *partition,
-                    Assignment {
-                        owner: Some(to.clone()),
-                        target: None,
-                        move_id: 0,
-                    },
-                );
+                self.flip(topic, *partition, to);
                 self.salvage.retain(|c| {
                     !(c.topic_id == *topic_id && c.partition == *partition && c.from == *from)
                 });
