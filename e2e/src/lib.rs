@@ -238,6 +238,29 @@ impl TestCluster {
         v["members"].as_array().cloned().unwrap_or_default()
     }
 
+    /// The `field` array of `GET path` on node `via`; empty when the node does not answer
+    /// `200` within 3 s (it may be down or restarting).
+    pub async fn list_or_empty(&self, via: usize, path: &str, field: &str) -> Vec<Value> {
+        match self
+            .http(via)
+            .request(narad_tests::Method::GET, path)
+            .timeout(Duration::from_secs(3))
+            .try_send()
+            .await
+        {
+            Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
+                .ok()
+                .and_then(|v| v[field].as_array().cloned())
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Moves in flight (`GET /v1/cluster/moves`) as node `via` sees them.
+    pub async fn moves(&self, via: usize) -> Vec<Value> {
+        self.list_or_empty(via, "/v1/cluster/moves", "moves").await
+    }
+
     /// The index of the node the others report as metadata leader, as seen by node `via`.
     pub async fn leader(&self, via: usize) -> Option<usize> {
         let members = self.members(via).await;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use narad_e2e::load::Load;
 use narad_e2e::{ClusterOpts, TestCluster};
-use narad_tests::{json, metric_sum, metric_sum_where, Method, Value};
+use narad_tests::{json, metric_sum, metric_sum_where};
 
 const PARTITIONS: u64 = 6;
 /// The target pauses this long between its pre-copy and the handoff; the test kills the
@@ -17,22 +17,6 @@ const HANDOFF_PAUSE_MS: u64 = 5000;
 const FORCE_AFTER_MS: u64 = 2000;
 const SETTLE: Duration = Duration::from_secs(40);
 const DRAIN: Duration = Duration::from_secs(60);
-
-async fn moves(c: &TestCluster, via: usize) -> Vec<Value> {
-    match c
-        .http(via)
-        .request(Method::GET, "/v1/cluster/moves")
-        .timeout(Duration::from_secs(3))
-        .try_send()
-        .await
-    {
-        Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
-            .ok()
-            .and_then(|v| v["moves"].as_array().cloned())
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    }
-}
 
 async fn metrics(c: &TestCluster, i: usize) -> String {
     c.http(i).metrics_text().await
@@ -72,7 +56,7 @@ async fn a_move_whose_source_dies_is_force_promoted_and_loses_nothing() {
     let target = c.nodes[n3].id.clone();
     let until = Instant::now() + SETTLE;
     let (source, partition) = loop {
-        let ms = moves(&c, 0).await;
+        let ms = c.moves(0).await;
         let copied = metric_sum(&metrics(&c, n3).await, "narad_moves_bytes_total").unwrap_or(0.0);
         if let Some(m) = ms.first().filter(|_| copied > 0.0) {
             break (
@@ -147,7 +131,7 @@ async fn a_move_whose_source_dies_is_force_promoted_and_loses_nothing() {
     }
     let until = Instant::now() + SETTLE;
     loop {
-        let ms = moves(&c, survivor).await;
+        let ms = c.moves(survivor).await;
         if ms.is_empty() {
             break;
         }

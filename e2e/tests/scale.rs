@@ -19,35 +19,7 @@ const SETTLE: Duration = Duration::from_secs(40);
 const DRAIN: Duration = Duration::from_secs(45);
 
 async fn members(c: &TestCluster, via: usize) -> Vec<Value> {
-    match c
-        .http(via)
-        .request(Method::GET, "/v1/cluster/members")
-        .timeout(Duration::from_secs(3))
-        .try_send()
-        .await
-    {
-        Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
-            .ok()
-            .and_then(|v| v["members"].as_array().cloned())
-            .unwrap_or_default(),
-        _ => Vec::new(),
-    }
-}
-
-async fn moves(c: &TestCluster, via: usize) -> usize {
-    match c
-        .http(via)
-        .request(Method::GET, "/v1/cluster/moves")
-        .timeout(Duration::from_secs(3))
-        .try_send()
-        .await
-    {
-        Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
-            .ok()
-            .and_then(|v| v["moves"].as_array().map(|a| a.len()))
-            .unwrap_or(0),
-        _ => 0,
-    }
+    c.list_or_empty(via, "/v1/cluster/members", "members").await
 }
 
 /// `narad_moves_total{outcome="completed"}` of node `i` (moves it copied in).
@@ -117,7 +89,7 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
     let until = Instant::now() + SETTLE;
     loop {
         let ms = members(&c, 0).await;
-        let inflight = moves(&c, 0).await;
+        let inflight = c.moves(0).await.len();
         max_moves = max_moves.max(inflight);
         let balanced = ms.len() == 4
             && ms.iter().all(|m| {
