@@ -36,6 +36,10 @@ const DEFAULT_DISPATCH_LINGER_US: u64 = 1000;
 /// Default most partition commits in flight; `NARAD_DISPATCH_PARALLEL` overrides it.
 const DEFAULT_DISPATCH_PARALLEL: usize = 4;
 
+/// Threads for the fan-out engine's blocking work (reads, child commits, cursor files), at
+/// a lower CPU priority than produce: one can read while the other waits for an fsync.
+const FANOUT_IO_THREADS: usize = 2;
+
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -712,6 +716,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     )
     .context("open the ingress wal")?;
     // Cluster hook: the remote committer for child partitions owned by other nodes.
+    let fanout_io = crate::fanout::io::IoThreads::start(FANOUT_IO_THREADS)
+        .context("start the fan-out I/O threads")?;
     let fanout = crate::fanout::Fanout::new(
         meta.clone(),
         registry.clone(),
@@ -719,11 +725,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         Arc::new(crate::fanout::RoutedCommitter::new(
             node_id.clone(),
             registry.clone(),
+            fanout_io.clone(),
             Some(Arc::new(crate::cluster::router::RemoteChildCommitter {
                 cluster: cluster.clone(),
             })),
         )),
         config.fanout.clone(),
+        fanout_io,
     );
     if !clustered {
         fanout.confirm_view();

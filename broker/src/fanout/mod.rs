@@ -35,6 +35,7 @@
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
+pub mod io;
 pub mod remote;
 pub mod route;
 pub mod sink;
@@ -52,7 +53,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics, RemoteSendErrorLabels};
 use crate::partition::{now_ms, Partition, Registry};
-use cursor::{CursorDir, CursorId, Loaded};
+use cursor::{CursorDir, CursorFile, CursorId, Loaded};
+use io::IoThreads;
 use remote::{BatchBody, LinkState, LinkStatus, RemoteClient, Verdict};
 pub use sink::{ChildCommitter, CommitError, RoutedCommitter};
 
@@ -211,6 +213,8 @@ pub struct Fanout {
     /// are only removed after that.
     view_confirmed: AtomicBool,
     rt: tokio::runtime::Handle,
+    /// Where the cursors' blocking work runs (reads, local child commits, cursor files).
+    io: Arc<IoThreads>,
 }
 
 impl Fanout {
@@ -221,6 +225,7 @@ impl Fanout {
         metrics: Arc<Metrics>,
         committer: Arc<dyn ChildCommitter>,
         cfg: FanoutConfig,
+        io: Arc<IoThreads>,
     ) -> Arc<Self> {
         Arc::new(Fanout {
             meta,
@@ -237,6 +242,7 @@ impl Fanout {
             swept: AtomicBool::new(false),
             view_confirmed: AtomicBool::new(false),
             rt: tokio::runtime::Handle::current(),
+            io,
         })
     }
 
@@ -592,14 +598,19 @@ impl Fanout {
         };
         let id = st.id();
         let mut pos = st.next.load(Ordering::Acquire);
+        let mut file: Option<CursorFile> = None;
         let mut dirty = false;
         let mut backoff = RETRY_MIN;
         loop {
             if st.cancel.is_cancelled() {
                 break;
             }
-            if dirty {
-                match blocking(dir.clone(), move |d| d.store(id, pos)).await {
+            let due = file.as_ref().is_some_and(CursorFile::sync_due);
+            if dirty || due {
+                match self
+                    .persist(&dir, id, &mut file, dirty.then_some(pos))
+                    .await
+                {
                     Ok(()) => dirty = false,
                     Err(e) => {
                         self.metrics.error("fanout", "cursor_persist");
@@ -610,6 +621,11 @@ impl Fanout {
                     }
                 }
             }
+            // An idle cursor wakes in time to fsync its last advance.
+            let idle_bound = match &file {
+                Some(f) if f.unsynced() => cursor::SYNC_EVERY,
+                _ => self.cfg.max_idle_sleep,
+            };
             let oldest = part.log.oldest_offset();
             if pos < oldest {
                 // Retention removed records this cursor had not copied yet.
@@ -628,12 +644,12 @@ impl Fanout {
             }
             let hwm = part.log.high_watermark();
             if pos >= hwm {
-                self.wait_commit(st, pos).await;
+                self.wait_commit(st, pos, idle_bound).await;
                 continue;
             }
             if st.delay_ms > 0 {
                 let p2 = part.clone();
-                let head = match blocking_read(move || p2.log.read(pos)).await {
+                let head = match self.read(move || p2.log.read(pos)).await {
                     Ok(Some(r)) => r.timestamp_ms,
                     Ok(None) => continue,
                     Err(e) => {
@@ -646,7 +662,7 @@ impl Fanout {
                 let now = now_ms();
                 let due = route::due_ms(head, st.delay_ms);
                 if due > now {
-                    let nap = route::sleep_until_due(due, now, self.cfg.max_idle_sleep);
+                    let nap = route::sleep_until_due(due, now, idle_bound);
                     tokio::select! {
                         _ = tokio::time::sleep(nap) => {}
                         _ = st.wake.notified() => {}
@@ -675,7 +691,7 @@ impl Fanout {
             let want = if st.delay_ms > 0 { chunk } else { max };
             let bytes = self.cfg.max_batch_bytes;
             let p2 = part.clone();
-            let recs = match blocking_read(move || p2.log.read_from(pos, want, bytes)).await {
+            let recs = match self.read(move || p2.log.read_from(pos, want, bytes)).await {
                 Ok(r) => r,
                 Err(e) => {
                     if self.read_failed(st, &mut pos, &mut dirty, e) {
@@ -718,17 +734,78 @@ impl Fanout {
             m.batch_bytes.observe(bytes as f64);
         }
         if st.detached.load(Ordering::Acquire) {
-            let _ = blocking(dir, move |d| d.remove(id)).await;
+            drop(file);
+            let _ = self.io.run(move || dir.remove(id)).await;
             let l = st.partition_labels();
             self.metrics.fanout.lag.remove(&l);
             self.metrics.fanout.due_lag.remove(&l);
             tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, "fan-out cursor removed");
-        } else if dirty {
-            if let Err(e) = blocking(dir, move |d| d.store(id, pos)).await {
+        } else {
+            let stored = self
+                .persist(&dir, id, &mut file, dirty.then_some(pos))
+                .await;
+            let synced = match file {
+                Some(mut f) => self
+                    .io
+                    .run(move || f.sync())
+                    .await
+                    .map_err(std::io::Error::other),
+                None => Ok(Ok(())),
+            };
+            if let Err(e) = stored.and(synced.and_then(|r| r)) {
                 tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition, error = %e,
-                    "cannot persist a stopping fan-out cursor; its last batch will be copied again");
+                    "cannot persist a stopping fan-out cursor; its last records will be copied again");
             }
         }
+    }
+
+    /// Advances the cursor file to `next` (opening it first if needed), or only fsyncs it
+    /// when `next` is `None`. On an I/O thread.
+    async fn persist(
+        &self,
+        dir: &CursorDir,
+        id: CursorId,
+        file: &mut Option<CursorFile>,
+        next: Option<u64>,
+    ) -> std::io::Result<()> {
+        if file.is_none() && next.is_none() {
+            return Ok(());
+        }
+        let dir = dir.clone();
+        let held = file.take();
+        let (back, r) = self
+            .io
+            .run(move || {
+                let mut f = match held {
+                    Some(f) => f,
+                    None => match dir.open(id, next.unwrap_or(0)) {
+                        Ok(f) => f,
+                        Err(e) => return (None, Err(e)),
+                    },
+                };
+                let r = match next {
+                    Some(n) => f.advance(n),
+                    None => f.sync(),
+                };
+                (Some(f), r)
+            })
+            .await
+            .map_err(std::io::Error::other)?;
+        *file = back;
+        r
+    }
+
+    /// Reads the parent partition on an I/O thread.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, StorageError> {
+        self.io.run(f).await.unwrap_or_else(|e| {
+            Err(StorageError::Io {
+                path: Default::default(),
+                source: std::io::Error::other(e),
+            })
+        })
     }
 
     /// Handles a failed parent read: skips an unreadable record (loudly, counted as
@@ -772,8 +849,8 @@ impl Fanout {
         *backoff = (*backoff * 2).min(RETRY_MAX);
     }
 
-    /// Waits until the parent partition commits past `pos` (or the idle bound, or a stop).
-    async fn wait_commit(&self, st: &CursorState, pos: u64) {
+    /// Waits until the parent partition commits past `pos` (or `bound`, or a stop).
+    async fn wait_commit(&self, st: &CursorState, pos: u64, bound: Duration) {
         let notified = st.part.committed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
@@ -783,7 +860,7 @@ impl Fanout {
         tokio::select! {
             _ = notified => {}
             _ = st.wake.notified() => {}
-            _ = tokio::time::sleep(self.cfg.max_idle_sleep) => {}
+            _ = tokio::time::sleep(bound) => {}
             _ = st.cancel.cancelled() => {}
         }
     }
@@ -1042,24 +1119,4 @@ fn open_cursor(link: &LinkSpec, part: &Partition, child_id: u64) -> std::io::Res
             Ok(from)
         }
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    dir: CursorDir,
-    f: impl FnOnce(&CursorDir) -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    tokio::task::spawn_blocking(move || f(&dir))
-        .await
-        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
-}
-
-async fn blocking_read<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StorageError> + Send + 'static,
-) -> Result<T, StorageError> {
-    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
-        Err(StorageError::Io {
-            path: Default::default(),
-            source: std::io::Error::other(e.to_string()),
-        })
-    })
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use narad_meta::Topic;
 use narad_storage::NewRecord;
 
+use super::io::IoThreads;
 use crate::partition::Registry;
 use crate::wal::dispatcher::commit_records;
 
@@ -38,9 +39,10 @@ pub trait ChildCommitter: Send + Sync + 'static {
     ) -> CommitFuture<'_>;
 }
 
-/// Commits a batch to a child partition this node owns (blocking work off the runtime),
-/// then wakes the child's waiting consumers.
+/// Commits a batch to a child partition this node owns (blocking work on the fan-out I/O
+/// threads), then wakes the child's waiting consumers.
 pub async fn commit_local(
+    io: &IoThreads,
     registry: &Registry,
     child: &Topic,
     partition: u32,
@@ -56,7 +58,7 @@ pub async fn commit_local(
         ))
     })?;
     let n = records.len();
-    tokio::task::spawn_blocking(move || commit_records(&part, &records))
+    io.run(move || commit_records(&part, &records))
         .await
         .map_err(|e| CommitError(format!("commit task failed: {e}")))?
         .map_err(CommitError)?;
@@ -68,6 +70,7 @@ pub async fn commit_local(
 pub struct RoutedCommitter {
     node_id: String,
     registry: Arc<Registry>,
+    io: Arc<IoThreads>,
     remote: Option<Arc<dyn ChildCommitter>>,
 }
 
@@ -75,11 +78,13 @@ impl RoutedCommitter {
     pub fn new(
         node_id: String,
         registry: Arc<Registry>,
+        io: Arc<IoThreads>,
         remote: Option<Arc<dyn ChildCommitter>>,
     ) -> Self {
         RoutedCommitter {
             node_id,
             registry,
+            io,
             remote,
         }
     }
@@ -99,7 +104,7 @@ impl ChildCommitter for RoutedCommitter {
                 .and_then(|a| a.owner.clone());
             match owner {
                 Some(o) if o == self.node_id => {
-                    commit_local(&self.registry, &child, partition, records).await
+                    commit_local(&self.io, &self.registry, &child, partition, records).await
                 }
                 Some(o) => match &self.remote {
                     Some(r) => r.commit(child, partition, records).await,
