@@ -59,6 +59,8 @@ pub struct Node {
     pub fanout: Arc<crate::fanout::Fanout>,
     /// Peers, placement, forwarding (a standalone node has one too).
     pub cluster: Arc<Cluster>,
+    /// Single settles forwarded to the same owner (topic, kind) share one `AckBatch` call.
+    pub settles: Arc<crate::api::consume::SettleCoalescer>,
     ready: AtomicBool,
     /// `/readyz` answered ready once.
     was_ready: AtomicBool,
@@ -747,6 +749,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         auth: Authenticator::default(),
         fanout,
         cluster: cluster.clone(),
+        settles: crate::cluster::coalesce::Coalescer::new(crate::api::consume::MAX_BATCH as usize),
         ready: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),

@@ -724,6 +724,34 @@ async fn settle_remote(
     }
 }
 
+/// Single settles on their way to an owner: keyed by (owner, topic id, kind).
+pub type SettleCoalescer =
+    crate::cluster::coalesce::Coalescer<(String, u64, SettleKind), String, AckResult>;
+
+/// Settles one handle on its owner; concurrent settles of the same (owner, topic, kind)
+/// travel together in one `AckBatch` call.
+async fn settle_remote_one(
+    node: &AppState,
+    topic: &Arc<Topic>,
+    owner: String,
+    handle: String,
+    how: SettleKind,
+) -> AckResult {
+    let key = (owner.clone(), topic.id, how);
+    let (n, t) = (node.clone(), topic.clone());
+    let call = move |handles: Vec<String>| {
+        let (n, t, owner) = (n.clone(), t.clone(), owner.clone());
+        async move { settle_remote(&n, &t, &owner, handles, how).await }
+    };
+    node.settles
+        .submit(key, handle, call)
+        .await
+        .unwrap_or_else(|| AckResult {
+            status: 500,
+            error: Some("the settle call to the owner failed".into()),
+        })
+}
+
 /// Settle requests forwarded by another node (`Ack`, `ExtendAck`, `Nack`: one handle, `204`
 /// or an error; `AckBatch`: a `BatchAckResponse`).
 pub fn settle_forwarded(node: &Arc<Node>, req: SettleRequest, batch: bool) -> RpcReply {
@@ -781,10 +809,7 @@ pub async fn ack(
         match settle_owner(&node, &topic, handle)? {
             None => settle_local(&node, &topic, handle, how)?,
             Some(owner) => {
-                let r = settle_remote(&node, &topic, &owner, vec![handle.to_string()], how)
-                    .await
-                    .pop()
-                    .expect("invariant: one result per handle");
+                let r = settle_remote_one(&node, &topic, owner, handle.to_string(), how).await;
                 if r.status != 204 {
                     let status =
                         StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -12,6 +12,7 @@
 //! A standalone node (no `--peers`) has a `Cluster` too: it is its own leader and owner of
 //! everything, and nothing here leaves the process.
 
+pub mod coalesce;
 pub mod controller;
 pub mod handler;
 pub mod membership;

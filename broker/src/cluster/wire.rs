@@ -68,7 +68,7 @@ pub struct ConsumeRequest {
 }
 
 /// How a lease is settled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SettleKind {
     Ack,
