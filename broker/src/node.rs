@@ -32,13 +32,21 @@ use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
 
 /// Default dispatcher linger (see `wal::dispatcher`); `NARAD_DISPATCH_LINGER_US` overrides it.
-const DEFAULT_DISPATCH_LINGER_US: u64 = 1000;
+/// It only applies while other commits run (an idle disk commits at once) and only delays
+/// visibility, never the `202`. Under load every partition commit (fsync, read-back) costs
+/// CPU, so fuller batches leave more for requests: measured with 32 producers and 32
+/// consumers, 5 ms instead of 1 ms cut CPU per message by 9% on a 3-node cluster (more of its
+/// commits are small, and cross node RPC) and did not raise delivery latency at 1500 msgs/s.
+const DEFAULT_DISPATCH_LINGER_US: u64 = 5000;
 /// Default most partition commits in flight; `NARAD_DISPATCH_PARALLEL` overrides it.
 const DEFAULT_DISPATCH_PARALLEL: usize = 4;
 
 /// Threads for the fan-out engine's blocking work (reads, child commits, cursor files), at
 /// a lower CPU priority than produce: one can read while the other waits for an fsync.
 const FANOUT_IO_THREADS: usize = 2;
+
+/// Forwarded single settles in flight per (owner, topic, kind); more wait and go together.
+const SETTLE_CALLS_IN_FLIGHT: usize = 2;
 
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -749,7 +757,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         auth: Authenticator::default(),
         fanout,
         cluster: cluster.clone(),
-        settles: crate::cluster::coalesce::Coalescer::new(crate::api::consume::MAX_BATCH as usize),
+        settles: crate::cluster::coalesce::Coalescer::new(
+            crate::api::consume::MAX_BATCH as usize,
+            SETTLE_CALLS_IN_FLIGHT,
+        ),
         ready: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),

@@ -17,12 +17,15 @@ use tokio::sync::oneshot;
 
 struct Lane<T, R> {
     queue: Vec<(T, oneshot::Sender<R>)>,
+    /// Calls of this key in flight (each one's driver takes the next batch when it returns).
+    in_flight: usize,
 }
 
 /// Batches requests of type `T` per key `K` into calls answering one `R` per request.
 pub struct Coalescer<K, T, R> {
     lanes: Mutex<HashMap<K, Lane<T, R>>>,
     max: usize,
+    parallel: usize,
 }
 
 impl<K, T, R> Coalescer<K, T, R>
@@ -31,11 +34,12 @@ where
     T: Send + 'static,
     R: Send + 'static,
 {
-    /// At most `max` requests per call.
-    pub fn new(max: usize) -> Arc<Self> {
+    /// At most `max` requests per call and `parallel` calls in flight per key.
+    pub fn new(max: usize, parallel: usize) -> Arc<Self> {
         Arc::new(Coalescer {
             lanes: Mutex::new(HashMap::new()),
             max: max.max(1),
+            parallel: parallel.max(1),
         })
     }
 
@@ -51,22 +55,17 @@ where
         let (tx, rx) = oneshot::channel();
         let lead = {
             let mut lanes = self.lanes.lock();
-            match lanes.get_mut(&key) {
-                // A call of this key is in flight: its driver takes this item next.
-                Some(lane) => {
-                    lane.queue.push((item, tx));
-                    false
-                }
-                None => {
-                    lanes.insert(
-                        key.clone(),
-                        Lane {
-                            queue: vec![(item, tx)],
-                        },
-                    );
-                    true
-                }
+            let lane = lanes.entry(key.clone()).or_insert_with(|| Lane {
+                queue: Vec::new(),
+                in_flight: 0,
+            });
+            lane.queue.push((item, tx));
+            // With every call of this key in flight, a returning driver takes this item.
+            let lead = lane.in_flight < self.parallel;
+            if lead {
+                lane.in_flight += 1;
             }
+            lead
         };
         if lead {
             let me = self.clone();
@@ -75,8 +74,8 @@ where
         rx.await.ok()
     }
 
-    /// Sends the key's queued items, batch after batch, until none is left; then the lane
-    /// goes (the next submit leads again).
+    /// Sends the key's queued items, batch after batch, until none is left; the last
+    /// driver of a key removes its lane (the next submit leads again).
     async fn drive<F, Fut>(&self, key: K, call: F)
     where
         F: Fn(Vec<T>) -> Fut,
@@ -89,7 +88,10 @@ where
                     return;
                 };
                 if lane.queue.is_empty() {
-                    lanes.remove(&key);
+                    lane.in_flight -= 1;
+                    if lane.in_flight == 0 {
+                        lanes.remove(&key);
+                    }
                     return;
                 }
                 let n = lane.queue.len().min(self.max);
@@ -116,7 +118,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_requests_share_calls_and_get_their_own_answers() {
-        let c = Coalescer::<&'static str, u32, u32>::new(8);
+        let c = Coalescer::<&'static str, u32, u32>::new(8, 1);
         let calls = Arc::new(Mutex::new(Vec::<Vec<u32>>::new()));
         let submit = |key, i| {
             let c = c.clone();
@@ -153,7 +155,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lone_request_goes_at_once_and_the_lane_is_reused() {
-        let c = Coalescer::<u8, u8, u8>::new(4);
+        let c = Coalescer::<u8, u8, u8>::new(4, 2);
         let n = Arc::new(AtomicUsize::new(0));
         for round in 0..3u8 {
             let n = n.clone();
