@@ -235,33 +235,42 @@ fn newest(b: &[u8], id: CursorId) -> Option<Found> {
 
 fn encode_slot(id: CursorId, seq: u64, next: u64) -> [u8; SLOT_LEN] {
     let mut b = [0u8; SLOT_LEN];
-    b[0..4].copy_from_slice(MAGIC2);
-    b[4..12].copy_from_slice(&id.child_id.to_le_bytes());
-    b[12..20].copy_from_slice(&id.epoch.to_le_bytes());
-    b[20..28].copy_from_slice(&seq.to_le_bytes());
-    b[28..36].copy_from_slice(&next.to_le_bytes());
-    let crc = crc32c::crc32c(&b[0..36]);
-    b[36..40].copy_from_slice(&crc.to_le_bytes());
+    encode_record(&mut b, MAGIC2, &[id.child_id, id.epoch, seq, next]);
     b
 }
 
 fn decode_slot(b: &[u8]) -> Option<(u64, u64, Found)> {
-    if b.len() != SLOT_LEN || &b[0..4] != MAGIC2 {
+    let [child_id, epoch, seq, next] = decode_record(b, MAGIC2)?;
+    Some((child_id, epoch, Found { seq, next }))
+}
+
+/// Both formats are one record shape: magic, little-endian u64 fields, then the CRC32C of
+/// everything before it. Writes one into `out`, which must be exactly its length.
+fn encode_record(out: &mut [u8], magic: &[u8; 4], fields: &[u64]) {
+    debug_assert_eq!(out.len(), 4 + 8 * fields.len() + 4);
+    out[0..4].copy_from_slice(magic);
+    for (i, v) in fields.iter().enumerate() {
+        out[4 + 8 * i..12 + 8 * i].copy_from_slice(&v.to_le_bytes());
+    }
+    let end = out.len() - 4;
+    let crc = crc32c::crc32c(&out[..end]);
+    out[end..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The `N` fields of a record with `magic`, or `None` unless `b` is exactly one whole,
+/// intact record.
+fn decode_record<const N: usize>(b: &[u8], magic: &[u8; 4]) -> Option<[u64; N]> {
+    let end = 4 + 8 * N;
+    if b.len() != end + 4 || &b[0..4] != magic {
         return None;
     }
-    let crc = u32::from_le_bytes(b[36..40].try_into().ok()?);
-    if crc32c::crc32c(&b[0..36]) != crc {
+    let crc = u32::from_le_bytes(b[end..].try_into().ok()?);
+    if crc32c::crc32c(&b[..end]) != crc {
         return None;
     }
-    let u = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().unwrap());
-    Some((
-        u(4..12),
-        u(12..20),
-        Found {
-            seq: u(20..28),
-            next: u(28..36),
-        },
-    ))
+    Some(std::array::from_fn(|i| {
+        u64::from_le_bytes(b[4 + 8 * i..12 + 8 * i].try_into().unwrap())
+    }))
 }
 
 fn sync_dir(dir: &Path) -> io::Result<()> {
@@ -272,26 +281,14 @@ fn sync_dir(dir: &Path) -> io::Result<()> {
 #[cfg(test)]
 fn encode(child_id: u64, epoch: u64, next: u64) -> [u8; LEN] {
     let mut b = [0u8; LEN];
-    b[0..4].copy_from_slice(MAGIC);
-    b[4..12].copy_from_slice(&child_id.to_le_bytes());
-    b[12..20].copy_from_slice(&epoch.to_le_bytes());
-    b[20..28].copy_from_slice(&next.to_le_bytes());
-    let crc = crc32c::crc32c(&b[0..28]);
-    b[28..32].copy_from_slice(&crc.to_le_bytes());
+    encode_record(&mut b, MAGIC, &[child_id, epoch, next]);
     b
 }
 
 /// `(child id, epoch, next)`, or `None` when the bytes are not a whole, intact cursor.
 fn decode(b: &[u8]) -> Option<(u64, u64, u64)> {
-    if b.len() != LEN || &b[0..4] != MAGIC {
-        return None;
-    }
-    let crc = u32::from_le_bytes(b[28..32].try_into().ok()?);
-    if crc32c::crc32c(&b[0..28]) != crc {
-        return None;
-    }
-    let u = |r: std::ops::Range<usize>| u64::from_le_bytes(b[r].try_into().unwrap());
-    Some((u(4..12), u(12..20), u(20..28)))
+    let [child_id, epoch, next] = decode_record(b, MAGIC)?;
+    Some((child_id, epoch, next))
 }
 
 #[cfg(test)]

@@ -608,7 +608,7 @@ impl Fanout {
             let due = file.as_ref().is_some_and(CursorFile::sync_due);
             if dirty || due {
                 match self
-                    .persist(&dir, id, &mut file, dirty.then_some(pos))
+                    .persist(&dir, id, &mut file, dirty.then_some(pos), !dirty)
                     .await
                 {
                     Ok(()) => dirty = false,
@@ -742,31 +742,25 @@ impl Fanout {
             tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, "fan-out cursor removed");
         } else {
             let stored = self
-                .persist(&dir, id, &mut file, dirty.then_some(pos))
+                .persist(&dir, id, &mut file, dirty.then_some(pos), true)
                 .await;
-            let synced = match file {
-                Some(mut f) => self
-                    .io
-                    .run(move || f.sync())
-                    .await
-                    .map_err(std::io::Error::other),
-                None => Ok(Ok(())),
-            };
-            if let Err(e) = stored.and(synced.and_then(|r| r)) {
+            if let Err(e) = stored {
                 tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition, error = %e,
                     "cannot persist a stopping fan-out cursor; its last records will be copied again");
             }
         }
     }
 
-    /// Advances the cursor file to `next` (opening it first if needed), or only fsyncs it
-    /// when `next` is `None`. On an I/O thread.
+    /// Advances the cursor file to `next` if given (opening it first if needed), then fsyncs
+    /// it if `sync` (an advance also fsyncs by itself once `SYNC_EVERY` has passed). One job
+    /// on an I/O thread.
     async fn persist(
         &self,
         dir: &CursorDir,
         id: CursorId,
         file: &mut Option<CursorFile>,
         next: Option<u64>,
+        sync: bool,
     ) -> std::io::Result<()> {
         if file.is_none() && next.is_none() {
             return Ok(());
@@ -783,10 +777,13 @@ impl Fanout {
                         Err(e) => return (None, Err(e)),
                     },
                 };
-                let r = match next {
-                    Some(n) => f.advance(n),
-                    None => f.sync(),
-                };
+                let r = next.map_or(Ok(()), |n| f.advance(n)).and_then(|()| {
+                    if sync {
+                        f.sync()
+                    } else {
+                        Ok(())
+                    }
+                });
                 (Some(f), r)
             })
             .await
