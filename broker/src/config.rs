@@ -16,6 +16,42 @@ pub struct Config {
     pub security: SecurityConfig,
     /// `fanout.*` (SPEC §8).
     pub fanout: crate::fanout::FanoutConfig,
+    /// `NARAD_TEST_*` knobs (tests only; see [`TestKnobs`]).
+    pub test: TestKnobs,
+}
+
+/// The environment switch without which no `NARAD_TEST_*` knob takes effect: a knob set
+/// without it stops the node at start (tests set it; production never does).
+pub const TEST_KNOBS_SWITCH: &str = "NARAD_TEST_KNOBS";
+
+/// Every `NARAD_TEST_*` variable the broker reads. Each bends a timing or an identity for a
+/// test and is not part of the SPEC's user surface.
+pub const TEST_KNOB_VARS: [&str; 8] = [
+    "NARAD_TEST_CLOCK_OFFSET_MS",
+    "NARAD_TEST_IDLE_LOG_EVICTION_MS",
+    "NARAD_TEST_HEARTBEAT_MS",
+    "NARAD_TEST_DEAD_AFTER_MS",
+    "NARAD_TEST_FORCE_PROMOTE_MS",
+    "NARAD_TEST_MOVE_HANDOFF_PAUSE_MS",
+    "NARAD_TEST_RPC_UNSUPPORTED",
+    "NARAD_TEST_VERSION",
+];
+
+/// Test-only knobs, read from `NARAD_TEST_*` only when [`TEST_KNOBS_SWITCH`] is `true`.
+#[derive(Debug, Clone, Default)]
+pub struct TestKnobs {
+    /// Membership heartbeat interval (SPEC: 5 s).
+    pub heartbeat: Option<Duration>,
+    /// A member is dead after this long without a heartbeat (SPEC: 30 s).
+    pub dead_after: Option<Duration>,
+    /// How long a move's source stays dead before a complete copy is force-promoted (2 min).
+    pub force_promote_after: Option<Duration>,
+    /// A pause between a move's pre-copy and its handoff, so tests act mid-move.
+    pub move_handoff_pause: Option<Duration>,
+    /// Opcodes this node answers as unknown, to play an older build.
+    pub rpc_unsupported: Vec<u8>,
+    /// The version this member reports in its heartbeats (rolling-upgrade tests).
+    pub version: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -27,6 +63,20 @@ pub struct HttpConfig {
     pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
     pub max_consume_wait: Duration,
+    /// `http.tls_{cert,key}_file`: both set → the API serves HTTPS only (SPEC row 29, ext).
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl HttpConfig {
+    /// The API's TLS files, when configured.
+    pub fn tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.tls_cert_file.clone()?,
+            key: self.tls_key_file.clone()?,
+            ca: None,
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +138,22 @@ pub struct SecurityConfig {
     pub admin_password: Option<String>,
     /// Environment only; never logged.
     pub cluster_secret: Option<String>,
+    /// `security.cluster_tls_{cert,key,ca}_file`: all three set → mutual TLS on the cluster
+    /// port (SPEC §4.5).
+    pub cluster_tls_cert_file: Option<PathBuf>,
+    pub cluster_tls_key_file: Option<PathBuf>,
+    pub cluster_tls_ca_file: Option<PathBuf>,
+}
+
+impl SecurityConfig {
+    /// The cluster port's mutual-TLS files, when configured.
+    pub fn cluster_tls_files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.cluster_tls_cert_file.clone()?,
+            key: self.cluster_tls_key_file.clone()?,
+            ca: Some(self.cluster_tls_ca_file.clone()?),
+        })
+    }
 }
 
 impl Default for Config {
@@ -102,6 +168,8 @@ impl Default for Config {
                 idle_timeout: Duration::from_secs(60),
                 shutdown_grace: Duration::from_secs(10),
                 max_consume_wait: Duration::from_secs(10),
+                tls_cert_file: None,
+                tls_key_file: None,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -137,7 +205,11 @@ impl Default for Config {
                 enabled: true,
                 admin_password: None,
                 cluster_secret: None,
+                cluster_tls_cert_file: None,
+                cluster_tls_key_file: None,
+                cluster_tls_ca_file: None,
             },
+            test: TestKnobs::default(),
         }
     }
 }
@@ -172,6 +244,12 @@ pub struct ServerArgs {
     /// json|text
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
+    /// Serve the API over HTTPS with this PEM certificate chain (with --tls-key-file).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The PEM private key of --tls-cert-file.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key_file: Option<PathBuf>,
 }
 
 /// Why a configuration was refused.
@@ -207,6 +285,8 @@ mod file {
         pub idle_timeout: Option<String>,
         pub shutdown_grace: Option<String>,
         pub max_consume_wait: Option<String>,
+        pub tls_cert_file: Option<String>,
+        pub tls_key_file: Option<String>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -261,6 +341,9 @@ mod file {
     #[serde(deny_unknown_fields)]
     pub struct Security {
         pub enabled: Option<bool>,
+        pub cluster_tls_cert_file: Option<String>,
+        pub cluster_tls_key_file: Option<String>,
+        pub cluster_tls_ca_file: Option<String>,
     }
 }
 
@@ -377,6 +460,12 @@ impl Config {
         if let Some(f) = &args.log_format {
             c.log.format = f.clone();
         }
+        if let Some(f) = &args.tls_cert_file {
+            c.http.tls_cert_file = Some(f.clone());
+        }
+        if let Some(f) = &args.tls_key_file {
+            c.http.tls_key_file = Some(f.clone());
+        }
         if c.cluster.node_id.is_empty() {
             c.cluster.node_id = hostname::get()
                 .ok()
@@ -391,6 +480,12 @@ impl Config {
         if let Some(h) = f.http {
             if let Some(v) = h.addr {
                 self.http.addr = v;
+            }
+            if let Some(v) = h.tls_cert_file {
+                self.http.tls_cert_file = Some(PathBuf::from(v));
+            }
+            if let Some(v) = h.tls_key_file {
+                self.http.tls_key_file = Some(PathBuf::from(v));
             }
             for (key, v, slot) in [
                 (
@@ -501,6 +596,24 @@ impl Config {
             if let Some(v) = s.enabled {
                 self.security.enabled = v;
             }
+            for (v, slot) in [
+                (
+                    s.cluster_tls_cert_file,
+                    &mut self.security.cluster_tls_cert_file,
+                ),
+                (
+                    s.cluster_tls_key_file,
+                    &mut self.security.cluster_tls_key_file,
+                ),
+                (
+                    s.cluster_tls_ca_file,
+                    &mut self.security.cluster_tls_ca_file,
+                ),
+            ] {
+                if let Some(v) = v {
+                    *slot = Some(PathBuf::from(v));
+                }
+            }
         }
         Ok(())
     }
@@ -556,14 +669,7 @@ impl Config {
         if let Some(v) = get("NARAD_STORAGE_VERIFY_FROM_DEVICE") {
             self.storage.verify_from_device = parse_bool("NARAD_STORAGE_VERIFY_FROM_DEVICE", &v)?;
         }
-        if let Some(v) = get("NARAD_TEST_CLOCK_OFFSET_MS") {
-            self.storage.clock_offset_ms = parse_num("NARAD_TEST_CLOCK_OFFSET_MS", &v)?;
-        }
-        // Test knob: any idle-log eviction time in ms, below the 60000 floor too (0 = off).
-        if let Some(v) = get("NARAD_TEST_IDLE_LOG_EVICTION_MS") {
-            self.storage.idle_log_eviction_ms = parse_num("NARAD_TEST_IDLE_LOG_EVICTION_MS", &v)?;
-            self.storage.idle_log_eviction_test_knob = true;
-        }
+        self.apply_test_knobs(&get)?;
         let t = &mut self.topic;
         if let Some(v) = get("NARAD_TOPIC_DEFAULT_PARTITIONS") {
             t.default_partitions = parse_num("NARAD_TOPIC_DEFAULT_PARTITIONS", &v)?;
@@ -602,6 +708,72 @@ impl Config {
         }
         self.security.admin_password = get("NARAD_ADMIN_PASSWORD");
         self.security.cluster_secret = get("NARAD_CLUSTER_SECRET");
+        for (key, slot) in [
+            (
+                "NARAD_CLUSTER_TLS_CERT_FILE",
+                &mut self.security.cluster_tls_cert_file,
+            ),
+            (
+                "NARAD_CLUSTER_TLS_KEY_FILE",
+                &mut self.security.cluster_tls_key_file,
+            ),
+            (
+                "NARAD_CLUSTER_TLS_CA_FILE",
+                &mut self.security.cluster_tls_ca_file,
+            ),
+            ("NARAD_HTTP_TLS_CERT_FILE", &mut self.http.tls_cert_file),
+            ("NARAD_HTTP_TLS_KEY_FILE", &mut self.http.tls_key_file),
+        ] {
+            if let Some(v) = get(key) {
+                *slot = Some(PathBuf::from(v));
+            }
+        }
+        Ok(())
+    }
+
+    /// `NARAD_TEST_*`: only behind [`TEST_KNOBS_SWITCH`]; a knob without the switch is an
+    /// error rather than silently ignored (someone meant it to do something).
+    fn apply_test_knobs(
+        &mut self,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ConfigError> {
+        let enabled = match get(TEST_KNOBS_SWITCH) {
+            Some(v) => parse_bool(TEST_KNOBS_SWITCH, &v)?,
+            None => false,
+        };
+        if !enabled {
+            return match TEST_KNOB_VARS.iter().find(|k| get(k).is_some()) {
+                Some(k) => Err(bad(format!(
+                    "{k} is a test knob: it takes effect only with {TEST_KNOBS_SWITCH}=true, which is for tests, never production"
+                ))),
+                None => Ok(()),
+            };
+        }
+        let ms = |k: &str| -> Result<Option<Duration>, ConfigError> {
+            get(k)
+                .map(|v| parse_num::<u64>(k, &v).map(Duration::from_millis))
+                .transpose()
+        };
+        if let Some(v) = get("NARAD_TEST_CLOCK_OFFSET_MS") {
+            self.storage.clock_offset_ms = parse_num("NARAD_TEST_CLOCK_OFFSET_MS", &v)?;
+        }
+        // Any idle-log eviction time in ms, below the 60000 floor too (0 = off).
+        if let Some(v) = get("NARAD_TEST_IDLE_LOG_EVICTION_MS") {
+            self.storage.idle_log_eviction_ms = parse_num("NARAD_TEST_IDLE_LOG_EVICTION_MS", &v)?;
+            self.storage.idle_log_eviction_test_knob = true;
+        }
+        let t = &mut self.test;
+        t.heartbeat = ms("NARAD_TEST_HEARTBEAT_MS")?;
+        t.dead_after = ms("NARAD_TEST_DEAD_AFTER_MS")?;
+        t.force_promote_after = ms("NARAD_TEST_FORCE_PROMOTE_MS")?;
+        t.move_handoff_pause = ms("NARAD_TEST_MOVE_HANDOFF_PAUSE_MS")?;
+        if let Some(v) = get("NARAD_TEST_RPC_UNSUPPORTED") {
+            t.rpc_unsupported = v
+                .split(',')
+                .map(|s| parse_num::<u8>("NARAD_TEST_RPC_UNSUPPORTED", s.trim()))
+                .collect::<Result<_, _>>()?;
+        }
+        t.version = get("NARAD_TEST_VERSION");
         Ok(())
     }
 
@@ -635,6 +807,30 @@ impl Config {
             return Err(bad(
                 "NARAD_CLUSTER_SECRET is required with security on and peers",
             ));
+        }
+        let s = &self.security;
+        let set = [
+            &s.cluster_tls_cert_file,
+            &s.cluster_tls_key_file,
+            &s.cluster_tls_ca_file,
+        ]
+        .iter()
+        .filter(|f| f.is_some())
+        .count();
+        if set != 0 && set != 3 {
+            return Err(bad("cluster TLS needs all of NARAD_CLUSTER_TLS_CERT_FILE, NARAD_CLUSTER_TLS_KEY_FILE and NARAD_CLUSTER_TLS_CA_FILE (security.cluster_tls_{cert,key,ca}_file), or none"));
+        }
+        if self.http.tls_cert_file.is_some() != self.http.tls_key_file.is_some() {
+            return Err(bad("HTTP TLS needs both NARAD_HTTP_TLS_CERT_FILE and NARAD_HTTP_TLS_KEY_FILE (http.tls_{cert,key}_file, --tls-cert-file/--tls-key-file), or neither"));
+        }
+        if let Some(s) = &self.security.cluster_secret {
+            if s.len() < crate::rpc::auth::MIN_SECRET_LEN {
+                return Err(bad(format!(
+                    "NARAD_CLUSTER_SECRET must be at least {} bytes, got {}",
+                    crate::rpc::auth::MIN_SECRET_LEN,
+                    s.len()
+                )));
+            }
         }
         let t = &self.topic;
         if t.max_partitions < 3 || t.max_partitions > 108 {
@@ -814,12 +1010,136 @@ mod tests {
         let e = load(args(), &[]).unwrap_err();
         assert!(e.to_string().contains("idle_log_eviction_ms"), "{e}");
         // The test knob bypasses the floor (and wins over the file).
-        let c = load(args(), &[("NARAD_TEST_IDLE_LOG_EVICTION_MS", "250")]).unwrap();
+        let knobs = (TEST_KNOBS_SWITCH, "true");
+        let c = load(args(), &[knobs, ("NARAD_TEST_IDLE_LOG_EVICTION_MS", "250")]).unwrap();
         assert_eq!(c.storage.idle_log_eviction_ms, 250);
         assert!(load(
             ServerArgs::default(),
-            &[("NARAD_TEST_IDLE_LOG_EVICTION_MS", "soon")]
+            &[knobs, ("NARAD_TEST_IDLE_LOG_EVICTION_MS", "soon")]
         )
         .is_err());
+    }
+
+    #[test]
+    fn test_knobs_need_the_switch() {
+        for k in TEST_KNOB_VARS {
+            let v = if k == "NARAD_TEST_VERSION" {
+                "9.9.9"
+            } else {
+                "5"
+            };
+            let e = load(ServerArgs::default(), &[(k, v)]).unwrap_err();
+            assert!(e.to_string().contains(k), "{e}");
+            let e = load(
+                ServerArgs::default(),
+                &[(TEST_KNOBS_SWITCH, "false"), (k, v)],
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("NARAD_TEST_KNOBS=true"), "{e}");
+            load(
+                ServerArgs::default(),
+                &[(TEST_KNOBS_SWITCH, "true"), (k, v)],
+            )
+            .unwrap();
+        }
+        let c = load(
+            ServerArgs::default(),
+            &[
+                (TEST_KNOBS_SWITCH, "true"),
+                ("NARAD_TEST_HEARTBEAT_MS", "250"),
+                ("NARAD_TEST_RPC_UNSUPPORTED", "11, 31"),
+                ("NARAD_TEST_VERSION", "0.2.0"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.test.heartbeat, Some(Duration::from_millis(250)));
+        assert_eq!(c.test.rpc_unsupported, vec![11, 31]);
+        assert_eq!(c.test.version.as_deref(), Some("0.2.0"));
+        assert!(load(
+            ServerArgs::default(),
+            &[
+                (TEST_KNOBS_SWITCH, "true"),
+                ("NARAD_TEST_RPC_UNSUPPORTED", "x")
+            ]
+        )
+        .is_err());
+        // Without any knob the switch alone changes nothing.
+        let c = load(ServerArgs::default(), &[(TEST_KNOBS_SWITCH, "true")]).unwrap();
+        assert!(c.test.heartbeat.is_none() && c.test.version.is_none());
+    }
+
+    #[test]
+    fn cluster_secret_length_and_tls_files_all_or_none() {
+        let peers = ("NARAD_CLUSTER_PEERS", "a@h:1,b@h:2,c@h:3");
+        let id = ("NARAD_NODE_ID", "a");
+        let e = load(
+            ServerArgs::default(),
+            &[
+                peers,
+                id,
+                ("NARAD_CLUSTER_SECRET", "0123456789abcdef0123456789abcde"),
+            ],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("at least 32 bytes, got 31"), "{e}");
+        assert!(!e.to_string().contains("0123456789"), "secret in {e}");
+        let secret = ("NARAD_CLUSTER_SECRET", "0123456789abcdef0123456789abcdef");
+        load(ServerArgs::default(), &[peers, id, secret]).unwrap();
+        // Security off does not make a short secret fine.
+        assert!(load(
+            ServerArgs::default(),
+            &[
+                ("NARAD_SECURITY_ENABLED", "false"),
+                ("NARAD_CLUSTER_SECRET", "short")
+            ]
+        )
+        .is_err());
+
+        let cert = ("NARAD_CLUSTER_TLS_CERT_FILE", "/tls/tls.crt");
+        let key = ("NARAD_CLUSTER_TLS_KEY_FILE", "/tls/tls.key");
+        let ca = ("NARAD_CLUSTER_TLS_CA_FILE", "/tls/ca.crt");
+        for partial in [vec![cert], vec![cert, key], vec![key, ca], vec![ca]] {
+            let mut env = vec![peers, id, secret];
+            env.extend(partial);
+            let e = load(ServerArgs::default(), &env).unwrap_err();
+            assert!(
+                e.to_string().contains("all of NARAD_CLUSTER_TLS_CERT_FILE"),
+                "{e}"
+            );
+        }
+        let c = load(ServerArgs::default(), &[peers, id, secret, cert, key, ca]).unwrap();
+        let files = c.security.cluster_tls_files().unwrap();
+        assert_eq!(
+            files.ca.as_deref(),
+            Some(std::path::Path::new("/tls/ca.crt"))
+        );
+
+        // The config file's keys are known too.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(
+            &f,
+            r#"{"security":{"cluster_tls_cert_file":"/c","cluster_tls_key_file":"/k","cluster_tls_ca_file":"/a"},"http":{"tls_cert_file":"/hc","tls_key_file":"/hk"}}"#,
+        )
+        .unwrap();
+        let c = load(
+            ServerArgs {
+                config: Some(f),
+                ..Default::default()
+            },
+            &[],
+        )
+        .unwrap();
+        assert!(c.security.cluster_tls_files().is_some());
+        assert_eq!(
+            c.http.tls_files().unwrap().key,
+            std::path::PathBuf::from("/hk")
+        );
+        let e = load(
+            ServerArgs::default(),
+            &[("NARAD_HTTP_TLS_CERT_FILE", "/hc")],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("HTTP TLS needs both"), "{e}");
     }
 }

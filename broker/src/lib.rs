@@ -30,4 +30,5 @@ pub mod rpc;
 pub mod schema;
 pub mod security;
 pub mod telemetry;
+pub mod tls;
 pub mod wal;

@@ -620,15 +620,36 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             "127.0.0.1:0".into()
         }
     });
+    // The configured secret; a standalone node without one makes a random secret nobody else
+    // knows, so its cluster port serves no one. Only a cluster with security off and no secret
+    // runs on the empty secret (SPEC §4.5; `rpc::auth`).
     let secret = match &config.security.cluster_secret {
         Some(s) => crate::rpc::ClusterSecret::new(s.clone().into_bytes()),
-        None => crate::rpc::ClusterSecret::none(),
+        None if !clustered => crate::rpc::ClusterSecret::random(),
+        None => {
+            tracing::warn!("security is off and NARAD_CLUSTER_SECRET is unset: any process that reaches the cluster port is trusted as a member");
+            crate::rpc::ClusterSecret::none()
+        }
     };
+    // Mutual TLS on the cluster port when configured; files that do not load stop the node.
+    let cluster_tls = match config.security.cluster_tls_files() {
+        Some(files) => Some(
+            crate::tls::ReloadingTls::load(files, crate::tls::TlsRole::ClusterMutual)
+                .context("cluster TLS")?,
+        ),
+        None => {
+            if clustered && config.security.enabled {
+                tracing::warn!("cluster port is plaintext: set NARAD_CLUSTER_TLS_{{CERT,KEY,CA}}_FILE for mutual TLS, or keep the cluster network private (SPEC §4.5)");
+            }
+            None
+        }
+    };
+    let auth = crate::rpc::ClusterAuth::new(secret, cluster_tls);
     let rpc_handler = NodeRpc::new();
     let rpc = crate::rpc::RpcServer::bind(
         &listen_addr(&cluster_listen),
         node_id.clone(),
-        secret.clone(),
+        auth.clone(),
         rpc_handler.clone(),
     )
     .await
@@ -658,7 +679,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             meta_opts,
             Arc::new(crate::rpc::RpcRaftTransport::new(
                 node_id.clone(),
-                secret.clone(),
+                auth.clone(),
             )),
         )
         .await
@@ -666,7 +687,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         Meta::open_standalone(&data_dir.join("metastore"), meta_opts).await
     }
     .context("open metadata")?;
-    rpc.set_raft_handler(crate::rpc::MetaRaftHandler::new(meta.clone()));
+    rpc.set_raft_handler(crate::rpc::MetaRaftHandler::new(
+        meta.clone(),
+        config.security.enabled,
+    ));
 
     let listener = TcpListener::bind(listen_addr(&config.http.addr))
         .await
@@ -676,11 +700,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let cluster = Arc::new(Cluster::new(
         node_id.clone(),
         meta.clone(),
-        crate::rpc::Peers::new(node_id.clone(), secret),
+        crate::rpc::Peers::new(node_id.clone(), auth),
         config.cluster.peers.clone(),
         config.cluster.initial_members.clone(),
         advertise_addr,
-        Timing::from_env(),
+        Timing::new(&config.test),
     ));
     if !clustered {
         meta.write(MetaCommand::RegisterMember {
@@ -796,8 +820,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tokio::spawn(membership::establish(cluster.clone(), token.clone()));
         // The test knob `NARAD_TEST_VERSION` changes the version this member reports, so a
         // rolling-upgrade test can restart the same binary as the "new" version.
-        let member_version =
-            std::env::var("NARAD_TEST_VERSION").unwrap_or_else(|_| VERSION.to_string());
+        let member_version = node
+            .config
+            .test
+            .version
+            .clone()
+            .unwrap_or_else(|| VERSION.to_string());
         tokio::spawn(membership::heartbeat(
             cluster.clone(),
             addr.to_string(),

@@ -266,6 +266,7 @@ async fn images_build_and_a_three_container_cluster_survives_a_stopped_container
             "NARAD_SECURITY_ENABLED=false".into(),
             "NARAD_LOG_FORMAT=text".into(),
             // The e2e harness's failure detection (250 ms heartbeat, dead after 3 s).
+            "NARAD_TEST_KNOBS=true".into(),
             format!("NARAD_TEST_HEARTBEAT_MS={}", narad_e2e::HEARTBEAT_MS),
             format!("NARAD_TEST_DEAD_AFTER_MS={}", narad_e2e::DEAD_AFTER_MS),
         ];

@@ -14,6 +14,8 @@
 //!   ambiguous, which were consumed (and intact); consumer loops and the final report.
 //! - [`payload`]: unique self-checking payloads (id + CRC32C + deterministic filler).
 //! - [`metrics`]: reading `/metrics` samples ([`metric_sum`], [`metric_sum_where`]).
+//! - [`cluster_port`]: a cluster-port client from the SPEC alone (frames, the HMAC handshake),
+//!   to check what the port lets an outsider do.
 //! - [`wait`]: [`eventually`], the only way tests wait for a condition.
 //! - [`checks`]: [`Checks`], a soft-assert collector for validation tables, so one run
 //!   reports every wrong answer instead of the first.
@@ -24,6 +26,7 @@
 
 pub mod api;
 pub mod checks;
+pub mod cluster_port;
 pub mod http;
 pub mod ledger;
 pub mod metrics;

@@ -138,6 +138,58 @@ impl ServerOpts {
         self.data_dir = Some(d.into());
         self
     }
+
+    /// Runs `narad server start` with these options and expects it to refuse to start:
+    /// returns what it printed once it exited with a failure; panics if it exits 0 or is still
+    /// running after [`START_TIMEOUT`] (then it is killed).
+    pub fn start_refused(&self) -> String {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let mut cmd = Command::new(narad_bin());
+        cmd.arg("server").arg("start");
+        if self.dev {
+            cmd.arg("--dev");
+        }
+        cmd.arg("--addr")
+            .arg(format!("{}:{}", self.host, free_port()))
+            .arg("--data-dir")
+            .arg(
+                self.data_dir
+                    .clone()
+                    .unwrap_or_else(|| tmp.path().join("data")),
+            )
+            .args(&self.args);
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("NARAD_") {
+                cmd.env_remove(&*k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn narad");
+        let deadline = Instant::now() + START_TIMEOUT;
+        while child.try_wait().expect("wait").is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "narad kept running instead of refusing to start: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "narad started and exited 0: {text}");
+        text
+    }
 }
 
 /// Why one start attempt failed.
@@ -393,6 +445,14 @@ impl Server {
             }
         }
         cmd.envs(self.opts.env.iter().map(|(k, v)| (k, v)));
+        // A test that sets a `NARAD_TEST_*` knob means it: turn on the switch the broker
+        // requires for knobs, unless the test decides the switch itself.
+        let knob = |k: &String| k.starts_with("NARAD_TEST_");
+        if self.opts.env.iter().any(|(k, _)| knob(k))
+            && !self.opts.env.iter().any(|(k, _)| k == "NARAD_TEST_KNOBS")
+        {
+            cmd.env("NARAD_TEST_KNOBS", "true");
+        }
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
             .stderr(log);

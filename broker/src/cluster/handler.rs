@@ -16,7 +16,7 @@ use super::{error_reply, forward_opcode, TopicLookup};
 use crate::error::ApiError;
 use crate::node::Node;
 use crate::partition::now_ms;
-use crate::rpc::{BoxFuture, Opcode, RpcHandler, RpcReply};
+use crate::rpc::{BoxFuture, Caller, Opcode, RpcHandler, RpcReply};
 
 /// Serves node RPCs once the node is built (`503` before).
 #[derive(Default)]
@@ -34,16 +34,24 @@ impl NodeRpc {
 }
 
 impl RpcHandler for NodeRpc {
-    fn handle<'a>(&'a self, from: &'a str, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply> {
+    fn handle<'a>(&'a self, caller: &'a Caller, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply> {
         Box::pin(async move {
+            let from = &*caller.node_id;
             let Some(node) = self.node.get().cloned() else {
                 return RpcReply::error(503, "node is starting");
             };
+            // Second line behind the handshake: with security on, nothing is served to a
+            // caller that proved no secret (a node never runs that way; see `rpc::auth`).
+            if node.config.security.enabled && !caller.proven {
+                return RpcReply::error(403, crate::rpc::auth::AUTH_FAILED);
+            }
             node.metrics
                 .rpc_served
                 .get_or_create(&crate::metrics::RpcOpLabels { opcode: op })
                 .inc();
-            let Some(opcode) = Opcode::from_u8(op).filter(|_| !simulated_unknown(op)) else {
+            // Test knob `NARAD_TEST_RPC_UNSUPPORTED`: play a node of an older build.
+            let simulated_unknown = node.config.test.rpc_unsupported.contains(&op);
+            let Some(opcode) = Opcode::from_u8(op).filter(|_| !simulated_unknown) else {
                 return RpcReply::unsupported(op);
             };
             match opcode {
@@ -141,18 +149,6 @@ impl RpcHandler for NodeRpc {
             }
         })
     }
-}
-
-/// Opcodes this node answers as unknown, to play a node of an older build in mixed-version
-/// tests: `NARAD_TEST_RPC_UNSUPPORTED=11,31` (comma-separated opcodes; unset in production).
-fn simulated_unknown(op: u8) -> bool {
-    static SET: OnceLock<Vec<u8>> = OnceLock::new();
-    SET.get_or_init(|| {
-        std::env::var("NARAD_TEST_RPC_UNSUPPORTED")
-            .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
-            .unwrap_or_default()
-    })
-    .contains(&op)
 }
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RpcReply> {

@@ -49,20 +49,12 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The SPEC's timing, unless `NARAD_TEST_HEARTBEAT_MS` / `NARAD_TEST_DEAD_AFTER_MS`
-    /// override it (for tests that must not wait 30 s for a verdict).
-    pub fn from_env() -> Timing {
-        let ms = |k: &str, d: u64| {
-            Duration::from_millis(
-                std::env::var(k)
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(d),
-            )
-        };
+    /// The SPEC's timing, unless the test knobs `NARAD_TEST_HEARTBEAT_MS` /
+    /// `NARAD_TEST_DEAD_AFTER_MS` override it (tests that must not wait 30 s for a verdict).
+    pub fn new(knobs: &crate::config::TestKnobs) -> Timing {
         Timing {
-            heartbeat: ms("NARAD_TEST_HEARTBEAT_MS", 5_000),
-            dead_after: ms("NARAD_TEST_DEAD_AFTER_MS", 30_000),
+            heartbeat: knobs.heartbeat.unwrap_or(Duration::from_secs(5)),
+            dead_after: knobs.dead_after.unwrap_or(Duration::from_secs(30)),
         }
     }
 }

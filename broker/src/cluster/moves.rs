@@ -568,23 +568,13 @@ fn staging_dir(node: &Node, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
 }
 
 /// How long a move's source must stay marked dead before a copy that reached its last
-/// known high watermark is force-promoted (SPEC §6.5). `NARAD_TEST_FORCE_PROMOTE_MS`
-/// shortens it in tests.
-fn force_promote_after() -> Duration {
-    std::env::var("NARAD_TEST_FORCE_PROMOTE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
+/// known high watermark is force-promoted (SPEC §6.5). The test knob
+/// `NARAD_TEST_FORCE_PROMOTE_MS` shortens it.
+fn force_promote_after(node: &Node) -> Duration {
+    node.config
+        .test
+        .force_promote_after
         .unwrap_or(Duration::from_secs(120))
-}
-
-/// `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: a pause between the pre-copy and the handoff, so
-/// tests can act while a move is half done. Unset in production.
-fn test_pause_before_handoff() -> Option<Duration> {
-    std::env::var("NARAD_TEST_MOVE_HANDOFF_PAUSE_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
 }
 
 /// The target's side of one move, retried until it completes or is no longer in flight.
@@ -637,7 +627,7 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
                     }
                 } else {
                     let since = *dead_since.get_or_insert_with(Instant::now);
-                    let due = since.elapsed() >= force_promote_after();
+                    let due = since.elapsed() >= force_promote_after(&node);
                     if let Some(list) = progress.promotable().filter(|_| due) {
                         match force_promote(&node, &topic, p, &from, move_id, &staging, list).await
                         {
@@ -745,7 +735,8 @@ async fn attempt(
             break;
         }
     }
-    if let Some(pause) = test_pause_before_handoff() {
+    // Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: tests act while a move is half done.
+    if let Some(pause) = node.config.test.move_handoff_pause {
         tokio::time::sleep(pause).await;
     }
     if !still_moving(node, topic.id, p, from, move_id) {

@@ -13,12 +13,13 @@
 //! (This is not server authentication: only the client proves knowledge of the secret. The
 //! cluster network must be private, or use mutual TLS; SPEC §4.5.)
 //!
-//! **No secret.** With security off, or without `NARAD_CLUSTER_SECRET`, a node uses the empty
-//! secret: the handshake still runs, with an empty HMAC key, so every node speaks the same
-//! protocol whatever its configuration. Consequences: nodes without a secret accept each
-//! other; a node with a secret refuses one without (and vice versa, since the proofs differ).
-//! The config layer enforces that a secret is set when security is on and peers are
-//! configured; this module only makes the empty secret a well-defined, documented case.
+//! **Which secret.** A node proves and checks the configured `NARAD_CLUSTER_SECRET` (at least
+//! [`MIN_SECRET_LEN`] bytes; the config layer enforces it). A standalone node without one uses
+//! a random secret made at start ([`ClusterSecret::random`]) that nobody else knows, so its
+//! cluster port serves no one. Only a cluster with security off and no secret configured uses
+//! the empty secret (everyone may do everything over HTTP there anyway): such a server marks
+//! its callers unproven ([`ClusterSecret::proves_identity`] is false), and the node-RPC handler
+//! refuses every request from an unproven caller whenever security is on, as a second line.
 //!
 //! Secrets and proofs are never logged, never put in error messages and never `Debug`-printed
 //! ([`ClusterSecret`]'s `Debug` is redacted).
@@ -39,6 +40,8 @@ pub const NONCE_LEN: usize = 32;
 pub const PROOF_LEN: usize = 32;
 /// Longest node id accepted on the wire (bytes).
 pub const MAX_NODE_ID_LEN: usize = 255;
+/// Shortest cluster secret accepted (bytes): 256 bits, as the HMAC key.
+pub const MIN_SECRET_LEN: usize = 32;
 /// How long either side waits for the other's handshake frame.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The only message a refused client is told (nothing about why).
@@ -60,27 +63,68 @@ impl ClusterSecret {
         ClusterSecret(Bytes::new())
     }
 
+    /// A fresh random secret that exists only in this process (a standalone node's).
+    pub fn random() -> ClusterSecret {
+        let mut key = [0u8; MIN_SECRET_LEN];
+        rand::rng().fill_bytes(&mut key);
+        ClusterSecret(Bytes::copy_from_slice(&key))
+    }
+
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 
-    fn mac(&self, nonce: &[u8; NONCE_LEN], node_id: &str) -> HmacSha256 {
+    /// Whether a proof with this secret shows the caller knows something others do not: false
+    /// for the empty secret, which anyone can prove.
+    pub fn proves_identity(&self) -> bool {
+        !self.0.is_empty()
+    }
+
+    fn mac(&self, nonce: &[u8; NONCE_LEN], node_id: &str, binding: &[u8]) -> HmacSha256 {
         let mut mac = HmacSha256::new_from_slice(&self.0)
             .expect("invariant: HMAC accepts keys of any length");
         mac.update(AUTH_CONTEXT);
         mac.update(nonce);
         mac.update(node_id.as_bytes());
+        mac.update(binding);
         mac
     }
 
-    /// `HMAC-SHA256(secret, "narad-cluster-auth-v1" ‖ nonce ‖ node id)`.
+    /// `HMAC-SHA256(secret, "narad-cluster-auth-v1" ‖ nonce ‖ node id)` on plaintext.
     pub fn proof(&self, nonce: &[u8; NONCE_LEN], node_id: &str) -> [u8; PROOF_LEN] {
-        self.mac(nonce, node_id).finalize().into_bytes().into()
+        self.bound_proof(nonce, node_id, &[])
     }
 
-    /// Constant-time check of a client's proof.
+    /// The proof bound to a TLS session: `… ‖ node id ‖ binding`, where `binding` is the
+    /// session's exported keying material (empty on plaintext; see `transport`).
+    pub fn bound_proof(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        node_id: &str,
+        binding: &[u8],
+    ) -> [u8; PROOF_LEN] {
+        self.mac(nonce, node_id, binding)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Constant-time check of a client's plaintext proof.
     pub fn verify(&self, nonce: &[u8; NONCE_LEN], node_id: &str, proof: &[u8]) -> bool {
-        self.mac(nonce, node_id).verify_slice(proof).is_ok()
+        self.verify_bound(nonce, node_id, &[], proof)
+    }
+
+    /// Constant-time check of a proof bound to `binding` (see [`ClusterSecret::bound_proof`]).
+    pub fn verify_bound(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        node_id: &str,
+        binding: &[u8],
+        proof: &[u8],
+    ) -> bool {
+        self.mac(nonce, node_id, binding)
+            .verify_slice(proof)
+            .is_ok()
     }
 }
 
@@ -215,6 +259,20 @@ mod tests {
             format!("{:?}", ClusterSecret::none()),
             "ClusterSecret(none)"
         );
+        assert_eq!(
+            format!("{:?}", ClusterSecret::random()),
+            "ClusterSecret(<redacted>)"
+        );
+    }
+
+    #[test]
+    fn random_secrets_prove_identity_and_differ() {
+        let (a, b) = (ClusterSecret::random(), ClusterSecret::random());
+        assert!(a.proves_identity() && b.proves_identity());
+        assert!(!ClusterSecret::none().proves_identity());
+        let nonce = new_nonce();
+        assert!(!b.verify(&nonce, "x", &a.proof(&nonce, "x")));
+        assert!(!a.verify(&nonce, "x", &ClusterSecret::none().proof(&nonce, "x")));
     }
 
     #[test]

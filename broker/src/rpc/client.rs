@@ -41,15 +41,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{self, ClusterSecret, HANDSHAKE_TIMEOUT};
+use super::auth::{self, HANDSHAKE_TIMEOUT};
 use super::proto::{
     encode_request, Frame, FrameReader, FrameType, ProtoError, RpcReply, MAX_PAYLOAD,
 };
+use super::transport::{self, ClusterAuth, ReadHalf, WriteHalf};
 
 /// Default per-request timeout (SPEC §6.3, §11).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -111,7 +111,7 @@ pub struct PeerClient {
 struct ClientInner {
     self_id: String,
     peer_id: String,
-    secret: ClusterSecret,
+    auth: ClusterAuth,
     state: Mutex<State>,
     /// Serialises connection attempts (one connect at a time per peer). Held by the connect
     /// task, not the caller, so a caller giving up (short Raft timeouts) does not abort a
@@ -134,13 +134,13 @@ impl PeerClient {
         self_id: impl Into<String>,
         peer_id: impl Into<String>,
         addr: impl Into<String>,
-        secret: ClusterSecret,
+        auth: impl Into<ClusterAuth>,
     ) -> PeerClient {
         PeerClient {
             inner: Arc::new(ClientInner {
                 self_id: self_id.into(),
                 peer_id: peer_id.into(),
-                secret,
+                auth: auth.into(),
                 state: Mutex::new(State {
                     addr: addr.into(),
                     conn: None,
@@ -450,10 +450,15 @@ impl Conn {
             .await
             .map_err(|e| RpcError::Unreachable(format!("connect to {addr}: {e}")))?;
         let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
-        let mut reader = FrameReader::new(rd);
-        let mut writer = BufWriter::new(wr);
-        client_handshake(client, addr, &mut reader, &mut writer).await?;
+        let split = match &client.auth.tls {
+            None => transport::plain(stream),
+            Some(tls) => transport::connect_tls(stream, addr, tls)
+                .await
+                .map_err(|e| RpcError::Auth(format!("{addr}: tls: {e}")))?,
+        };
+        let mut reader = FrameReader::new(split.read);
+        let mut writer = BufWriter::new(split.write);
+        client_handshake(client, addr, &split.binding, &mut reader, &mut writer).await?;
 
         let (tx, rx) = mpsc::channel(WRITE_QUEUE);
         let conn = Arc::new(Conn {
@@ -543,8 +548,9 @@ impl Drop for Waiter {
 async fn client_handshake(
     client: &ClientInner,
     addr: &str,
-    reader: &mut FrameReader<OwnedReadHalf>,
-    writer: &mut BufWriter<OwnedWriteHalf>,
+    binding: &[u8],
+    reader: &mut FrameReader<ReadHalf>,
+    writer: &mut BufWriter<WriteHalf>,
 ) -> Result<(), RpcError> {
     let proto = |e: ProtoError| match e {
         ProtoError::Io(e) => RpcError::Unreachable(format!("{addr}: {e}")),
@@ -574,7 +580,10 @@ async fn client_handshake(
             client.peer_id
         )));
     }
-    let proof = client.secret.proof(&nonce, &client.self_id);
+    let proof = client
+        .auth
+        .secret
+        .bound_proof(&nonce, &client.self_id, binding);
     let response = Frame::new(
         FrameType::AuthResponse,
         0,
@@ -599,11 +608,7 @@ async fn client_handshake(
     }
 }
 
-async fn write_loop(
-    conn: Arc<Conn>,
-    mut w: BufWriter<OwnedWriteHalf>,
-    mut rx: mpsc::Receiver<Frame>,
-) {
+async fn write_loop(conn: Arc<Conn>, mut w: BufWriter<WriteHalf>, mut rx: mpsc::Receiver<Frame>) {
     loop {
         let frame = tokio::select! {
             _ = conn.closed.cancelled() => break,
@@ -636,7 +641,7 @@ async fn write_loop(
     let _ = w.shutdown().await;
 }
 
-async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<OwnedReadHalf>) {
+async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<ReadHalf>) {
     let reason = loop {
         let r = tokio::select! {
             _ = conn.closed.cancelled() => return,
@@ -720,15 +725,15 @@ async fn keepalive(conn: Arc<Conn>) {
 /// The clients of every known peer: node id → [`PeerClient`], kept in step with membership.
 pub struct Peers {
     self_id: String,
-    secret: ClusterSecret,
+    auth: ClusterAuth,
     clients: RwLock<HashMap<String, PeerClient>>,
 }
 
 impl Peers {
-    pub fn new(self_id: impl Into<String>, secret: ClusterSecret) -> Peers {
+    pub fn new(self_id: impl Into<String>, auth: impl Into<ClusterAuth>) -> Peers {
         Peers {
             self_id: self_id.into(),
-            secret,
+            auth: auth.into(),
             clients: RwLock::new(HashMap::new()),
         }
     }
@@ -752,7 +757,7 @@ impl Peers {
                 c.clone()
             }
             None => {
-                let c = PeerClient::new(self.self_id.clone(), id, addr, self.secret.clone());
+                let c = PeerClient::new(self.self_id.clone(), id, addr, self.auth.clone());
                 clients.insert(id.to_owned(), c.clone());
                 c
             }

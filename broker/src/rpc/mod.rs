@@ -7,6 +7,7 @@
 //!   [`RpcHandler`], Raft frames to a [`RaftHandler`]; graceful shutdown.
 //! - `client`: [`PeerClient`] (one multiplexed connection per peer, lazy connect, reconnect,
 //!   per-request timeouts, typed [`RpcError`]s) and the [`Peers`] registry.
+//! - `transport`: plain TCP or mutual TLS under the frames, [`ClusterAuth`] (secret + TLS).
 //! - `raft_net`: [`RpcRaftTransport`] (narad-meta's `RaftTransport` over `Raft` frames) and
 //!   [`MetaRaftHandler`] (the receiving side, `Meta::handle_raft_rpc`).
 //!
@@ -25,6 +26,7 @@ pub mod client;
 pub mod proto;
 pub mod raft_net;
 pub mod server;
+pub mod transport;
 
 #[cfg(test)]
 mod tests;
@@ -36,7 +38,8 @@ pub use auth::ClusterSecret;
 pub use client::{PeerClient, Peers, RpcError, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
 pub use proto::{Opcode, RpcReply};
 pub use raft_net::{MetaRaftHandler, RpcRaftTransport};
-pub use server::{handler_fn, RaftHandler, RpcHandler, RpcServer, ServerStats};
+pub use server::{handler_fn, Caller, RaftHandler, RpcHandler, RpcServer, ServerStats};
+pub use transport::ClusterAuth;
 
 /// A boxed, sendable future (keeps the handler traits object-safe without `async_trait`).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

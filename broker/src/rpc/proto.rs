@@ -102,6 +102,9 @@ pub enum ProtoError {
     UnknownFrameType { kind: u8, request_id: u64 },
     #[error("frame payload of {0} bytes exceeds the 16 MiB limit")]
     Oversize(u64),
+    /// Larger than this reader accepts now (a server before the handshake completed).
+    #[error("frame payload of {len} bytes exceeds the {max} bytes accepted here")]
+    OverLimit { len: u64, max: usize },
     /// The stream ended inside a frame.
     #[error("truncated frame")]
     Truncated,
@@ -231,19 +234,45 @@ fn finish(header: Header, payload: Bytes) -> Result<Frame, ProtoError> {
     }
 }
 
+/// Largest payload a server accepts before the handshake has authenticated the client: the
+/// `AuthResponse` (2 + 255 + 32 bytes) with room to spare. Anything larger closes the
+/// connection before a byte of it is buffered.
+pub const MAX_HANDSHAKE_PAYLOAD: usize = 1024;
+/// Bytes the reader asks the stream for at most per read: a frame's buffer grows with the
+/// bytes that arrived, never with the length its header announces.
+const READ_CHUNK: usize = 64 * 1024;
+
 /// Reads frames from a byte stream through a buffer. [`FrameReader::next`] is cancel-safe
 /// (it can sit in a `select!`): partial frames stay in the buffer.
+///
+/// Memory: the buffer starts small and grows as bytes arrive (at most about twice what was
+/// received for the frame in progress), so an announced length costs nothing until the bytes
+/// are sent. [`FrameReader::set_max_payload`] lowers the accepted frame size (a server keeps it
+/// at [`MAX_HANDSHAKE_PAYLOAD`] until the client has proved the secret).
 pub struct FrameReader<R> {
     inner: R,
     buf: BytesMut,
+    max_payload: usize,
 }
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// A reader accepting frames up to [`MAX_PAYLOAD`].
     pub fn new(inner: R) -> FrameReader<R> {
+        FrameReader::with_max_payload(inner, MAX_PAYLOAD)
+    }
+
+    /// A reader accepting payloads up to `max_payload` (≤ [`MAX_PAYLOAD`]) bytes; larger ones
+    /// are [`ProtoError::OverLimit`] as soon as their header is in.
+    pub fn with_max_payload(inner: R, max_payload: usize) -> FrameReader<R> {
         FrameReader {
             inner,
-            buf: BytesMut::with_capacity(64 * 1024),
+            buf: BytesMut::new(),
+            max_payload: max_payload.min(MAX_PAYLOAD),
         }
+    }
+
+    pub fn set_max_payload(&mut self, max_payload: usize) {
+        self.max_payload = max_payload.min(MAX_PAYLOAD);
     }
 
     /// The next frame. `Ok(None)`: clean end of stream at a frame boundary; end of stream
@@ -251,17 +280,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// oversize) are reported as soon as the 18 header bytes are in, before the payload.
     pub async fn next(&mut self) -> Result<Option<Frame>, ProtoError> {
         loop {
-            if let Some(frame) = Frame::decode(&mut self.buf)? {
-                return Ok(Some(frame));
-            }
-            if self.buf.len() >= HEADER_LEN {
-                // The header is valid (decode checked it): make room for the whole frame.
-                let len = u32::from_be_bytes(self.buf[14..18].try_into().expect("4 bytes"));
-                let want = HEADER_LEN + len as usize;
-                self.buf.reserve(want.saturating_sub(self.buf.len()));
+            let want = if self.buf.len() >= HEADER_LEN {
+                let header = parse_header(self.buf[..HEADER_LEN].try_into().expect("header"))?;
+                if header.len > self.max_payload {
+                    return Err(ProtoError::OverLimit {
+                        len: header.len as u64,
+                        max: self.max_payload,
+                    });
+                }
+                if let Some(frame) = Frame::decode(&mut self.buf)? {
+                    return Ok(Some(frame));
+                }
+                HEADER_LEN + header.len - self.buf.len()
             } else {
-                self.buf.reserve(HEADER_LEN);
-            }
+                HEADER_LEN - self.buf.len()
+            };
+            // At least the header, at most one chunk beyond what is buffered: growth follows
+            // arrival. (Reading past the frame is fine: the rest stays for the next one.)
+            self.buf.reserve(want.clamp(HEADER_LEN, READ_CHUNK));
             if self.inner.read_buf(&mut self.buf).await? == 0 {
                 return if self.buf.is_empty() {
                     Ok(None)
@@ -270,6 +306,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 };
             }
         }
+    }
+
+    /// Bytes the read buffer holds room for (tests: memory follows arrival).
+    pub fn buffer_capacity(&self) -> usize {
+        self.buf.capacity()
     }
 
     pub fn into_inner(self) -> R {

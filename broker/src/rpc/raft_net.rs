@@ -26,9 +26,9 @@ use bytes::Bytes;
 use narad_meta::raft::BoxFuture as MetaBoxFuture;
 use narad_meta::{Meta, MetaNode, RaftReply, RaftRequest, RaftTransport, TransportError};
 
-use super::auth::ClusterSecret;
 use super::client::{Peers, RpcError};
-use super::server::RaftHandler;
+use super::server::{Caller, RaftHandler};
+use super::transport::ClusterAuth;
 use super::BoxFuture;
 
 /// The sending side: implements [`RaftTransport`] for `Meta::open`.
@@ -38,9 +38,9 @@ pub struct RpcRaftTransport {
 
 impl RpcRaftTransport {
     /// `self_id`: this node's id (authenticated as the caller); `secret`: the cluster secret.
-    pub fn new(self_id: impl Into<String>, secret: ClusterSecret) -> RpcRaftTransport {
+    pub fn new(self_id: impl Into<String>, auth: impl Into<ClusterAuth>) -> RpcRaftTransport {
         RpcRaftTransport {
-            peers: Peers::new(self_id, secret),
+            peers: Peers::new(self_id, auth),
         }
     }
 
@@ -83,24 +83,33 @@ impl RaftTransport for RpcRaftTransport {
 }
 
 /// The receiving side: serves `Raft` frames with `Meta::handle_raft_rpc`. Install it with
-/// `RpcServer::set_raft_handler` once the `Meta` is open.
+/// `RpcServer::set_raft_handler` once the `Meta` is open. With `require_proof` (security on)
+/// it refuses Raft frames from callers whose handshake proved nothing (see `auth`).
 pub struct MetaRaftHandler {
     meta: Meta,
+    require_proof: bool,
 }
 
 impl MetaRaftHandler {
-    pub fn new(meta: Meta) -> Arc<MetaRaftHandler> {
-        Arc::new(MetaRaftHandler { meta })
+    pub fn new(meta: Meta, require_proof: bool) -> Arc<MetaRaftHandler> {
+        Arc::new(MetaRaftHandler {
+            meta,
+            require_proof,
+        })
     }
 }
 
 impl RaftHandler for MetaRaftHandler {
     fn handle_raft<'a>(
         &'a self,
-        from: &'a str,
+        caller: &'a Caller,
         payload: Bytes,
     ) -> BoxFuture<'a, Result<Bytes, String>> {
         Box::pin(async move {
+            let from = &*caller.node_id;
+            if self.require_proof && !caller.proven {
+                return Err(super::auth::AUTH_FAILED.to_string());
+            }
             let req: RaftRequest = serde_json::from_slice(&payload).map_err(|e| {
                 tracing::warn!(node = from, error = %e, "undecodable raft request");
                 format!("bad raft request: {e}")

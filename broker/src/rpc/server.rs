@@ -23,31 +23,48 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::RwLock;
 use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{self, ClusterSecret, AUTH_FAILED, HANDSHAKE_TIMEOUT};
+use super::auth::{self, AUTH_FAILED, HANDSHAKE_TIMEOUT};
 use super::proto::{
-    decode_request, Frame, FrameReader, FrameType, Opcode, ProtoError, RpcReply, MAX_PAYLOAD,
+    decode_request, Frame, FrameReader, FrameType, Opcode, ProtoError, RpcReply,
+    MAX_HANDSHAKE_PAYLOAD, MAX_PAYLOAD,
 };
+use super::transport::{self, ClusterAuth, ReadHalf, WriteHalf};
 use super::BoxFuture;
 
 /// A connection with no frame from the client for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Requests in flight per connection before the server stops reading (backpressure).
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 4096;
+/// Cluster-port connections open at once (authenticated or not); more are closed on accept
+/// (SPEC §11). A cluster of 108 nodes opens a few per peer.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections still in the handshake at once; more are closed on accept. Before the proof a
+/// connection holds at most a ~1 KiB buffer, so this bounds pre-authentication memory to
+/// well under a megabyte.
+pub const MAX_HANDSHAKES: usize = 256;
 /// Frames queued for the writer of one connection.
 const WRITE_QUEUE: usize = 1024;
 
-/// Serves node RPCs. `from` is the authenticated node id of the caller. `op` is a registered
+/// Who sent a frame: the node id the caller proved with the cluster secret, and whether that
+/// proof means anything (false only on a server with the empty secret, which anyone can prove;
+/// see `auth`). Handlers refuse unproven callers whenever security is on.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub node_id: Arc<str>,
+    pub proven: bool,
+}
+
+/// Serves node RPCs. `caller` is who sent the request. `op` is a registered
 /// opcode (unregistered ones never reach the handler). Answer [`RpcReply::unsupported`] for an
 /// opcode this build does not serve. Errors are replies (`4xx`/`5xx` with `{"error": …}`),
 /// mapped 1:1 to HTTP by the forwarding node.
 pub trait RpcHandler: Send + Sync + 'static {
-    fn handle<'a>(&'a self, from: &'a str, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply>;
+    fn handle<'a>(&'a self, caller: &'a Caller, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply>;
 }
 
 /// Serves `Raft` frames: the payload is an encoded Raft RPC, the answer its encoded reply
@@ -55,7 +72,7 @@ pub trait RpcHandler: Send + Sync + 'static {
 pub trait RaftHandler: Send + Sync + 'static {
     fn handle_raft<'a>(
         &'a self,
-        from: &'a str,
+        caller: &'a Caller,
         payload: Bytes,
     ) -> BoxFuture<'a, Result<Bytes, String>>;
 }
@@ -72,8 +89,13 @@ where
         F: Fn(String, u8, Bytes) -> Fut + Send + Sync + 'static,
         Fut: std::future::Future<Output = RpcReply> + Send + 'static,
     {
-        fn handle<'a>(&'a self, from: &'a str, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply> {
-            Box::pin((self.0)(from.to_owned(), op, body))
+        fn handle<'a>(
+            &'a self,
+            caller: &'a Caller,
+            op: u8,
+            body: Bytes,
+        ) -> BoxFuture<'a, RpcReply> {
+            Box::pin((self.0)(caller.node_id.to_string(), op, body))
         }
     }
     Arc::new(FnHandler(f))
@@ -92,6 +114,9 @@ pub struct ServerStats {
     pub open: u64,
     /// Request and Raft frames served.
     pub requests: u64,
+    /// Connections closed on accept because [`MAX_CONNECTIONS`] or [`MAX_HANDSHAKES`] was
+    /// reached.
+    pub refused_over_cap: u64,
 }
 
 #[derive(Default)]
@@ -101,14 +126,16 @@ struct Counters {
     auth_failures: AtomicU64,
     open: AtomicU64,
     requests: AtomicU64,
+    refused_over_cap: AtomicU64,
 }
 
 struct Ctx {
     node_id: String,
-    secret: ClusterSecret,
+    auth: ClusterAuth,
     handler: Arc<dyn RpcHandler>,
     raft: RwLock<Option<Arc<dyn RaftHandler>>>,
     counters: Counters,
+    handshakes: Arc<tokio::sync::Semaphore>,
 }
 
 /// The cluster-port listener. [`RpcServer::shutdown`] stops it and waits; dropping it (or
@@ -122,15 +149,17 @@ pub struct RpcServer {
 
 impl RpcServer {
     /// Binds `addr` (`host:port`; a Go-style `:port` means every interface) and starts
-    /// serving. `node_id` is announced in the challenge; `secret` checks client proofs (the
-    /// empty secret is the "no secret" mode documented in `auth`). Raft frames are refused
-    /// until [`RpcServer::set_raft_handler`] is called.
+    /// serving. `node_id` is announced in the challenge; `auth` checks client proofs (the
+    /// empty secret is the "no secret" mode documented in `auth`) and, with TLS, makes every
+    /// connection mutual TLS first. Raft frames are refused until
+    /// [`RpcServer::set_raft_handler`] is called.
     pub async fn bind(
         addr: &str,
         node_id: impl Into<String>,
-        secret: ClusterSecret,
+        auth: impl Into<ClusterAuth>,
         handler: Arc<dyn RpcHandler>,
     ) -> std::io::Result<RpcServer> {
+        let auth = auth.into();
         let addr = if addr.starts_with(':') {
             format!("0.0.0.0{addr}")
         } else {
@@ -140,14 +169,15 @@ impl RpcServer {
         let local_addr = listener.local_addr()?;
         let ctx = Arc::new(Ctx {
             node_id: node_id.into(),
-            secret,
+            auth,
             handler,
             raft: RwLock::new(None),
             counters: Counters::default(),
+            handshakes: Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES)),
         });
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(accept_loop(listener, ctx.clone(), shutdown.clone()));
-        tracing::info!(addr = %local_addr, node = %ctx.node_id, plaintext = true, "cluster port listening");
+        tracing::info!(addr = %local_addr, node = %ctx.node_id, tls = ctx.auth.is_tls(), "cluster port listening");
         Ok(RpcServer {
             local_addr,
             ctx,
@@ -181,6 +211,7 @@ impl RpcServer {
             auth_failures: c.auth_failures.load(Ordering::Relaxed),
             open: c.open.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
+            refused_over_cap: c.refused_over_cap.load(Ordering::Relaxed),
         }
     }
 
@@ -218,7 +249,21 @@ async fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, shutdown: Cancellatio
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     ctx.counters.accepted.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn(serve_connection(stream, peer, ctx.clone(), shutdown.clone()));
+                    let permit = if conns.len() < MAX_CONNECTIONS {
+                        ctx.handshakes.clone().try_acquire_owned().ok()
+                    } else {
+                        None
+                    };
+                    let Some(permit) = permit else {
+                        // Closed at once: nothing read, nothing buffered.
+                        let n = ctx.counters.refused_over_cap.fetch_add(1, Ordering::Relaxed);
+                        if (n + 1).is_power_of_two() {
+                            tracing::warn!(%peer, open = conns.len(), refused = n + 1, "cluster port at its connection cap; closing new connections");
+                        }
+                        drop(stream);
+                        continue;
+                    };
+                    conns.spawn(serve_connection(stream, peer, ctx.clone(), shutdown.clone(), permit));
                 }
                 Err(e) => {
                     // EMFILE and friends: don't spin.
@@ -247,23 +292,54 @@ async fn serve_connection(
     peer: SocketAddr,
     ctx: Arc<Ctx>,
     shutdown: CancellationToken,
+    handshake_permit: tokio::sync::OwnedSemaphorePermit,
 ) {
     ctx.counters.open.fetch_add(1, Ordering::Relaxed);
     let _open = OpenGuard(&ctx.counters.open);
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
-    let mut reader = FrameReader::new(rd);
-    let mut writer = BufWriter::new(wr);
-
-    let from = tokio::select! {
+    let established = async {
+        let split = match &ctx.auth.tls {
+            None => transport::plain(stream),
+            Some(tls) => {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, transport::accept_tls(stream, tls))
+                    .await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        ctx.counters.auth_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, error = %e, "cluster connection refused: tls handshake failed");
+                        return None;
+                    }
+                    Err(_) => {
+                        ctx.counters.auth_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(%peer, "cluster connection refused: no tls handshake in time");
+                        return None;
+                    }
+                }
+            }
+        };
+        // Until the client has proved the secret, only the handshake's small frames.
+        let mut reader = FrameReader::with_max_payload(split.read, MAX_HANDSHAKE_PAYLOAD);
+        let mut writer = BufWriter::new(split.write);
+        let id = handshake(&mut reader, &mut writer, &ctx, peer, &split.binding).await?;
+        Some((id, reader, writer))
+    };
+    let (from, mut reader, writer) = tokio::select! {
         _ = shutdown.cancelled() => return,
-        r = handshake(&mut reader, &mut writer, &ctx, peer) => match r {
-            Some(id) => id,
+        r = established => match r {
+            Some(x) => x,
             None => return,
         },
     };
-    let from: Arc<str> = Arc::from(from);
+    drop(handshake_permit);
+    let caller = Arc::new(Caller {
+        node_id: Arc::from(from),
+        proven: ctx.auth.secret.proves_identity(),
+    });
+    let from = caller.node_id.clone();
     tracing::debug!(%peer, node = %from, "cluster connection authenticated");
+    // Authenticated: frames up to the protocol's limit from now on.
+    reader.set_max_payload(MAX_PAYLOAD);
 
     let (tx, rx) = mpsc::channel::<Frame>(WRITE_QUEUE);
     let write_task = tokio::spawn(write_loop(writer, rx));
@@ -319,12 +395,12 @@ async fn serve_connection(
                         continue;
                     }
                 };
-                let (ctx, from, tx) = (ctx.clone(), from.clone(), tx.clone());
+                let (ctx, caller, tx) = (ctx.clone(), caller.clone(), tx.clone());
                 in_flight.spawn(async move {
                     let reply = if Opcode::from_u8(op).is_none() {
                         RpcReply::unsupported(op)
                     } else {
-                        ctx.handler.handle(&from, op, body).await
+                        ctx.handler.handle(&caller, op, body).await
                     };
                     let _ = tx.send(reply_frame(id, op, &reply)).await;
                 });
@@ -336,9 +412,9 @@ async fn serve_connection(
                     let _ = tx.send(Frame::error(id, "raft not ready")).await;
                     continue;
                 };
-                let (from, tx) = (from.clone(), tx.clone());
+                let (caller, tx) = (caller.clone(), tx.clone());
                 in_flight.spawn(async move {
-                    let frame = match handler.handle_raft(&from, frame.payload).await {
+                    let frame = match handler.handle_raft(&caller, frame.payload).await {
                         Ok(p) if p.len() <= MAX_PAYLOAD => Frame::new(FrameType::RaftReply, id, p),
                         Ok(p) => Frame::error(
                             id,
@@ -421,7 +497,7 @@ fn reply_frame(id: u64, op: u8, reply: &RpcReply) -> Frame {
 }
 
 /// Writes queued frames, batching whatever is ready into one flush.
-async fn write_loop(mut w: BufWriter<OwnedWriteHalf>, mut rx: mpsc::Receiver<Frame>) {
+async fn write_loop(mut w: BufWriter<WriteHalf>, mut rx: mpsc::Receiver<Frame>) {
     while let Some(frame) = rx.recv().await {
         let mut next = Some(frame);
         while let Some(f) = next {
@@ -438,18 +514,20 @@ async fn write_loop(mut w: BufWriter<OwnedWriteHalf>, mut rx: mpsc::Receiver<Fra
     let _ = w.shutdown().await;
 }
 
-async fn write_one(w: &mut BufWriter<OwnedWriteHalf>, f: &Frame) -> Result<(), ProtoError> {
+async fn write_one(w: &mut BufWriter<WriteHalf>, f: &Frame) -> Result<(), ProtoError> {
     let bytes = f.encode()?;
     w.write_all(&bytes).await?;
     Ok(())
 }
 
-/// Runs the server side of the handshake. `Some(node id)` if the client proved the secret.
+/// Runs the server side of the handshake. `Some(node id)` if the client proved the secret
+/// (bound to the TLS session by `binding`; empty on plaintext).
 async fn handshake(
-    reader: &mut FrameReader<OwnedReadHalf>,
-    writer: &mut BufWriter<OwnedWriteHalf>,
+    reader: &mut FrameReader<ReadHalf>,
+    writer: &mut BufWriter<WriteHalf>,
     ctx: &Ctx,
     peer: SocketAddr,
+    binding: &[u8],
 ) -> Option<String> {
     let nonce = auth::new_nonce();
     let challenge = Frame::new(
@@ -487,7 +565,7 @@ async fn handshake(
     } else {
         match auth::decode_response(&frame.payload) {
             Err(_) => Err(("malformed auth response", None)),
-            Ok((id, proof)) if ctx.secret.verify(&nonce, &id, &proof) => Ok(id),
+            Ok((id, proof)) if ctx.auth.secret.verify_bound(&nonce, &id, binding, &proof) => Ok(id),
             Ok((id, _)) => Err(("bad authentication proof", Some(id))),
         }
     };

@@ -155,6 +155,153 @@ async fn no_secret_mode_still_runs_the_handshake() {
     srv.shutdown(Duration::from_secs(1)).await;
 }
 
+/// Reports whether the caller's proof meant anything (`Caller::proven`).
+fn proven_echo() -> Arc<dyn RpcHandler> {
+    struct H;
+    impl RpcHandler for H {
+        fn handle<'a>(
+            &'a self,
+            caller: &'a Caller,
+            _op: u8,
+            _body: Bytes,
+        ) -> BoxFuture<'a, RpcReply> {
+            Box::pin(
+                async move { RpcReply::json(200, &serde_json::json!({ "proven": caller.proven })) },
+            )
+        }
+    }
+    Arc::new(H)
+}
+
+#[tokio::test]
+async fn callers_are_proven_only_by_a_real_secret() {
+    for (secret, proven) in [
+        (ClusterSecret::none(), false),
+        (secret(), true),
+        (ClusterSecret::random(), true),
+    ] {
+        let srv = RpcServer::bind("127.0.0.1:0", "srv", secret.clone(), proven_echo())
+            .await
+            .unwrap();
+        let c = PeerClient::new("cli", "srv", srv.local_addr().to_string(), secret);
+        let r = c.call(Opcode::CreateUser, Bytes::new()).await.unwrap();
+        assert_eq!(json(&r), serde_json::json!({ "proven": proven }));
+        srv.shutdown(Duration::from_secs(1)).await;
+    }
+    // A random secret (a standalone node's) admits nobody who does not hold it: neither the
+    // empty key nor another random one.
+    let srv = RpcServer::bind("127.0.0.1:0", "srv", ClusterSecret::random(), proven_echo())
+        .await
+        .unwrap();
+    for guess in [ClusterSecret::none(), ClusterSecret::random()] {
+        let c = PeerClient::new("cli", "srv", srv.local_addr().to_string(), guess);
+        assert!(matches!(
+            c.call(Opcode::CreateUser, Bytes::new()).await,
+            Err(RpcError::Auth(_))
+        ));
+    }
+    assert_eq!(srv.stats().authenticated, 0);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn before_the_proof_only_small_frames_are_read() {
+    let srv = serve("srv", echo()).await;
+    // An "auth response" announcing the 16 MiB maximum: refused from its header, before a
+    // payload byte is buffered.
+    let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+    let (r, mut w) = s.into_split();
+    let mut r = FrameReader::new(r);
+    assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthChallenge);
+    let mut header = Vec::with_capacity(HEADER_LEN);
+    header.extend_from_slice(&MAGIC);
+    header.push(PROTOCOL_VERSION);
+    header.push(FrameType::AuthResponse as u8);
+    header.extend_from_slice(&0u64.to_be_bytes());
+    header.extend_from_slice(&(MAX_PAYLOAD as u32).to_be_bytes());
+    w.write_all(&header).await.unwrap();
+    let e = next(&mut r).await.unwrap();
+    assert_eq!(e.kind, FrameType::Error);
+    assert!(
+        String::from_utf8_lossy(&e.payload).contains("1024 bytes accepted here"),
+        "{:?}",
+        String::from_utf8_lossy(&e.payload)
+    );
+    assert!(next(&mut r).await.is_none(), "connection closed");
+    assert_eq!(srv.stats().auth_failures, 1);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test]
+async fn a_frame_buffer_grows_with_the_bytes_that_arrived() {
+    // A header announcing 16 MiB followed by 100 bytes: the reader holds about what arrived,
+    // not what was announced.
+    let (mut tx, rx) = tokio::io::duplex(1 << 20);
+    let mut r = FrameReader::new(rx);
+    let mut bytes = Vec::new();
+    bytes.extend_from_slice(&MAGIC);
+    bytes.push(PROTOCOL_VERSION);
+    bytes.push(FrameType::Request as u8);
+    bytes.extend_from_slice(&1u64.to_be_bytes());
+    bytes.extend_from_slice(&(MAX_PAYLOAD as u32).to_be_bytes());
+    bytes.extend_from_slice(&[0u8; 100]);
+    tx.write_all(&bytes).await.unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), r.next())
+            .await
+            .is_err(),
+        "the frame is incomplete"
+    );
+    assert!(
+        r.buffer_capacity() <= 256 * 1024,
+        "buffer of {} bytes for 118 received",
+        r.buffer_capacity()
+    );
+    // The rest arrives: the frame is read whole.
+    let rest = vec![1u8; MAX_PAYLOAD - 100];
+    let writer = tokio::spawn(async move {
+        tx.write_all(&rest).await.unwrap();
+        tx
+    });
+    let f = tokio::time::timeout(Duration::from_secs(10), r.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.payload.len(), MAX_PAYLOAD);
+    drop(writer.await.unwrap());
+}
+
+#[tokio::test]
+async fn connections_past_the_handshake_cap_are_closed_at_once() {
+    let srv = serve("srv", echo()).await;
+    // MAX_HANDSHAKES connections that never answer the challenge hold every handshake slot.
+    let mut idle = Vec::new();
+    for _ in 0..server::MAX_HANDSHAKES {
+        let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+        let (r, w) = s.into_split();
+        let mut r = FrameReader::new(r);
+        assert_eq!(next(&mut r).await.unwrap().kind, FrameType::AuthChallenge);
+        idle.push((r, w));
+    }
+    // One more is closed without a challenge.
+    let s = TcpStream::connect(srv.local_addr()).await.unwrap();
+    let (r, _w) = s.into_split();
+    let mut r = FrameReader::new(r);
+    assert!(next(&mut r).await.is_none(), "closed at once");
+    assert_eq!(srv.stats().refused_over_cap, 1);
+    // Authenticated connections do not hold a slot; freeing slots admits new ones.
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while srv.stats().open > 0 {
+        assert!(Instant::now() < deadline, "closed connections still open");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let c = client_of(&srv);
+    assert_eq!(c.call(Opcode::Ack, Bytes::new()).await.unwrap().status, 200);
+    srv.shutdown(Duration::from_secs(1)).await;
+}
+
 #[tokio::test]
 async fn wrong_secret_is_refused_and_the_connection_closed() {
     let srv = serve("srv", echo()).await;
@@ -621,11 +768,12 @@ async fn raft_frames_wait_for_a_raft_handler() {
     impl RaftHandler for Upper {
         fn handle_raft<'a>(
             &'a self,
-            from: &'a str,
+            caller: &'a Caller,
             payload: Bytes,
         ) -> BoxFuture<'a, Result<Bytes, String>> {
             self.0.fetch_add(1, Ordering::SeqCst);
             Box::pin(async move {
+                let from = &*caller.node_id;
                 if payload.is_empty() {
                     return Err("empty".into());
                 }
@@ -770,7 +918,7 @@ async fn three_metadata_nodes_elect_and_replicate_over_tcp() {
             cluster_addr: addr.clone(),
         };
         let meta = Meta::open(dirs[i].path(), opts, transport).await.unwrap();
-        servers[i].set_raft_handler(MetaRaftHandler::new(meta.clone()));
+        servers[i].set_raft_handler(MetaRaftHandler::new(meta.clone(), true));
         metas.push(meta);
     }
     for meta in &metas {

@@ -64,10 +64,14 @@ fn name_byte(b: u8) -> bool {
 
 /// `^[A-Za-z0-9._-]{1,64}$` (`400` otherwise).
 pub fn validate_username(username: &str) -> Result<(), String> {
-    if username.is_empty() || username.len() > MAX_USERNAME_LEN || !username.bytes().all(name_byte)
+    if username.is_empty()
+        || username.len() > MAX_USERNAME_LEN
+        || !username.bytes().all(name_byte)
+        || username == "."
+        || username == ".."
     {
         return Err(format!(
-            "invalid username {username:?}: 1 to {MAX_USERNAME_LEN} of [A-Za-z0-9._-]"
+            "invalid username {username:?}: 1 to {MAX_USERNAME_LEN} of [A-Za-z0-9._-], not . or .."
         ));
     }
     Ok(())
@@ -606,6 +610,10 @@ mod tests {
             ("bil:ling", false),
             ("bil*", false),
             ("ü", false),
+            (".", false),
+            ("..", false),
+            ("...", true),
+            (".a", true),
         ] {
             assert_eq!(validate_username(u).is_ok(), ok, "{u:?}");
         }
