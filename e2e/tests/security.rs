@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use narad_e2e::{ClusterOpts, TestCluster};
+use narad_tests::certs::TestCa;
 use narad_tests::{eventually, json, Http};
 
 const ADMIN_PASSWORD: &str = "root-pw-for-e2e";
@@ -111,7 +112,7 @@ async fn a_node_with_the_wrong_cluster_secret_cannot_join() {
     let i = c
         .add_node_unready(vec![(
             "NARAD_CLUSTER_SECRET".into(),
-            "wrong-secret-value-4567".into(),
+            "wrong-secret-value-4567-wrong-secret-value".into(),
         )])
         .await;
     tokio::time::sleep(Duration::from_secs(5)).await; // it asks every 2 s: give it tries
@@ -129,9 +130,103 @@ async fn a_node_with_the_wrong_cluster_secret_cannot_join() {
         let log = n.server.log_tail(100_000);
         assert!(!log.contains(SECRET), "{} logged the cluster secret", n.id);
         assert!(
-            !log.contains("wrong-secret-value-4567"),
+            !log.contains("wrong-secret-value-4567-wrong-secret-value"),
             "{} logged a secret",
             n.id
         );
     }
+}
+
+/// Mutual TLS on the cluster port (SPEC §4.5) with certificates made here: a cluster whose
+/// nodes hold certificates of one CA forms, forwards and replicates; a node with the right
+/// secret but a certificate of another CA is never admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutual_tls_cluster_forms_and_refuses_a_foreign_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("narad-cluster-ca");
+    let mut opts = secured();
+    for i in 0..3 {
+        let f = ca.issue(dir.path(), &format!("n{i}"), &["127.0.0.1", "localhost"]);
+        for (name, path) in [
+            ("NARAD_CLUSTER_TLS_CERT_FILE", &f.cert),
+            ("NARAD_CLUSTER_TLS_KEY_FILE", &f.key),
+            ("NARAD_CLUSTER_TLS_CA_FILE", &f.ca),
+        ] {
+            opts.node_env
+                .push((i, name.into(), path.display().to_string()));
+        }
+    }
+    let mut c = TestCluster::start_with(3, opts).await;
+    let admin: Vec<Http> = (0..3)
+        .map(|i| c.http(i).as_user("admin", ADMIN_PASSWORD))
+        .collect();
+    admin[0]
+        .create_topic(&json!({"name": "tls-orders", "partitions": 6}))
+        .await;
+    // Produce through n1 to every partition (most owned elsewhere: forwarded over TLS).
+    eventually(Duration::from_secs(10), Duration::from_millis(50), || {
+        let a = admin[1].clone();
+        async move {
+            let r = a.get("/v1/topics/tls-orders").await;
+            anyhow::ensure!(r.status == 200, "{}", r.describe());
+            Ok(())
+        }
+    })
+    .await;
+    for p in 0..6 {
+        admin[1]
+            .produce_ok("tls-orders", &format!("partition={p}"), format!("m{p}"))
+            .await;
+    }
+    // Consume all six through n2.
+    let mut got = Vec::new();
+    while got.len() < 6 {
+        let m = admin[2].consume_msg("tls-orders", "wait=2s").await;
+        admin[2].ack_ok("tls-orders", m.handle()).await;
+        got.push(String::from_utf8(m.payload_bytes()).unwrap());
+    }
+    got.sort();
+    assert_eq!(got, (0..6).map(|p| format!("m{p}")).collect::<Vec<_>>());
+    for n in &c.nodes {
+        let log = n.server.log_tail(100_000);
+        assert!(log.contains("cluster port listening"), "{}", n.id);
+        assert!(
+            !log.contains("cluster port is plaintext"),
+            "{} warned plaintext",
+            n.id
+        );
+    }
+
+    // The right secret, a certificate of another CA: the TLS handshake fails, never admitted.
+    let evil = TestCa::new("evil-ca").issue(dir.path(), "n3", &["127.0.0.1"]);
+    let i = c
+        .add_node_unready(vec![
+            (
+                "NARAD_CLUSTER_TLS_CERT_FILE".into(),
+                evil.cert.display().to_string(),
+            ),
+            (
+                "NARAD_CLUSTER_TLS_KEY_FILE".into(),
+                evil.key.display().to_string(),
+            ),
+            (
+                "NARAD_CLUSTER_TLS_CA_FILE".into(),
+                evil.ca.display().to_string(),
+            ),
+        ])
+        .await;
+    eventually(Duration::from_secs(20), Duration::from_millis(100), || {
+        let log = c.nodes[0].server.log_tail(100_000);
+        async move {
+            anyhow::ensure!(
+                log.contains("tls handshake failed"),
+                "no refusal logged yet"
+            );
+            Ok(())
+        }
+    })
+    .await;
+    assert_eq!(c.http(i).get("/readyz").await.status, 503);
+    let members = admin[0].get("/v1/cluster/members").await.expect_json(200);
+    assert_eq!(members["members"].as_array().unwrap().len(), 3, "{members}");
 }

@@ -14,6 +14,7 @@
 //!   ambiguous, which were consumed (and intact); consumer loops and the final report.
 //! - [`payload`]: unique self-checking payloads (id + CRC32C + deterministic filler).
 //! - [`metrics`]: reading `/metrics` samples ([`metric_sum`], [`metric_sum_where`]).
+//! - [`certs`]: test certificates (a CA and what it signs) as PEM files, for the TLS tests.
 //! - [`cluster_port`]: a cluster-port client from the SPEC alone (frames, the HMAC handshake),
 //!   to check what the port lets an outsider do.
 //! - [`wait`]: [`eventually`], the only way tests wait for a condition.
@@ -25,6 +26,7 @@
 //! `try_*` variants return errors for tests that must tolerate a dead server.
 
 pub mod api;
+pub mod certs;
 pub mod checks;
 pub mod cluster_port;
 pub mod http;

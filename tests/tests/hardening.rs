@@ -178,3 +178,77 @@ async fn dot_usernames_are_refused() {
     }
     assert_eq!(usernames(&root).await, vec!["admin".to_string()]);
 }
+
+/// Finding 2: cluster TLS files that are missing or invalid used to be ignored (the node came
+/// up plaintext). Now any problem stops the node and names the file.
+#[tokio::test]
+async fn cluster_tls_that_cannot_be_honoured_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = |n: &str| dir.path().join(n).display().to_string();
+    let tls = |opts: ServerOpts, cert: &str, key: &str, ca: &str| {
+        opts.env("NARAD_CLUSTER_TLS_CERT_FILE", cert)
+            .env("NARAD_CLUSTER_TLS_KEY_FILE", key)
+            .env("NARAD_CLUSTER_TLS_CA_FILE", ca)
+    };
+    let out = tls(
+        ServerOpts::secured(ROOT_PW),
+        &missing("tls.crt"),
+        &missing("tls.key"),
+        &missing("ca.crt"),
+    )
+    .start_refused();
+    assert!(
+        out.contains("cluster TLS certificate") && out.contains("tls.crt"),
+        "{out}"
+    );
+    // Only some of the three.
+    let out = ServerOpts::secured(ROOT_PW)
+        .env("NARAD_CLUSTER_TLS_CERT_FILE", missing("tls.crt"))
+        .start_refused();
+    assert!(out.contains("all of NARAD_CLUSTER_TLS_CERT_FILE"), "{out}");
+    // A key that does not belong to the certificate, and a CA file that is no certificate.
+    let ca = narad_tests::certs::TestCa::new("ca");
+    let a = ca.issue(dir.path(), "a", &["127.0.0.1"]);
+    let b = ca.issue(dir.path(), "b", &["127.0.0.1"]);
+    let out = tls(
+        ServerOpts::secured(ROOT_PW),
+        &a.cert.display().to_string(),
+        &b.key.display().to_string(),
+        &a.ca.display().to_string(),
+    )
+    .start_refused();
+    assert!(out.contains("cluster TLS"), "{out}");
+    std::fs::write(dir.path().join("junk.crt"), "junk").unwrap();
+    let out = tls(
+        ServerOpts::secured(ROOT_PW),
+        &a.cert.display().to_string(),
+        &a.key.display().to_string(),
+        &missing("junk.crt"),
+    )
+    .start_refused();
+    assert!(
+        out.contains("cluster TLS CA") && out.contains("junk.crt"),
+        "{out}"
+    );
+    // The same files in a config file are known keys now (they used to be refused as unknown).
+    let cfg = dir.path().join("narad.json");
+    std::fs::write(
+        &cfg,
+        serde_json::to_vec(&json!({"security": {
+            "cluster_tls_cert_file": a.cert, "cluster_tls_key_file": a.key,
+            "cluster_tls_ca_file": a.ca}}))
+        .unwrap(),
+    )
+    .unwrap();
+    let server = Server::start(
+        logged(ServerOpts::secured(ROOT_PW))
+            .arg("--config")
+            .arg(cfg.display().to_string()),
+    )
+    .await;
+    let log = std::fs::read_to_string(server.log_path()).unwrap();
+    assert!(
+        log.contains(r#""tls":true"#),
+        "cluster port without TLS:\n{log}"
+    );
+}

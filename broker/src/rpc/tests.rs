@@ -1022,3 +1022,175 @@ async fn a_silent_peer_is_detected_by_the_keepalive() {
     );
     assert!(!c.is_connected());
 }
+
+mod tls {
+    //! Mutual TLS on the cluster port (SPEC §4.5) with certificates made by the test.
+    use super::*;
+    use crate::tls::{ReloadingTls, TlsFiles, TlsRole};
+    use narad_tests::certs::{CertFiles, TestCa};
+
+    fn load(f: &CertFiles) -> Arc<ReloadingTls> {
+        ReloadingTls::load(
+            TlsFiles {
+                cert: f.cert.clone(),
+                key: f.key.clone(),
+                ca: Some(f.ca.clone()),
+            },
+            TlsRole::ClusterMutual,
+        )
+        .unwrap()
+    }
+
+    fn auth(f: &CertFiles) -> ClusterAuth {
+        ClusterAuth::new(secret(), Some(load(f)))
+    }
+
+    async fn tls_server(f: &CertFiles) -> RpcServer {
+        RpcServer::bind("127.0.0.1:0", "srv", auth(f), echo())
+            .await
+            .unwrap()
+    }
+
+    async fn call(srv: &RpcServer, auth: ClusterAuth) -> Result<RpcReply, RpcError> {
+        PeerClient::new("cli", "srv", srv.local_addr().to_string(), auth)
+            .call(Opcode::Ack, Bytes::new())
+            .await
+    }
+
+    #[tokio::test]
+    async fn requests_flow_only_between_holders_of_the_ca() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("narad-ca");
+        let srv = tls_server(&ca.issue(dir.path(), "srv", &["127.0.0.1"])).await;
+        let good = ca.issue(dir.path(), "cli", &["127.0.0.1"]);
+        assert_eq!(call(&srv, auth(&good)).await.unwrap().status, 200);
+        let s = srv.stats();
+        assert_eq!((s.authenticated, s.auth_failures), (1, 0));
+
+        // A client certificate from another CA: refused by the server.
+        let evil = TestCa::new("evil-ca");
+        let stranger = evil.issue(dir.path(), "stranger", &["127.0.0.1"]);
+        assert!(
+            matches!(call(&srv, auth(&stranger)).await, Err(RpcError::Auth(_))),
+            "a foreign client certificate was accepted"
+        );
+        // The right secret over plaintext: no TLS, no entry.
+        assert!(call(&srv, secret().into()).await.is_err());
+        assert_eq!(srv.stats().authenticated, 1);
+
+        // The server's certificate must chain to the client's CA and name the address.
+        let impostor = tls_server(&evil.issue(dir.path(), "impostor", &["127.0.0.1"])).await;
+        assert!(matches!(
+            call(&impostor, auth(&good)).await,
+            Err(RpcError::Auth(_))
+        ));
+        let misnamed = tls_server(&ca.issue(dir.path(), "misnamed", &["other.example"])).await;
+        assert!(matches!(
+            call(&misnamed, auth(&good)).await,
+            Err(RpcError::Auth(_))
+        ));
+        assert_eq!(
+            impostor.stats().authenticated + misnamed.stats().authenticated,
+            0
+        );
+        for s in [srv, impostor, misnamed] {
+            s.shutdown(Duration::from_secs(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn the_proof_is_bound_to_the_tls_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("narad-ca");
+        let srv = tls_server(&ca.issue(dir.path(), "srv", &["127.0.0.1"])).await;
+        let client = load(&ca.issue(dir.path(), "cli", &["127.0.0.1"]));
+        let addr = srv.local_addr().to_string();
+        for bound in [false, true] {
+            let tcp = TcpStream::connect(&addr).await.unwrap();
+            let split = transport::connect_tls(tcp, &addr, &client).await.unwrap();
+            assert_eq!(split.binding.len(), transport::BINDING_LEN);
+            let mut r = FrameReader::new(split.read);
+            let mut w = split.write;
+            let ch = r.next().await.unwrap().unwrap();
+            let (nonce, _) = auth::decode_challenge(&ch.payload).unwrap();
+            let proof = if bound {
+                secret().bound_proof(&nonce, "cli", &split.binding)
+            } else {
+                // What a relay that terminated TLS would have: the plaintext proof.
+                secret().proof(&nonce, "cli")
+            };
+            let resp = Frame::new(
+                FrameType::AuthResponse,
+                0,
+                auth::encode_response("cli", &proof),
+            );
+            w.write_all(&resp.encode().unwrap()).await.unwrap();
+            w.flush().await.unwrap();
+            let verdict = r.next().await.unwrap().unwrap();
+            let want = if bound {
+                FrameType::AuthOk
+            } else {
+                FrameType::Error
+            };
+            assert_eq!(verdict.kind, want, "bound = {bound}");
+        }
+        srv.shutdown(Duration::from_secs(1)).await;
+    }
+
+    #[tokio::test]
+    async fn rotated_certificates_are_used_for_new_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_ca = TestCa::new("ca-1");
+        let srv_files = old_ca.issue(dir.path(), "srv", &["127.0.0.1"]);
+        let srv_tls = load(&srv_files);
+        let srv = RpcServer::bind(
+            "127.0.0.1:0",
+            "srv",
+            ClusterAuth::new(secret(), Some(srv_tls.clone())),
+            echo(),
+        )
+        .await
+        .unwrap();
+        let addr = srv.local_addr().to_string();
+        let old_client = PeerClient::new(
+            "old",
+            "srv",
+            addr.clone(),
+            auth(&old_ca.issue(dir.path(), "old", &["127.0.0.1"])),
+        );
+        assert_eq!(
+            old_client
+                .call(Opcode::Ack, Bytes::new())
+                .await
+                .unwrap()
+                .status,
+            200
+        );
+
+        // cert-manager rotates the Secret: a new CA and a new server certificate, same paths.
+        let new_ca = TestCa::new("ca-2");
+        new_ca.issue(dir.path(), "srv", &["127.0.0.1"]);
+        srv_tls.check_now();
+        let new_client = auth(&new_ca.issue(dir.path(), "new", &["127.0.0.1"]));
+        assert_eq!(call(&srv, new_client).await.unwrap().status, 200);
+        // The established session goes on; a new one with the old CA is refused.
+        assert_eq!(
+            old_client
+                .call(Opcode::Ack, Bytes::new())
+                .await
+                .unwrap()
+                .status,
+            200
+        );
+        old_client.close();
+        let stale = auth(&old_ca.issue(dir.path(), "old2", &["127.0.0.1"]));
+        assert!(matches!(call(&srv, stale).await, Err(RpcError::Auth(_))));
+
+        // A rotation that leaves broken files keeps the last good certificates.
+        std::fs::write(&srv_files.cert, "-----BEGIN CERTIFICATE-----\ngarbage\n").unwrap();
+        srv_tls.check_now();
+        let new_client = auth(&new_ca.issue(dir.path(), "new2", &["127.0.0.1"]));
+        assert_eq!(call(&srv, new_client).await.unwrap().status, 200);
+        srv.shutdown(Duration::from_secs(1)).await;
+    }
+}
