@@ -137,6 +137,39 @@ pub fn normalize_base_url(url: &str) -> Result<String, Error> {
     Ok(with_scheme.trim_end_matches('/').to_string())
 }
 
+/// The TLS client configuration of `https://` servers: rustls on ring, the system's roots
+/// plus `ca_pem` (at least one usable root, or an error naming what is wrong).
+pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_native_certs::load_native_certs().certs {
+        let _ = roots.add(c);
+    }
+    if let Some(pem) = ca_pem {
+        let certs = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| Error::Invalid(format!("CA file: not PEM certificates: {e}")))?;
+        if certs.is_empty() {
+            return Err(Error::Invalid("CA file: no certificate in it".into()));
+        }
+        for c in certs {
+            roots
+                .add(c)
+                .map_err(|e| Error::Invalid(format!("CA file: unusable certificate: {e}")))?;
+        }
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Invalid(format!("TLS: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(cfg)
+}
+
 /// A query string under construction (`?a=1&b=2`), values percent-encoded.
 #[derive(Default)]
 struct Query(String);
@@ -167,8 +200,19 @@ impl Query {
 
 impl Client {
     /// A client of the server at `base_url` (e.g. `http://127.0.0.1:7942`, or `host:port`),
-    /// with optional Basic credentials (sent when the username is non-empty).
+    /// with optional Basic credentials (sent when the username is non-empty). `https://`
+    /// servers are verified against the system's roots.
     pub fn new(base_url: &str, auth: Option<(String, String)>) -> Result<Client, Error> {
+        Client::with_ca(base_url, auth, None)
+    }
+
+    /// As [`Client::new`], with `https://` servers verified against the system's roots plus
+    /// the certificates of `ca_pem` (PEM; e.g. the CA of a cluster's own certificates).
+    pub fn with_ca(
+        base_url: &str,
+        auth: Option<(String, String)>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Client, Error> {
         let base = normalize_base_url(base_url)?;
         let mut headers = HeaderMap::new();
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
@@ -182,6 +226,7 @@ impl Client {
             .pool_max_idle_per_host(64)
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
+            .tls_backend_preconfigured(tls_config(ca_pem)?)
             .build()
             .map_err(|e| Error::Invalid(format!("cannot build HTTP client: {e}")))?;
         Ok(Client {

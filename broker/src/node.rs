@@ -645,6 +645,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         }
     };
     let auth = crate::rpc::ClusterAuth::new(secret, cluster_tls);
+    // HTTPS on the API when configured; files that do not load stop the node.
+    let http_tls = match config.http.tls_files() {
+        Some(files) => Some(
+            crate::tls::ReloadingTls::load(files, crate::tls::TlsRole::ApiServer)
+                .context("HTTP TLS")?,
+        ),
+        None => None,
+    };
     let rpc_handler = NodeRpc::new();
     let rpc = crate::rpc::RpcServer::bind(
         &listen_addr(&cluster_listen),
@@ -843,14 +851,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
     let app = crate::api::router(node.clone());
     let shutdown = node.shutdown.clone();
-    let read_timeout = config.http.read_timeout;
+    let timeouts = crate::api::server::HttpTimeouts {
+        read: config.http.read_timeout,
+        write: config.http.write_timeout,
+        idle: config.http.idle_timeout,
+    };
+    let https = http_tls.is_some();
     let server = tokio::spawn(async move {
-        crate::api::server::serve(listener, app, read_timeout, shutdown).await;
+        crate::api::server::serve(listener, app, timeouts, http_tls, shutdown).await;
         Ok(())
     });
     node.ready.store(true, Ordering::Release);
     metrics.boot_duration.set(boot.elapsed().as_secs_f64());
-    tracing::info!(addr = %addr, cluster_addr = %cluster_addr, node_id = %node.node_id, data_dir = %data_dir.display(), clustered, boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
+    tracing::info!(addr = %addr, cluster_addr = %cluster_addr, node_id = %node.node_id, data_dir = %data_dir.display(), clustered, https, boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
     Ok(Running {
         node,
         addr,

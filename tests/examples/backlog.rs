@@ -91,7 +91,7 @@ fn parse_args() -> Args {
 
 /// One keep-alive HTTP/1.1 client (one per task).
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    narad_tests::http::client_builder(None)
         .no_proxy()
         .http1_only()
         .tcp_nodelay(true)

@@ -33,9 +33,28 @@ pub fn basic_auth(user: &str, password: &str) -> String {
     )
 }
 
+/// A reqwest client builder for talking to narad: rustls on ring (installed as the process's
+/// provider on first use), and `ca_pem` as an extra root for `https://` servers.
+pub fn client_builder(ca_pem: Option<&[u8]>) -> reqwest::ClientBuilder {
+    static PROVIDER: std::sync::Once = std::sync::Once::new();
+    PROVIDER.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+    let b = reqwest::Client::builder();
+    match ca_pem {
+        Some(pem) => b.add_root_certificate(reqwest::Certificate::from_pem(pem).expect("CA PEM")),
+        None => b,
+    }
+}
+
 impl Http {
     pub fn new(base: impl Into<String>) -> Self {
-        let client = reqwest::Client::builder()
+        Http::with_ca(base, None)
+    }
+
+    /// A client that also trusts `ca_pem` for `https://` servers.
+    pub fn with_ca(base: impl Into<String>, ca_pem: Option<&[u8]>) -> Self {
+        let client = client_builder(ca_pem)
             .no_proxy()
             .http1_only()
             .tcp_nodelay(true)

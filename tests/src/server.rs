@@ -88,6 +88,9 @@ pub struct ServerOpts {
     /// Run inside this network namespace (`ip netns exec <ns> narad …`; the PID is narad's,
     /// since `ip` execs it), for tests that cut a node off the network.
     pub netns: Option<String>,
+    /// Serve the API over HTTPS with these files (`--tls-cert-file`, `--tls-key-file`); the
+    /// URL is then `https://…` and the probes trust the files' CA.
+    pub tls: Option<crate::certs::CertFiles>,
 }
 
 impl Default for ServerOpts {
@@ -102,6 +105,7 @@ impl Default for ServerOpts {
             start_timeout: START_TIMEOUT,
             host: "127.0.0.1".into(),
             netns: None,
+            tls: None,
         }
     }
 }
@@ -262,7 +266,23 @@ impl Server {
 
     /// Base URL, e.g. `http://127.0.0.1:41234`.
     pub fn url(&self) -> String {
-        format!("http://{}:{}", self.opts.host, self.port)
+        let scheme = if self.opts.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}:{}", self.opts.host, self.port)
+    }
+
+    /// An [`Http`](crate::Http) client of this server (trusting its TLS CA, if any).
+    pub fn http(&self) -> crate::Http {
+        crate::Http::with_ca(self.url(), self.ca_pem().as_deref())
+    }
+
+    /// The PEM of the CA of the server's TLS certificate, if it serves HTTPS.
+    pub fn ca_pem(&self) -> Option<Vec<u8>> {
+        let t = self.opts.tls.as_ref()?;
+        Some(fs::read(&t.ca).expect("read CA file"))
     }
 
     pub fn port(&self) -> u16 {
@@ -438,6 +458,12 @@ impl Server {
             .arg("--data-dir")
             .arg(&self.data_dir)
             .args(&self.opts.args);
+        if let Some(t) = &self.opts.tls {
+            cmd.arg("--tls-cert-file")
+                .arg(&t.cert)
+                .arg("--tls-key-file")
+                .arg(&t.key);
+        }
         for (k, _) in std::env::vars_os() {
             let k = k.to_string_lossy();
             if k.starts_with("NARAD_") && k != "NARAD_LOG_LEVEL" && k != "NARAD_LOG_FORMAT" {
@@ -461,7 +487,7 @@ impl Server {
             .map_err(|e| StartError::Failed(format!("spawn {}: {e}", narad_bin().display())))?;
         self.child = Some(child);
 
-        let probe = reqwest::Client::builder()
+        let probe = crate::http::client_builder(self.ca_pem().as_deref())
             .no_proxy()
             .timeout(Duration::from_secs(2))
             .build()

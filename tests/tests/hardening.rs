@@ -3,6 +3,8 @@
 //! memory, and the startup checks that refuse weak or test-only settings.
 
 use narad_tests::cluster_port::{self, Conn, AUTH_OK, ERROR};
+use std::time::Duration;
+
 use narad_tests::*;
 
 const ROOT_PW: &str = "root-Pa55-hardening";
@@ -251,4 +253,177 @@ async fn cluster_tls_that_cannot_be_honoured_stops_the_node() {
         log.contains(r#""tls":true"#),
         "cluster port without TLS:\n{log}"
     );
+}
+
+/// `narad <args>` (a client command) with no inherited `NARAD_*`; returns (success, output).
+fn cli(args: &[&str]) -> (bool, String) {
+    let mut cmd = std::process::Command::new(narad_bin());
+    cmd.args(args);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("NARAD_") {
+            cmd.env_remove(&k);
+        }
+    }
+    let cfg = tempfile::tempdir().unwrap();
+    let out = cmd
+        .env("NARAD_CONFIG_DIR", cfg.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run narad");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// Finding 3: the client API over HTTPS (`http.tls_{cert,key}_file`), the CLI with a CA file,
+/// and certificates reloaded when their files change.
+#[tokio::test]
+async fn the_api_serves_https_and_reloads_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = narad_tests::certs::TestCa::new("api-ca");
+    let files = ca.issue(dir.path(), "api", &["127.0.0.1", "localhost"]);
+    let server = Server::start(ServerOpts {
+        tls: Some(files.clone()),
+        ..ServerOpts::default()
+    })
+    .await;
+    let url = server.url();
+    assert!(url.starts_with("https://"), "{url}");
+    let http = server.http();
+    http.create_topic(&json!({"name": "tls"})).await;
+    http.produce_ok("tls", "", "over-tls").await;
+    let m = http.consume_msg("tls", "wait=1s").await;
+    assert_eq!(m.payload_bytes(), b"over-tls");
+    http.ack_ok("tls", m.handle()).await;
+
+    // Plain HTTP to the TLS port gets no answer; a client without the CA refuses the server.
+    let plain = Http::new(url.replace("https://", "http://"));
+    assert!(plain
+        .request(Method::GET, "/healthz")
+        .try_send()
+        .await
+        .is_err());
+    assert!(Http::new(url.clone())
+        .request(Method::GET, "/healthz")
+        .try_send()
+        .await
+        .is_err());
+
+    // The CLI: with --ca-file (or NARAD_CA_FILE) it works; without, it names the problem.
+    let ca_file = files.ca.display().to_string();
+    let (ok, out) = cli(&["pub", "tls", "from-cli", "-s", &url, "--ca-file", &ca_file]);
+    assert!(ok, "{out}");
+    let (ok, out) = cli(&["pub", "tls", "from-cli", "-s", &url]);
+    assert!(!ok, "{out}");
+    assert!(
+        out.to_lowercase().contains("certificate") || out.contains("tls"),
+        "{out}"
+    );
+
+    // Rotation to a new CA at the same paths: new connections get the new certificate.
+    let new_ca = narad_tests::certs::TestCa::new("api-ca-2");
+    let rotated = new_ca.issue(dir.path(), "api", &["127.0.0.1", "localhost"]);
+    let new_pem = std::fs::read(&rotated.ca).unwrap();
+    eventually(Duration::from_secs(10), Duration::from_millis(200), || {
+        let h = Http::with_ca(url.clone(), Some(&new_pem));
+        async move {
+            let r = h.request(Method::GET, "/healthz").try_send().await?;
+            anyhow::ensure!(r.status == 200, "{}", r.describe());
+            Ok(())
+        }
+    })
+    .await;
+}
+
+/// Finding 8: `http.read_timeout` bounds a whole request body, `http.write_timeout` a client
+/// that stops reading, `http.idle_timeout` a connection that sends nothing.
+#[tokio::test]
+async fn slow_or_silent_clients_lose_their_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = Server::start(
+        ServerOpts::default()
+            .env("NARAD_HTTP_READ_TIMEOUT", "2s")
+            .env("NARAD_HTTP_WRITE_TIMEOUT", "2s")
+            .env("NARAD_HTTP_IDLE_TIMEOUT", "2s")
+            .env("NARAD_HTTP_MAX_CONSUME_WAIT", "1s")
+            .env("NARAD_HTTP_SHUTDOWN_GRACE", "2s"),
+    )
+    .await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "slow", "partitions": 3}))
+        .await;
+    let addr = format!("127.0.0.1:{}", server.port());
+
+    // A body trickled one byte every 300 ms: 408 once the read timeout passed, then close.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"POST /v1/topics/slow/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    'trickle: loop {
+        assert!(started.elapsed() < Duration::from_secs(10), "still open");
+        if s.write_all(b"x").await.is_err() {
+            break;
+        }
+        let read = tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await;
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) => break 'trickle,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains(r#"{"error":"#), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A client that asks for large answers and never reads them: dropped after the write
+    // timeout, having received far less than it asked for.
+    let big = vec![b'a'; 1 << 20];
+    for _ in 0..16 {
+        http.produce_ok("slow", "partition=0", big.clone()).await;
+    }
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    for o in 0..16 {
+        let req = format!(
+            "GET /v1/topics/slow/consume?partition=0&offset={o} HTTP/1.1\r\nHost: x\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await; // longer than the write timeout
+    let mut got = 0usize;
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the connection stayed open");
+    assert!(
+        got < 12 << 20,
+        "read {got} bytes: the answers were all written"
+    );
+
+    // A connection that never sends a request is closed.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(8), s.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "an idle connection stayed open: {closed:?}"
+    );
+    http.get("/healthz").await.expect(200);
 }

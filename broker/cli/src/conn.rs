@@ -26,6 +26,10 @@ pub struct ConnArgs {
     /// Password [env: NARAD_PASS]
     #[arg(long, short = 'p', global = true, help_heading = "Connection")]
     pub password: Option<String>,
+    /// PEM CA certificates that an https server's certificate may chain to, besides the
+    /// system's roots [env: NARAD_CA_FILE]
+    #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Resolved connection settings.
@@ -34,6 +38,8 @@ pub struct Conn {
     pub server: String,
     pub user: Option<String>,
     pub password: Option<String>,
+    /// CA file for https (flag > `NARAD_CA_FILE`).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 /// Resolves each field independently: flag > environment > selected context > default.
@@ -58,6 +64,10 @@ pub fn resolve(args: &ConnArgs, env: &dyn Fn(&str) -> Option<String>, ctxs: &Con
             .clone()
             .or_else(|| env("NARAD_PASS"))
             .or_else(|| sel.and_then(|c| c.password.clone())),
+        ca_file: args
+            .ca_file
+            .clone()
+            .or_else(|| env("NARAD_CA_FILE").map(Into::into)),
     }
 }
 
@@ -69,7 +79,13 @@ impl Conn {
             .clone()
             .filter(|u| !u.is_empty())
             .map(|u| (u, self.password.clone().unwrap_or_default()));
-        Ok(Client::new(&self.server, auth)?)
+        let ca = match &self.ca_file {
+            Some(p) => Some(
+                std::fs::read(p).map_err(|e| anyhow::anyhow!("CA file {}: {e}", p.display()))?,
+            ),
+            None => None,
+        };
+        Ok(Client::with_ca(&self.server, auth, ca.as_deref())?)
     }
 }
 
@@ -159,6 +175,7 @@ mod tests {
             server: Some("http://flag:3".into()),
             user: None,
             password: Some("flagpass".into()),
+            ca_file: None,
         };
         let c = resolve(&flags, &env, &ctxs(true));
         assert_eq!(c.server, "http://flag:3");
@@ -172,6 +189,7 @@ mod tests {
             server: "localhost:7942".into(),
             user: Some("u".into()),
             password: None,
+            ca_file: None,
         }
         .client()
         .unwrap();
@@ -181,6 +199,7 @@ mod tests {
             server: "ftp://x".into(),
             user: None,
             password: None,
+            ca_file: None,
         };
         assert!(bad.client().is_err());
     }

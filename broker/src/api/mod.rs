@@ -237,8 +237,17 @@ pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult
         bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(MAX_BODY as u64) as usize);
     let mut total: u64 = 0;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk
-            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        let chunk = chunk.map_err(|e| {
+            let inner = e.into_inner();
+            match inner.downcast_ref::<server::BodyReadTimeout>() {
+                // The rest of the body is not coming in time: answer and close.
+                Some(t) => ApiError {
+                    close: true,
+                    ..ApiError::new(StatusCode::REQUEST_TIMEOUT, t.to_string())
+                },
+                None => ApiError::bad_request(format!("could not read the request body: {inner}")),
+            }
+        })?;
         total += chunk.len() as u64;
         if total > MAX_DRAIN {
             return Err(too_large(true));
