@@ -9,7 +9,7 @@ use http::{Request, Response};
 use kube::client::Body;
 use serde_json::json;
 
-use crate::crd::{Grant, Topic};
+use crate::crd::{Grant, NaradCluster, Topic, User};
 use crate::reconcile::Context;
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
@@ -19,9 +19,144 @@ pub struct ApiServerVerifier(Handle);
 
 /// A context whose client talks to the returned verifier.
 pub fn test_context() -> (Arc<Context>, ApiServerVerifier) {
+    test_context_with(|_| {})
+}
+
+/// [`test_context`], with `f` adjusting the context first (e.g. the operator's trusted
+/// `broker_endpoint` override).
+pub fn test_context_with(f: impl FnOnce(&mut Context)) -> (Arc<Context>, ApiServerVerifier) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
-    (Arc::new(Context::new(client)), ApiServerVerifier(handle))
+    let mut ctx = Context::new(client);
+    f(&mut ctx);
+    (Arc::new(ctx), ApiServerVerifier(handle))
+}
+
+/// A NaradCluster `prod` in `default` (uid `nc-1`, finalized) with `spec`.
+pub fn cluster(spec: serde_json::Value) -> NaradCluster {
+    serde_json::from_value(json!({
+        "apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "prod", "namespace": "default", "uid": "nc-1", "generation": 1,
+                     "resourceVersion": "1", "finalizers": ["narad.io/finalizer"]},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// A User `billing` (finalized) of cluster `prod`, password in Secret `billing-password`.
+pub fn user() -> User {
+    serde_json::from_value(json!({
+        "apiVersion": "narad.io/v1alpha1", "kind": "User",
+        "metadata": {"name": "billing", "namespace": "default", "uid": "u-1", "generation": 1,
+                     "resourceVersion": "1", "finalizers": ["narad.io/finalizer"]},
+        "spec": {"clusterRef": {"name": "prod"},
+                 "passwordSecretRef": {"name": "billing-password", "key": "password"}},
+    }))
+    .unwrap()
+}
+
+/// Metadata of a Secret `name`: labelled `narad.io/credentials: "true"` or not, owned (as
+/// controller) by the NaradCluster of uid `owner` or not.
+pub fn secret_meta(name: &str, labelled: bool, owner: Option<&str>) -> serde_json::Value {
+    let mut m = json!({"name": name, "namespace": "default", "uid": format!("s-{name}"),
+                       "resourceVersion": "7"});
+    if labelled {
+        m["labels"] = json!({"narad.io/credentials": "true"});
+    }
+    if let Some(uid) = owner {
+        m["ownerReferences"] = json!([{"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+            "name": "prod", "uid": uid, "controller": true, "blockOwnerDeletion": true}]);
+    }
+    m
+}
+
+/// A port where nothing answers and nothing may arrive: the operator must never connect
+/// (checked after the reconcile, when any connection would sit in the accept backlog).
+pub struct Untouched(std::net::TcpListener);
+
+impl Untouched {
+    pub fn bind() -> Untouched {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.set_nonblocking(true).unwrap();
+        Untouched(l)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.0.local_addr().unwrap())
+    }
+
+    pub fn assert_untouched(&self) {
+        match self.0.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("the operator connected to a refused endpoint: {other:?}"),
+        }
+    }
+}
+
+/// One request a [`FakeBroker`] got.
+#[derive(Debug, Clone)]
+pub struct BrokerCall {
+    pub method: String,
+    pub path: String,
+    /// The `Authorization` header.
+    pub auth: Option<String>,
+    pub body: serde_json::Value,
+}
+
+/// A broker that knows topic `orders` (as [`topic`] wants it, standalone, no children) and
+/// accepts a child attach on it; it records every request.
+pub struct FakeBroker {
+    pub url: String,
+    calls: Arc<std::sync::Mutex<Vec<BrokerCall>>>,
+}
+
+impl FakeBroker {
+    pub async fn start() -> FakeBroker {
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let app = axum::Router::new()
+            .fallback(fake_broker)
+            .with_state(calls.clone());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        FakeBroker { url, calls }
+    }
+
+    pub fn calls(&self) -> Vec<BrokerCall> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+async fn fake_broker(
+    axum::extract::State(calls): axum::extract::State<Arc<std::sync::Mutex<Vec<BrokerCall>>>>,
+    req: axum::extract::Request,
+) -> (http::StatusCode, axum::Json<serde_json::Value>) {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    calls.lock().unwrap().push(BrokerCall {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        auth: parts
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from),
+        body: serde_json::from_slice(&bytes).unwrap_or_default(),
+    });
+    let record = json!({"name": "orders", "partitions": 3, "retention_ms": 43200000u64,
+        "visibility_timeout_ms": 30000, "max_in_flight_per_partition": 1024,
+        "max_acked_ahead_per_partition": 1024, "created_at": 1, "role": "standalone"});
+    let (status, body) = match (parts.method.as_str(), parts.uri.path()) {
+        ("GET", "/v1/topics/orders") | ("POST", "/v1/topics/orders/children") => (200, record),
+        ("GET", "/v1/topics/orders/children") => (200, json!({"parent": "orders", "children": []})),
+        _ => (404, json!({"error": "not found"})),
+    };
+    (
+        http::StatusCode::from_u16(status).unwrap(),
+        axum::Json(body),
+    )
 }
 
 /// A Topic `orders` in `default` for cluster `prod`.
@@ -184,6 +319,89 @@ impl ApiServerVerifier {
     }
 }
 
+/// Building blocks of scenarios: answer one request each.
+impl ApiServerVerifier {
+    /// Answers `GET path` (a whole object) with `body`.
+    pub async fn get(&mut self, path: &str, body: serde_json::Value) {
+        let (req, send) = self.expect("GET", path).await;
+        let accept = req.headers().get(http::header::ACCEPT);
+        assert!(
+            accept.is_none_or(|a| !a.to_str().unwrap().contains("PartialObjectMetadata")),
+            "GET {path} asked for metadata only"
+        );
+        send.send_response(respond(200, body));
+    }
+
+    /// Answers the metadata-only `GET` of a Secret (asserting it asks for metadata only:
+    /// the data must not be fetched before the label and owners are checked).
+    pub async fn secret_metadata(&mut self, meta: serde_json::Value) {
+        let name = meta["name"].as_str().unwrap().to_string();
+        let (req, send) = self
+            .expect("GET", &format!("/api/v1/namespaces/default/secrets/{name}"))
+            .await;
+        let accept = req.headers()[http::header::ACCEPT].to_str().unwrap();
+        assert!(accept.contains("PartialObjectMetadata"), "{accept}");
+        send.send_response(respond(
+            200,
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta}),
+        ));
+    }
+
+    /// Answers the whole `GET` of a Secret with `data` (stringData-like pairs).
+    pub async fn secret(&mut self, meta: serde_json::Value, data: &[(&str, &str)]) {
+        use base64::Engine;
+        let name = meta["name"].as_str().unwrap().to_string();
+        let data: serde_json::Map<String, serde_json::Value> = data
+            .iter()
+            .map(|(k, v)| {
+                let b = base64::engine::general_purpose::STANDARD.encode(v);
+                (k.to_string(), json!(b))
+            })
+            .collect();
+        self.get(
+            &format!("/api/v1/namespaces/default/secrets/{name}"),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": data}),
+        )
+        .await;
+    }
+
+    /// Answers the list of NaradClusters in `default` with `items`.
+    pub async fn list_clusters(&mut self, items: Vec<serde_json::Value>) {
+        let (_, send) = self
+            .expect(
+                "GET",
+                "/apis/narad.io/v1alpha1/namespaces/default/naradclusters",
+            )
+            .await;
+        send.send_response(respond(
+            200,
+            json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradClusterList",
+                   "metadata": {"resourceVersion": "1"}, "items": items}),
+        ));
+    }
+
+    /// Expects the status patch of `obj` (whose URL path is `path`); returns the patched
+    /// `status`.
+    pub async fn status_patch(&mut self, path: &str, obj: serde_json::Value) -> serde_json::Value {
+        let (req, send) = self.expect("PATCH", &format!("{path}/status")).await;
+        let patch = Self::body(req).await;
+        send.send_response(respond(200, obj));
+        patch["status"].clone()
+    }
+}
+
+/// The condition `type_` of a status: (status, reason, message).
+pub fn condition(status: &serde_json::Value, type_: &str) -> (String, String, String) {
+    let c = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} in {status}"));
+    let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    (s("status"), s("reason"), s("message"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,5 +471,344 @@ mod tests {
         })
         .await;
         assert!(r.is_ok(), "{r:?}");
+    }
+}
+
+/// Finding 10 of issue 12: the operator sends credentials only where it may, and reads only
+/// Secrets marked for Narad.
+#[cfg(test)]
+mod credentials {
+    use super::*;
+    use crate::reconcile::{cluster as cluster_rc, topic as topic_rc, user as user_rc, Error};
+    use kube::runtime::controller::Action;
+
+    const NC: &str = "/apis/narad.io/v1alpha1/namespaces/default/naradclusters/prod";
+    const TOPIC: &str = "/apis/narad.io/v1alpha1/namespaces/default/topics/orders";
+    const USER: &str = "/apis/narad.io/v1alpha1/namespaces/default/users/billing";
+
+    /// Runs `reconcile` against `scenario`; both must finish.
+    async fn run<F, R>(
+        verifier: ApiServerVerifier,
+        scenario: impl FnOnce(ApiServerVerifier) -> F,
+        reconcile: R,
+    ) -> Result<Action, Error>
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+        R: std::future::Future<Output = Result<Action, Error>>,
+    {
+        let server = tokio::spawn(scenario(verifier));
+        let r = reconcile.await;
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("scenario finished")
+            .expect("scenario passed");
+        r
+    }
+
+    fn finalized_topic(remote: Option<serde_json::Value>) -> Topic {
+        let mut t = topic();
+        t.metadata.finalizers = Some(vec!["narad.io/finalizer".into()]);
+        if let Some(r) = remote {
+            t.spec.remote_children = serde_json::from_value(json!([r])).unwrap();
+        }
+        t
+    }
+
+    fn dr_link() -> serde_json::Value {
+        json!({"name": "orders-dr", "url": "https://narad-dr.example.com", "topic": "orders",
+               "credentialsSecretRef": {"name": "dr-creds"}})
+    }
+
+    fn failed_with(r: &Result<Action, Error>, what: &str) {
+        match r {
+            Err(Error::Finalizer(e)) => {
+                let msg = format!("{e} {:?}", e);
+                assert!(msg.contains(what), "{msg}");
+            }
+            other => panic!("expected a refusal ({what}), got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn cluster_with_a_foreign_endpoint_is_not_contacted() {
+        let broker = Untouched::bind();
+        let nc = cluster(json!({"version": "1", "endpoint": broker.url()}));
+        let (ctx, v) = test_context();
+        let body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            v,
+            |mut v| async move {
+                // Nothing is read (no security Secret) or applied: only the status.
+                let st = v.status_patch(NC, body).await;
+                let (status, reason, msg) = condition(&st, "Ready");
+                assert_eq!(
+                    (status.as_str(), reason.as_str()),
+                    ("False", "EndpointNotAllowed")
+                );
+                assert!(msg.contains("allowExternalEndpoint"), "{msg}");
+            },
+            cluster_rc::reconcile(Arc::new(nc), ctx),
+        )
+        .await;
+        failed_with(&r, "allowExternalEndpoint");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn topic_of_a_cluster_with_a_foreign_endpoint_sends_nothing() {
+        let broker = Untouched::bind();
+        let nc = cluster(json!({"version": "1", "endpoint": broker.url()}));
+        let t = finalized_topic(None);
+        let (ctx, v) = test_context();
+        let (nc_body, t_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&t).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body).await;
+                // No GET of the security Secret: straight to the status.
+                let st = v.status_patch(TOPIC, t_body).await;
+                for c in ["Ready", "Synced"] {
+                    let (status, reason, _) = condition(&st, c);
+                    assert_eq!(
+                        (status.as_str(), reason.as_str()),
+                        ("False", "EndpointNotAllowed")
+                    );
+                }
+            },
+            topic_rc::reconcile(Arc::new(t), ctx),
+        )
+        .await;
+        failed_with(&r, "allowExternalEndpoint");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn a_foreign_endpoint_with_the_opt_in_gets_the_admin_credentials() {
+        let broker = FakeBroker::start().await;
+        let nc =
+            cluster(json!({"version": "1", "endpoint": broker.url, "allowExternalEndpoint": true}));
+        let t = finalized_topic(None);
+        let (ctx, v) = test_context();
+        let (nc_body, t_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&t).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body).await;
+                let own = secret_meta("prod-narad-security", true, Some("nc-1"));
+                v.secret_metadata(own.clone()).await;
+                v.secret(
+                    own,
+                    &[("admin-password", "root-pw"), ("cluster-secret", "c")],
+                )
+                .await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                assert_eq!(condition(&st, "Ready").0, "True", "{st}");
+            },
+            topic_rc::reconcile(Arc::new(t), ctx),
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        let calls = broker.calls();
+        assert!(!calls.is_empty());
+        use base64::Engine;
+        let basic = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode("admin:root-pw")
+        );
+        for c in &calls {
+            assert_eq!(c.auth.as_deref(), Some(basic.as_str()), "{c:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn remote_child_with_an_unlabelled_secret_is_refused() {
+        let broker = FakeBroker::start().await;
+        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
+        let t = finalized_topic(Some(dr_link()));
+        let url = broker.url.clone();
+        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
+        let (nc_body, t_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&t).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body).await;
+                // The label is read from the metadata; the data is never fetched.
+                v.secret_metadata(secret_meta("dr-creds", false, None))
+                    .await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                let (status, reason, msg) = condition(&st, "Synced");
+                assert_eq!(
+                    (status.as_str(), reason.as_str()),
+                    ("False", "SecretNotLabelled")
+                );
+                assert!(msg.contains("narad.io/credentials"), "{msg}");
+                assert!(st["remoteLinks"].is_null(), "{st}");
+            },
+            topic_rc::reconcile(Arc::new(t), ctx),
+        )
+        .await;
+        failed_with(&r, "narad.io/credentials");
+        let calls = broker.calls();
+        assert!(
+            calls.iter().all(|c| c.method == "GET"),
+            "nothing attached: {calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn remote_child_with_a_labelled_secret_is_attached() {
+        let broker = FakeBroker::start().await;
+        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
+        let t = finalized_topic(Some(dr_link()));
+        let url = broker.url.clone();
+        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
+        let (nc_body, t_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&t).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body.clone()).await;
+                let m = secret_meta("dr-creds", true, None);
+                v.secret_metadata(m.clone()).await;
+                v.list_clusters(vec![nc_body]).await;
+                v.secret(m, &[("username", "replicator"), ("password", "dr-pw")])
+                    .await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                assert_eq!(condition(&st, "Ready").0, "True", "{st}");
+                assert_eq!(st["remoteLinks"], json!(["orders-dr"]));
+            },
+            topic_rc::reconcile(Arc::new(t), ctx),
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        let attach = broker
+            .calls()
+            .into_iter()
+            .find(|c| c.method == "POST")
+            .expect("attach");
+        assert_eq!(attach.path, "/v1/topics/orders/children");
+        assert_eq!(attach.body["remote"]["username"], "replicator");
+        assert_eq!(attach.body["remote"]["password"], "dr-pw");
+    }
+
+    #[tokio::test]
+    async fn remote_child_never_gets_a_cluster_security_secret() {
+        let broker = FakeBroker::start().await;
+        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
+        let mut link = dr_link();
+        link["credentialsSecretRef"] = json!({"name": "prod-narad-security", "usernameKey": "cluster-secret",
+                   "passwordKey": "admin-password"});
+        let t = finalized_topic(Some(link));
+        let url = broker.url.clone();
+        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
+        let (nc_body, t_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&t).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body.clone()).await;
+                // Labelled by whoever made it, no owner: still prod's security Secret.
+                v.secret_metadata(secret_meta("prod-narad-security", true, None))
+                    .await;
+                v.list_clusters(vec![nc_body]).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                let (status, reason, _) = condition(&st, "Synced");
+                assert_eq!(
+                    (status.as_str(), reason.as_str()),
+                    ("False", "SecretNotAllowed")
+                );
+            },
+            topic_rc::reconcile(Arc::new(t), ctx),
+        )
+        .await;
+        failed_with(&r, "security or TLS Secret");
+        assert!(broker.calls().iter().all(|c| c.method == "GET"));
+    }
+
+    #[tokio::test]
+    async fn user_with_an_unlabelled_password_secret_is_refused() {
+        let broker = Untouched::bind();
+        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
+        let u = user();
+        let url = broker.url();
+        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
+        let (nc_body, u_body) = (
+            serde_json::to_value(&nc).unwrap(),
+            serde_json::to_value(&u).unwrap(),
+        );
+        let r = run(
+            v,
+            |mut v| async move {
+                v.get(NC, nc_body).await;
+                v.secret_metadata(secret_meta("billing-password", false, None))
+                    .await;
+                let st = v.status_patch(USER, u_body).await;
+                let (status, reason, _) = condition(&st, "Ready");
+                assert_eq!(
+                    (status.as_str(), reason.as_str()),
+                    ("False", "SecretNotLabelled")
+                );
+            },
+            user_rc::reconcile(Arc::new(u), ctx),
+        )
+        .await;
+        failed_with(&r, "narad.io/credentials");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn cluster_refuses_an_unlabelled_security_secret() {
+        let nc = cluster(json!({"version": "1", "security": {"secretRef": {"name": "mine"}}}));
+        let (ctx, v) = test_context();
+        let body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            v,
+            |mut v| async move {
+                v.secret_metadata(secret_meta("mine", false, None)).await;
+                // Neither patched nor mounted: nothing is applied.
+                let st = v.status_patch(NC, body).await;
+                let (status, reason, _) = condition(&st, "Ready");
+                assert_eq!(
+                    (status.as_str(), reason.as_str()),
+                    ("False", "SecretNotLabelled")
+                );
+            },
+            cluster_rc::reconcile(Arc::new(nc), ctx),
+        )
+        .await;
+        failed_with(&r, "narad.io/credentials");
+    }
+
+    #[tokio::test]
+    async fn cluster_refuses_another_clusters_security_secret() {
+        let nc = cluster(json!({"version": "1",
+            "security": {"secretRef": {"name": "other-narad-security"}}}));
+        let (ctx, v) = test_context();
+        let body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            v,
+            |mut v| async move {
+                v.secret_metadata(secret_meta("other-narad-security", true, Some("nc-2")))
+                    .await;
+                let st = v.status_patch(NC, body).await;
+                assert_eq!(condition(&st, "Ready").1, "SecretNotAllowed");
+            },
+            cluster_rc::reconcile(Arc::new(nc), ctx),
+        )
+        .await;
+        failed_with(&r, "another NaradCluster");
     }
 }

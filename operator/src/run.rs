@@ -100,8 +100,15 @@ pub async fn controllers(ctx: Arc<Context>, ns: Option<String>) {
     let users_ctl = Controller::new(api::<User>(&c, ns), wc.clone());
     let user_store = users_ctl.store();
     let store2 = user_store.clone();
+    // Only Secrets marked for Narad: no other Secret's data enters the operator's cache (a
+    // label removed reads as a deletion, so its Users are refused at once).
+    let labelled = watcher::Config::default().labels(&format!(
+        "{}={}",
+        crate::crd::CREDENTIALS_LABEL,
+        crate::crd::CREDENTIALS_LABEL_VALUE
+    ));
     let users = users_ctl
-        .watches(api::<Secret>(&c, ns), wc.clone(), move |s: Secret| {
+        .watches(api::<Secret>(&c, ns), labelled, move |s: Secret| {
             // A password Secret changed: its Users re-apply the password.
             let ns = s.namespace();
             store2

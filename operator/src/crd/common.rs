@@ -13,6 +13,15 @@ pub const GROUP: &str = "narad.io";
 pub const FINALIZER: &str = "narad.io/finalizer";
 /// Field manager of the operator's server-side applies.
 pub const MANAGER: &str = "narad-operator";
+/// The label a Secret must carry (with value [`CREDENTIALS_LABEL_VALUE`]) before a Narad
+/// resource may use it: the Secret's owner consents that Narad resources in its namespace
+/// hand its keys to brokers (User passwords, remote-child credentials, a NaradCluster's
+/// security and cluster-TLS Secrets). The operator never fetches the data of a Secret
+/// without it, and never uses a NaradCluster's security or TLS Secret as a User password or
+/// remote-child credentials, labelled or not. The Secrets the operator creates carry it.
+pub const CREDENTIALS_LABEL: &str = "narad.io/credentials";
+/// The value of [`CREDENTIALS_LABEL`] that marks a Secret for Narad.
+pub const CREDENTIALS_LABEL_VALUE: &str = "true";
 
 /// Names the NaradCluster (same namespace) whose broker holds the object.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -21,17 +30,20 @@ pub struct ClusterRef {
     pub name: String,
 }
 
-/// Names a Secret in this namespace.
+/// Names a Secret in this namespace; it must carry the label `narad.io/credentials: "true"`
+/// (the operator refuses it otherwise, reason `SecretNotLabelled`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct SecretRef {
-    /// Name of the Secret in this namespace.
+    /// Name of the Secret in this namespace (labelled `narad.io/credentials: "true"`).
     pub name: String,
 }
 
-/// A key of a Secret in this namespace.
+/// A key of a Secret in this namespace; the Secret must carry the label
+/// `narad.io/credentials: "true"` (the operator refuses it otherwise, reason
+/// `SecretNotLabelled`) and must not be a NaradCluster's security or TLS Secret.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub struct SecretKeyRef {
-    /// Name of the Secret in this namespace.
+    /// Name of the Secret in this namespace (labelled `narad.io/credentials: "true"`).
     pub name: String,
     /// Key in the Secret's data.
     #[serde(default = "default_password_key")]

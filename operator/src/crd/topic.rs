@@ -112,16 +112,19 @@ pub struct RemoteChild {
     /// Topic on the remote cluster (default: the link name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic: Option<String>,
-    /// Secret with the remote credentials.
+    /// Secret with the remote credentials, which the broker sends to `url`. The Secret must
+    /// carry the label `narad.io/credentials: "true"` and must not be a NaradCluster's
+    /// security or TLS Secret; otherwise nothing is read or attached (reason
+    /// `SecretNotLabelled` or `SecretNotAllowed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<CredentialsSecretRef>,
 }
 
-/// Where the remote credentials are.
+/// Where the remote credentials are: a Secret labelled `narad.io/credentials: "true"`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialsSecretRef {
-    /// Secret name (same namespace).
+    /// Secret name (same namespace; labelled `narad.io/credentials: "true"`).
     pub name: String,
     /// Key of the username.
     #[serde(default = "default_username_key")]

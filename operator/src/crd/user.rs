@@ -35,7 +35,9 @@ pub struct UserSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64), regex(pattern = r"^[A-Za-z0-9._-]+$"))]
     pub username: Option<String>,
-    /// The Secret key holding the password.
+    /// The Secret key holding the password. The Secret must carry the label
+    /// `narad.io/credentials: "true"` and must not be a NaradCluster's security or TLS
+    /// Secret; otherwise it is not read (reason `SecretNotLabelled` or `SecretNotAllowed`).
     pub password_secret_ref: SecretKeyRef,
     /// Delete (default) or Retain the broker user when the resource is deleted.
     #[serde(default)]

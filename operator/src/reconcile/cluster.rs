@@ -17,7 +17,7 @@ use super::*;
 use crate::crd::validate::check_cluster;
 use crate::crd::{
     cond, set_condition, MemberStatus, NaradCluster, NaradClusterStatus, PvcDeletionPolicy,
-    FINALIZER, MANAGER,
+    CREDENTIALS_LABEL, CREDENTIALS_LABEL_VALUE, FINALIZER, MANAGER,
 };
 use crate::resources::{self, StatefulSetOptions};
 
@@ -449,45 +449,81 @@ where
     Ok(())
 }
 
+/// Writes `Ready=False` with `reason` and `msg`, changing nothing else: the spec is refused.
+async fn refuse(
+    api: &Api<NaradCluster>,
+    nc: &NaradCluster,
+    prev: &NaradClusterStatus,
+    reason: &str,
+    msg: &str,
+) -> Result<()> {
+    let mut s = prev.clone();
+    set_condition(
+        &mut s.conditions,
+        cond::READY,
+        false,
+        reason,
+        msg,
+        nc.metadata.generation,
+        &now(),
+    );
+    patch_status(api, nc, &s).await
+}
+
 async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Result<Action> {
     let ns = nc.namespace().unwrap_or_else(|| "default".into());
     let prev = nc.status.clone().unwrap_or_default();
     if let Err(msg) = check_cluster(&nc.spec, Some(&prev)) {
-        let mut s = prev.clone();
-        let t = now();
-        set_condition(
-            &mut s.conditions,
-            cond::READY,
-            false,
-            "Invalid",
-            &msg,
-            nc.metadata.generation,
-            &t,
-        );
-        patch_status(api, nc, &s).await?;
+        refuse(api, nc, &prev, "Invalid", &msg).await?;
+        return Err(Error::Invalid(msg));
+    }
+    // Nothing is read for, applied for or sent to an endpoint the operator may not use.
+    if let Err(msg) = nc.check_endpoint(ctx.cluster_domain.as_deref()) {
+        refuse(api, nc, &prev, "EndpointNotAllowed", &msg).await?;
         return Err(Error::Invalid(msg));
     }
     let c = &ctx.client;
 
-    // Security Secret first: the pods read it at start.
-    let secrets: Api<Secret> = Api::namespaced(c.clone(), &ns);
-    let secret_name = nc.security_secret_name();
-    let existing = secrets.get_opt(&secret_name).await?;
-    let missing = resources::missing_security_entries(
-        nc,
-        existing.as_ref().and_then(|s| s.data.as_ref()),
-        &mut resources::random_secret,
-    );
-    if !missing.is_empty() {
-        let user_provided = nc.spec.security.secret_ref.is_some();
-        let secret = resources::security_secret(nc, missing, user_provided);
-        if existing.is_some() {
-            let patch = serde_json::json!({"data": secret.data});
-            secrets
-                .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await?;
-        } else {
-            secrets.create(&Default::default(), &secret).await?;
+    // The Secrets the pods mount, only those the rules of `secrets` allow; the security
+    // Secret first, since the pods read it at start.
+    if let Err(r) = secrets::check_tls_secret(ctx, nc).await? {
+        refuse(api, nc, &prev, r.reason, &r.message).await?;
+        return Err(Error::Waiting(r.message));
+    }
+    if nc.spec.security.enabled {
+        let existing = match secrets::security_secret(ctx, nc).await? {
+            Some(Err(r)) => {
+                refuse(api, nc, &prev, r.reason, &r.message).await?;
+                return Err(Error::Waiting(r.message));
+            }
+            Some(Ok(s)) => Some(s),
+            None => None,
+        };
+        let missing = resources::missing_security_entries(
+            nc,
+            existing.as_ref().and_then(|s| s.data.as_ref()),
+            &mut resources::random_secret,
+        );
+        let api_secrets: Api<Secret> = Api::namespaced(c.clone(), &ns);
+        let secret_name = nc.security_secret_name();
+        match existing {
+            None => {
+                let user_provided = nc.spec.security.secret_ref.is_some();
+                let secret = resources::security_secret(nc, missing, user_provided);
+                api_secrets.create(&Default::default(), &secret).await?;
+            }
+            // Generated keys are added; the Secret this operator created before Secrets
+            // were labelled gets the label.
+            Some(s) if !missing.is_empty() || !secrets::is_labelled(&s.metadata) => {
+                let patch = serde_json::json!({
+                    "metadata": {"labels": {CREDENTIALS_LABEL: CREDENTIALS_LABEL_VALUE}},
+                    "data": missing,
+                });
+                api_secrets
+                    .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+            }
+            Some(_) => {}
         }
     }
 

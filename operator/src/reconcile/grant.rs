@@ -164,28 +164,9 @@ async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
     }
     let broker = match broker_for(ctx, &ns, &g.spec.cluster_ref.name).await? {
         Ok(b) => b,
-        Err(Unreachable::ClusterGone) => {
-            let msg = format!("NaradCluster {} not found", g.spec.cluster_ref.name);
-            return not_ready(
-                api,
-                g,
-                status,
-                "ClusterNotFound",
-                msg.clone(),
-                Error::Waiting(msg),
-            )
-            .await;
-        }
-        Err(Unreachable::NotReady(m)) => {
-            return not_ready(
-                api,
-                g,
-                status,
-                "ClusterNotReady",
-                m.clone(),
-                Error::Waiting(m),
-            )
-            .await;
+        Err(u) => {
+            let (reason, msg) = u.condition(&g.spec.cluster_ref.name);
+            return not_ready(api, g, status, reason, msg.clone(), Error::Waiting(msg)).await;
         }
     };
     let all = list_grants(&ctx.client, &ns).await?;
@@ -214,8 +195,7 @@ async fn cleanup(g: &Grant, ctx: &Context) -> Result<Action> {
     let ns = g.namespace().unwrap_or_else(|| "default".into());
     let broker = match broker_for(ctx, &ns, &g.spec.cluster_ref.name).await? {
         Ok(b) => b,
-        Err(Unreachable::ClusterGone) => return Ok(Action::await_change()),
-        Err(Unreachable::NotReady(m)) => return Err(Error::Waiting(m)),
+        Err(u) => return u.cleanup_error().map_or(Ok(Action::await_change()), Err),
     };
     let users: Api<User> = Api::namespaced(ctx.client.clone(), &ns);
     let Some(user) = users.get_opt(&g.spec.user).await? else {

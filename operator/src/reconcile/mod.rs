@@ -5,6 +5,7 @@
 
 pub mod cluster;
 pub mod grant;
+pub mod secrets;
 pub mod topic;
 pub mod user;
 
@@ -12,7 +13,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -63,7 +63,8 @@ pub struct Context {
     /// The Kubernetes client.
     pub client: kube::Client,
     /// Broker base URL used for every cluster instead of its client Service (tests, or an
-    /// operator running outside the Kubernetes cluster). `spec.endpoint` wins over it.
+    /// operator running outside the Kubernetes cluster). Set by whoever runs the operator,
+    /// so trusted; an accepted `spec.endpoint` wins over it.
     pub broker_endpoint: Option<String>,
     /// DNS domain used in client Service URLs (`None`: `<svc>.<ns>.svc`).
     pub cluster_domain: Option<String>,
@@ -179,11 +180,39 @@ pub enum Unreachable {
     ClusterGone,
     /// Not usable yet (e.g. the security Secret lacks the admin password).
     NotReady(String),
+    /// The operator will not send credentials to it: `spec.endpoint` is not allowed
+    /// (`EndpointNotAllowed`) or its security Secret may not be used (a
+    /// [`secrets::Refusal`] reason). Condition reason and message.
+    Refused(&'static str, String),
+}
+
+impl Unreachable {
+    /// The condition reason and message of a dependent of cluster `cluster`.
+    pub fn condition(self, cluster: &str) -> (&'static str, String) {
+        match self {
+            Unreachable::ClusterGone => (
+                "ClusterNotFound",
+                format!("NaradCluster {cluster} not found"),
+            ),
+            Unreachable::NotReady(m) => ("ClusterNotReady", m),
+            Unreachable::Refused(reason, m) => (reason, format!("NaradCluster {cluster}: {m}")),
+        }
+    }
+
+    /// The error a dependent's cleanup returns (a vanished cluster is not one: `None`).
+    pub fn cleanup_error(self) -> Option<Error> {
+        match self {
+            Unreachable::ClusterGone => None,
+            Unreachable::NotReady(m) | Unreachable::Refused(_, m) => Some(Error::Waiting(m)),
+        }
+    }
 }
 
 /// Resolves the broker of cluster `name` in `ns`: the NaradCluster, its endpoint
-/// (`spec.endpoint`, else the operator's override, else the client Service) and, with
-/// security on, the root admin's credentials from its security Secret.
+/// (`spec.endpoint` if [`NaradCluster::check_endpoint`] allows it, else the operator's
+/// override, else the client Service) and, with security on, the root admin's credentials
+/// from its security Secret (only one [`secrets::check_for_cluster`] allows). A refused
+/// endpoint or Secret is reported before anything is read or sent.
 pub async fn broker_for(
     ctx: &Context,
     ns: &str,
@@ -196,20 +225,24 @@ pub async fn broker_for(
     if nc.meta().deletion_timestamp.is_some() {
         return Ok(Err(Unreachable::ClusterGone));
     }
+    if let Err(m) = nc.check_endpoint(ctx.cluster_domain.as_deref()) {
+        return Ok(Err(Unreachable::Refused("EndpointNotAllowed", m)));
+    }
     let endpoint = match (&nc.spec.endpoint, &ctx.broker_endpoint) {
         (Some(e), _) => e.clone(),
         (None, Some(e)) => e.clone(),
         (None, None) => nc.broker_endpoint(ctx.cluster_domain.as_deref()),
     };
     let auth = if nc.spec.security.enabled {
-        let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
         let secret_name = nc.security_secret_name();
-        let password = secrets
-            .get_opt(&secret_name)
-            .await?
-            .and_then(|s| s.data)
-            .and_then(|d| d.get(ADMIN_PASSWORD_KEY_NAME).cloned())
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        let password = match secrets::security_secret(ctx, &nc).await? {
+            Some(Err(r)) => return Ok(Err(Unreachable::Refused(r.reason, r.message))),
+            None => None,
+            Some(Ok(s)) => s
+                .data
+                .and_then(|d| d.get(ADMIN_PASSWORD_KEY_NAME).cloned())
+                .map(|b| String::from_utf8_lossy(&b.0).into_owned()),
+        };
         match password {
             Some(p) if !p.is_empty() => Some((crate::resources::ADMIN_USER.to_string(), p)),
             _ => {

@@ -414,13 +414,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     let broker = match broker_for(ctx, &ns, &t.spec.cluster_ref.name).await? {
         Ok(b) => b,
         Err(u) => {
-            let (reason, msg) = match u {
-                Unreachable::ClusterGone => (
-                    "ClusterNotFound",
-                    format!("NaradCluster {} not found", t.spec.cluster_ref.name),
-                ),
-                Unreachable::NotReady(m) => ("ClusterNotReady", m),
-            };
+            let (reason, msg) = u.condition(&t.spec.cluster_ref.name);
             set_ready_synced(
                 &mut status.conditions,
                 (false, reason, &msg),
@@ -467,25 +461,23 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     observed_status(&mut status, &desired, &rec);
     let links = desired_remote_links(t);
     if !links.is_empty() || !status.remote_links.is_empty() {
-        if let Err(e) = converge_remote(ctx, &ns, t, b, &desired.name, &links, &mut status).await {
-            return match e {
-                Error::Broker(e) => broker_failed(api, t, status, e, true).await,
-                other => {
-                    let msg = other.to_string();
-                    let reason = match other {
-                        Error::Waiting(_) => "SecretNotFound",
-                        _ => "KubernetesError",
-                    };
-                    set_ready_synced(
-                        &mut status.conditions,
-                        (true, reason, &msg),
-                        (false, reason, &msg),
-                        gen,
-                    );
-                    write(api, t, &status).await?;
-                    Err(other)
-                }
+        let refused =
+            match converge_remote(ctx, &ns, t, b, &desired.name, &links, &mut status).await {
+                Ok(r) => r
+                    .err()
+                    .map(|r| (r.reason, r.message.clone(), Error::Waiting(r.message))),
+                Err(Error::Broker(e)) => return broker_failed(api, t, status, e, true).await,
+                Err(other) => Some(("KubernetesError", other.to_string(), other)),
             };
+        if let Some((reason, msg, err)) = refused {
+            set_ready_synced(
+                &mut status.conditions,
+                (true, reason, &msg),
+                (false, reason, &msg),
+                gen,
+            );
+            write(api, t, &status).await?;
+            return Err(err);
         }
     }
     if rec.role == "parent" {
@@ -516,6 +508,8 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
 }
 
 /// Runs [`plan_remote`] against the broker's current links; records what is attached.
+/// Stops at the first link whose credentials Secret is refused (see [`secrets`]): nothing of
+/// that Secret is read and nothing is attached with it.
 async fn converge_remote(
     ctx: &Context,
     ns: &str,
@@ -524,7 +518,7 @@ async fn converge_remote(
     name: &str,
     links: &[RemoteLink],
     status: &mut TopicStatus,
-) -> Result<()> {
+) -> Result<Result<(), secrets::Refusal>> {
     let observed: Vec<RemoteLink> = b
         .list_children(name)
         .await?
@@ -540,7 +534,6 @@ async fn converge_remote(
             }
         })
         .collect();
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(ctx.client.clone(), ns);
     for action in plan_remote(links, &observed, &status.remote_links) {
         match action {
             RemoteAction::Detach(link) => match b.detach_child(name, &link).await {
@@ -556,11 +549,11 @@ async fn converge_remote(
                     .expect("invariant: planned from the spec");
                 let (mut username, mut password) = (None, None);
                 if let Some(cref) = &spec.credentials_secret_ref {
-                    let data = secrets
-                        .get_opt(&cref.name)
-                        .await?
-                        .and_then(|s| s.data)
-                        .unwrap_or_default();
+                    let secret = match secrets::credentials_secret(ctx, ns, &cref.name).await? {
+                        Ok(s) => s,
+                        Err(r) => return Ok(Err(r)),
+                    };
+                    let data = secret.data.unwrap_or_default();
                     let get = |k: &str| {
                         data.get(k)
                             .map(|v| String::from_utf8_lossy(&v.0).into_owned())
@@ -568,10 +561,13 @@ async fn converge_remote(
                     username = get(&cref.username_key);
                     password = get(&cref.password_key);
                     if username.is_none() || password.is_none() {
-                        return Err(Error::Waiting(format!(
-                            "Secret {} lacks {} or {}",
-                            cref.name, cref.username_key, cref.password_key
-                        )));
+                        return Ok(Err(secrets::Refusal {
+                            reason: "SecretNotFound",
+                            message: format!(
+                                "Secret {} lacks {} or {}",
+                                cref.name, cref.username_key, cref.password_key
+                            ),
+                        }));
                     }
                 }
                 let d = links
@@ -602,7 +598,7 @@ async fn converge_remote(
             status.remote_links.push(l.name.clone());
         }
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 async fn broker_failed(
@@ -631,8 +627,7 @@ async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
     let ns = t.namespace().unwrap_or_else(|| "default".into());
     let broker = match broker_for(ctx, &ns, &t.spec.cluster_ref.name).await? {
         Ok(b) => b,
-        Err(Unreachable::ClusterGone) => return Ok(Action::await_change()),
-        Err(Unreachable::NotReady(m)) => return Err(Error::Waiting(m)),
+        Err(u) => return u.cleanup_error().map_or(Ok(Action::await_change()), Err),
     };
     let b = &broker.client;
     let name = t

@@ -132,42 +132,43 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
     let ns = u.namespace().unwrap_or_else(|| "default".into());
     let broker = match broker_for(ctx, &ns, &u.spec.cluster_ref.name).await? {
         Ok(b) => b,
-        Err(Unreachable::ClusterGone) => {
-            let msg = format!("NaradCluster {} not found", u.spec.cluster_ref.name);
+        Err(un) => {
+            let (reason, msg) = un.condition(&u.spec.cluster_ref.name);
             return not_ready(
                 api,
                 u,
                 status,
                 false,
-                "ClusterNotFound",
+                reason,
                 msg.clone(),
                 Error::Waiting(msg),
             )
             .await;
         }
-        Err(Unreachable::NotReady(m)) => {
+    };
+    let sref = &u.spec.password_secret_ref;
+    let secret = match secrets::credentials_secret(ctx, &ns, &sref.name).await? {
+        Ok(s) => s,
+        Err(r) => {
             return not_ready(
                 api,
                 u,
                 status,
-                false,
-                "ClusterNotReady",
-                m.clone(),
-                Error::Waiting(m),
+                exists,
+                r.reason,
+                r.message.clone(),
+                Error::Waiting(r.message),
             )
             .await;
         }
     };
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
-    let sref = &u.spec.password_secret_ref;
-    let secret = secrets.get_opt(&sref.name).await?;
     let password = secret
+        .data
         .as_ref()
-        .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get(&sref.key))
         .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         .filter(|p| !p.is_empty());
-    let (Some(secret), Some(password)) = (secret, password) else {
+    let Some(password) = password else {
         let msg = format!("Secret {} has no key {}", sref.name, sref.key);
         return not_ready(
             api,
@@ -257,8 +258,7 @@ async fn cleanup(u: &User, ctx: &Context) -> Result<Action> {
     let ns = u.namespace().unwrap_or_else(|| "default".into());
     let broker = match broker_for(ctx, &ns, &u.spec.cluster_ref.name).await? {
         Ok(b) => b,
-        Err(Unreachable::ClusterGone) => return Ok(Action::await_change()),
-        Err(Unreachable::NotReady(m)) => return Err(Error::Waiting(m)),
+        Err(un) => return un.cleanup_error().map_or(Ok(Action::await_change()), Err),
     };
     let name = u
         .status

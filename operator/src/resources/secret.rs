@@ -10,6 +10,7 @@ use k8s_openapi::ByteString;
 use rand::RngCore;
 
 use super::*;
+use crate::crd::{CREDENTIALS_LABEL, CREDENTIALS_LABEL_VALUE};
 
 /// A random 256-bit secret, URL-safe base64 without padding.
 pub fn random_secret() -> String {
@@ -40,8 +41,9 @@ pub fn missing_security_entries(
     out
 }
 
-/// The Secret object to apply with the generated `entries`. A Secret the operator creates
+/// The Secret object to create with the generated `entries`. A Secret the operator creates
 /// is owned by the NaradCluster; one named by `secretRef` is the user's, so it gets no owner.
+/// Both carry `narad.io/credentials: "true"` (see `reconcile::secrets`).
 pub fn security_secret(
     nc: &NaradCluster,
     entries: BTreeMap<String, ByteString>,
@@ -52,6 +54,10 @@ pub fn security_secret(
         meta.owner_references = None;
         meta.labels = None;
     }
+    meta.labels.get_or_insert_with(Default::default).insert(
+        CREDENTIALS_LABEL.to_string(),
+        CREDENTIALS_LABEL_VALUE.to_string(),
+    );
     Secret {
         metadata: meta,
         data: Some(entries),
@@ -95,10 +101,17 @@ mod tests {
         let s = security_secret(&nc, BTreeMap::new(), false);
         assert_eq!(s.metadata.name.as_deref(), Some("prod-narad-security"));
         assert!(s.metadata.owner_references.is_some());
+        let labels = s.metadata.labels.unwrap();
+        assert_eq!(labels["narad.io/credentials"], "true");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], "narad-operator");
         let user = cluster(json!({"version": "1", "security": {"secretRef": {"name": "mine"}}}));
         let s = security_secret(&user, BTreeMap::new(), true);
         assert_eq!(s.metadata.name.as_deref(), Some("mine"));
         assert!(s.metadata.owner_references.is_none());
+        assert_eq!(
+            s.metadata.labels,
+            Some([("narad.io/credentials".to_string(), "true".to_string())].into())
+        );
         assert_ne!(random_secret(), random_secret());
         assert_eq!(random_secret().len(), 43);
     }
