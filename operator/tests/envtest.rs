@@ -1,6 +1,7 @@
 //! The operator against a real Kubernetes API server (`../shared/k8s-testenv`: 1.20, no
 //! kubelet, so no pod runs) and a real `narad` broker process started here, which the
-//! operator reaches through the NaradCluster's explicit `spec.endpoint`.
+//! operator reaches through the NaradCluster's explicit `spec.endpoint` (with
+//! `allowExternalEndpoint`, since it is not the cluster's own Service).
 //!
 //! Runs only when `NARAD_K8S_KUBECONFIG` names the test server's kubeconfig (and `NARAD_BIN`
 //! or the workspace target has a `narad` binary); otherwise it says so and passes. Each
@@ -114,6 +115,7 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     let prod = |size: &str| {
         json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
         "metadata": {"name": "prod"}, "spec": {"version": "0.1.0", "endpoint": broker.url(),
+        "allowExternalEndpoint": true,
         "storage": {"size": size, "storageClassName": storage_class}}})
     };
     apply(&clusters, "prod", prod("10Gi")).await;
@@ -243,15 +245,45 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (reason(&n.status?.conditions, cond::READY) != "Invalid").then_some(())
     })
     .await;
-    // A cluster without a security Secret gets one generated.
-    apply(&clusters, "gen", json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
-        "metadata": {"name": "gen"}, "spec": {"version": "0.1.0", "endpoint": "http://127.0.0.1:1"}})).await;
+    // A cluster without a security Secret gets one generated, labelled for Narad.
+    apply(
+        &clusters,
+        "gen",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "gen"}, "spec": {"version": "0.1.0", "endpoint": "http://127.0.0.1:1",
+        "allowExternalEndpoint": true}}),
+    )
+    .await;
     let (gen, _) = eventually("generated security Secret", || async {
         secrets.get_opt("gen-narad-security").await.ok().flatten()
     })
     .await;
+    assert_eq!(
+        gen.metadata.labels.as_ref().unwrap()["narad.io/credentials"],
+        "true"
+    );
     let data = gen.data.unwrap();
     assert!(data.contains_key("cluster-secret") && data.contains_key("admin-password"));
+    // An endpoint other than the cluster's own Service, without the opt-in: refused, and
+    // nothing is created for it (not even its security Secret).
+    apply(
+        &clusters,
+        "far",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+        "metadata": {"name": "far"}, "spec": {"version": "0.1.0", "endpoint": broker.url()}}),
+    )
+    .await;
+    eventually("far EndpointNotAllowed", || async {
+        let n = clusters.get("far").await.ok()?;
+        (reason(&n.status?.conditions, cond::READY) == "EndpointNotAllowed").then_some(())
+    })
+    .await;
+    assert!(secrets
+        .get_opt("far-narad-security")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(stss.get_opt("far-narad").await.unwrap().is_none());
 
     // --- Topic → broker topic; changes and drift reach the broker.
     apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
@@ -466,6 +498,25 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .map(drop)
     })
     .await;
+    // A password Secret without the narad.io/credentials label is refused.
+    apply(
+        &secrets,
+        "plain-pw",
+        common::unlabelled_secret("plain-pw", &[("password", "pw-x")]),
+    )
+    .await;
+    apply(&users, "plain", json!({"apiVersion": "narad.io/v1alpha1", "kind": "User", "metadata": {"name": "plain"},
+        "spec": {"clusterRef": {"name": "prod"}, "passwordSecretRef": {"name": "plain-pw", "key": "password"}}})).await;
+    eventually("plain SecretNotLabelled", || async {
+        let u = users.get("plain").await.ok()?;
+        (reason(&u.status?.conditions, cond::READY) == "SecretNotLabelled").then_some(())
+    })
+    .await;
+    assert_eq!(
+        admin.get_user("plain").await.unwrap_err().status(),
+        Some(404),
+        "no user made from an unlabelled Secret"
+    );
     // A Grant for a missing User waits.
     apply(&grants, "ghost", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Grant", "metadata": {"name": "ghost"},
         "spec": {"clusterRef": {"name": "prod"}, "user": "ghost", "action": "consume", "patterns": ["x"]}})).await;

@@ -309,7 +309,7 @@ async fn rolling_upgrade_with_the_test_as_kubelet_loses_nothing() {
     let clusters: Api<NaradCluster> = Api::namespaced(c.clone(), &ns);
     let spec = |version: &str| {
         json!({"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
-        "metadata": {"name": "prod"}, "spec": {"version": version, "endpoint": service_url,
+        "metadata": {"name": "prod"}, "spec": {"version": version, "endpoint": service_url, "allowExternalEndpoint": true,
         "security": {"enabled": false}}})
     };
     apply(&clusters, "prod", spec(&old_version)).await;

@@ -109,8 +109,16 @@ where
     .unwrap_or_else(|e| panic!("apply {name}: {e}"));
 }
 
-/// A Secret manifest with `stringData`.
+/// A Secret manifest with `stringData`, labelled `narad.io/credentials: "true"` (the
+/// operator uses no other Secret).
 pub fn secret(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
+    let mut s = unlabelled_secret(name, data);
+    s["metadata"]["labels"] = json!({"narad.io/credentials": "true"});
+    s
+}
+
+/// A Secret manifest with `stringData` and no labels (the operator refuses it).
+pub fn unlabelled_secret(name: &str, data: &[(&str, &str)]) -> serde_json::Value {
     let data: serde_json::Map<String, serde_json::Value> = data
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
