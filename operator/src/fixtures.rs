@@ -486,23 +486,62 @@ mod credentials {
     const TOPIC: &str = "/apis/narad.io/v1alpha1/namespaces/default/topics/orders";
     const USER: &str = "/apis/narad.io/v1alpha1/namespaces/default/users/billing";
 
-    /// Runs `reconcile` against `scenario`; both must finish.
-    async fn run<F, R>(
-        verifier: ApiServerVerifier,
-        scenario: impl FnOnce(ApiServerVerifier) -> F,
-        reconcile: R,
+    /// Runs `reconcile` of `obj` with the context of `ctx` against `scenario`, which gets the
+    /// verifier and `obj` as JSON (the answer to its status patch); both must finish.
+    async fn run<K, R, F>(
+        obj: K,
+        (ctx, verifier): (Arc<Context>, ApiServerVerifier),
+        reconcile: impl FnOnce(Arc<K>, Arc<Context>) -> R,
+        scenario: impl FnOnce(ApiServerVerifier, serde_json::Value) -> F,
     ) -> Result<Action, Error>
     where
-        F: std::future::Future<Output = ()> + Send + 'static,
+        K: serde::Serialize,
         R: std::future::Future<Output = Result<Action, Error>>,
+        F: std::future::Future<Output = ()> + Send + 'static,
     {
-        let server = tokio::spawn(scenario(verifier));
-        let r = reconcile.await;
+        let server = tokio::spawn(scenario(verifier, serde_json::to_value(&obj).unwrap()));
+        let r = reconcile(Arc::new(obj), ctx).await;
         tokio::time::timeout(Duration::from_secs(5), server)
             .await
             .expect("scenario finished")
             .expect("scenario passed");
         r
+    }
+
+    /// Cluster `prod` with security disabled.
+    fn insecure_cluster() -> NaradCluster {
+        cluster(json!({"version": "1", "security": {"enabled": false}}))
+    }
+
+    /// A test context whose operator reaches the brokers at `url` (its trusted
+    /// `broker_endpoint` override).
+    fn reaching(url: String) -> (Arc<Context>, ApiServerVerifier) {
+        test_context_with(|c| c.broker_endpoint = Some(url))
+    }
+
+    /// A port where nothing may arrive, and cluster `prod` with it as its endpoint (foreign:
+    /// not the cluster's own Service, and no opt-in).
+    fn foreign_endpoint() -> (Untouched, NaradCluster) {
+        let broker = Untouched::bind();
+        let nc = cluster(json!({"version": "1", "endpoint": broker.url()}));
+        (broker, nc)
+    }
+
+    /// A [`FakeBroker`] the operator reaches, the JSON of cluster `prod` (security disabled),
+    /// the finalized Topic `orders` with the remote child `link`, and the test context.
+    async fn remote_child(
+        link: serde_json::Value,
+    ) -> (
+        FakeBroker,
+        serde_json::Value,
+        Topic,
+        (Arc<Context>, ApiServerVerifier),
+    ) {
+        let broker = FakeBroker::start().await;
+        let nc_body = serde_json::to_value(insecure_cluster()).unwrap();
+        let t = finalized_topic(Some(link));
+        let ctx = reaching(broker.url.clone());
+        (broker, nc_body, t, ctx)
     }
 
     fn finalized_topic(remote: Option<serde_json::Value>) -> Topic {
@@ -519,6 +558,14 @@ mod credentials {
                "credentialsSecretRef": {"name": "dr-creds"}})
     }
 
+    /// Asserts that condition `type_` of `status` is `False` for `reason`; returns its message.
+    #[track_caller]
+    fn assert_false(status: &serde_json::Value, type_: &str, reason: &str) -> String {
+        let (s, r, msg) = condition(status, type_);
+        assert_eq!((s.as_str(), r.as_str()), ("False", reason));
+        msg
+    }
+
     fn failed_with(r: &Result<Action, Error>, what: &str) {
         match r {
             Err(Error::Finalizer(e)) => {
@@ -531,24 +578,14 @@ mod credentials {
 
     #[tokio::test]
     async fn cluster_with_a_foreign_endpoint_is_not_contacted() {
-        let broker = Untouched::bind();
-        let nc = cluster(json!({"version": "1", "endpoint": broker.url()}));
-        let (ctx, v) = test_context();
-        let body = serde_json::to_value(&nc).unwrap();
-        let r = run(
-            v,
-            |mut v| async move {
-                // Nothing is read (no security Secret) or applied: only the status.
-                let st = v.status_patch(NC, body).await;
-                let (status, reason, msg) = condition(&st, "Ready");
-                assert_eq!(
-                    (status.as_str(), reason.as_str()),
-                    ("False", "EndpointNotAllowed")
-                );
-                assert!(msg.contains("allowExternalEndpoint"), "{msg}");
-            },
-            cluster_rc::reconcile(Arc::new(nc), ctx),
-        )
+        let (broker, nc) = foreign_endpoint();
+        let ctx = test_context();
+        let r = run(nc, ctx, cluster_rc::reconcile, |mut v, body| async move {
+            // Nothing is read (no security Secret) or applied: only the status.
+            let st = v.status_patch(NC, body).await;
+            let msg = assert_false(&st, "Ready", "EndpointNotAllowed");
+            assert!(msg.contains("allowExternalEndpoint"), "{msg}");
+        })
         .await;
         failed_with(&r, "allowExternalEndpoint");
         broker.assert_untouched();
@@ -556,30 +593,18 @@ mod credentials {
 
     #[tokio::test]
     async fn topic_of_a_cluster_with_a_foreign_endpoint_sends_nothing() {
-        let broker = Untouched::bind();
-        let nc = cluster(json!({"version": "1", "endpoint": broker.url()}));
+        let (broker, nc) = foreign_endpoint();
+        let nc_body = serde_json::to_value(&nc).unwrap();
         let t = finalized_topic(None);
-        let (ctx, v) = test_context();
-        let (nc_body, t_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&t).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body).await;
-                // No GET of the security Secret: straight to the status.
-                let st = v.status_patch(TOPIC, t_body).await;
-                for c in ["Ready", "Synced"] {
-                    let (status, reason, _) = condition(&st, c);
-                    assert_eq!(
-                        (status.as_str(), reason.as_str()),
-                        ("False", "EndpointNotAllowed")
-                    );
-                }
-            },
-            topic_rc::reconcile(Arc::new(t), ctx),
-        )
+        let ctx = test_context();
+        let r = run(t, ctx, topic_rc::reconcile, |mut v, t_body| async move {
+            v.get(NC, nc_body).await;
+            // No GET of the security Secret: straight to the status.
+            let st = v.status_patch(TOPIC, t_body).await;
+            for c in ["Ready", "Synced"] {
+                assert_false(&st, c, "EndpointNotAllowed");
+            }
+        })
         .await;
         failed_with(&r, "allowExternalEndpoint");
         broker.assert_untouched();
@@ -590,28 +615,21 @@ mod credentials {
         let broker = FakeBroker::start().await;
         let nc =
             cluster(json!({"version": "1", "endpoint": broker.url, "allowExternalEndpoint": true}));
+        let nc_body = serde_json::to_value(&nc).unwrap();
         let t = finalized_topic(None);
-        let (ctx, v) = test_context();
-        let (nc_body, t_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&t).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body).await;
-                let own = secret_meta("prod-narad-security", true, Some("nc-1"));
-                v.secret_metadata(own.clone()).await;
-                v.secret(
-                    own,
-                    &[("admin-password", "root-pw"), ("cluster-secret", "c")],
-                )
-                .await;
-                let st = v.status_patch(TOPIC, t_body).await;
-                assert_eq!(condition(&st, "Ready").0, "True", "{st}");
-            },
-            topic_rc::reconcile(Arc::new(t), ctx),
-        )
+        let ctx = test_context();
+        let r = run(t, ctx, topic_rc::reconcile, |mut v, t_body| async move {
+            v.get(NC, nc_body).await;
+            let own = secret_meta("prod-narad-security", true, Some("nc-1"));
+            v.secret_metadata(own.clone()).await;
+            v.secret(
+                own,
+                &[("admin-password", "root-pw"), ("cluster-secret", "c")],
+            )
+            .await;
+            let st = v.status_patch(TOPIC, t_body).await;
+            assert_eq!(condition(&st, "Ready").0, "True", "{st}");
+        })
         .await;
         assert!(r.is_ok(), "{r:?}");
         let calls = broker.calls();
@@ -628,33 +646,17 @@ mod credentials {
 
     #[tokio::test]
     async fn remote_child_with_an_unlabelled_secret_is_refused() {
-        let broker = FakeBroker::start().await;
-        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
-        let t = finalized_topic(Some(dr_link()));
-        let url = broker.url.clone();
-        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
-        let (nc_body, t_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&t).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body).await;
-                // The label is read from the metadata; the data is never fetched.
-                v.secret_metadata(secret_meta("dr-creds", false, None))
-                    .await;
-                let st = v.status_patch(TOPIC, t_body).await;
-                let (status, reason, msg) = condition(&st, "Synced");
-                assert_eq!(
-                    (status.as_str(), reason.as_str()),
-                    ("False", "SecretNotLabelled")
-                );
-                assert!(msg.contains("narad.io/credentials"), "{msg}");
-                assert!(st["remoteLinks"].is_null(), "{st}");
-            },
-            topic_rc::reconcile(Arc::new(t), ctx),
-        )
+        let (broker, nc_body, t, ctx) = remote_child(dr_link()).await;
+        let r = run(t, ctx, topic_rc::reconcile, |mut v, t_body| async move {
+            v.get(NC, nc_body).await;
+            // The label is read from the metadata; the data is never fetched.
+            v.secret_metadata(secret_meta("dr-creds", false, None))
+                .await;
+            let st = v.status_patch(TOPIC, t_body).await;
+            let msg = assert_false(&st, "Synced", "SecretNotLabelled");
+            assert!(msg.contains("narad.io/credentials"), "{msg}");
+            assert!(st["remoteLinks"].is_null(), "{st}");
+        })
         .await;
         failed_with(&r, "narad.io/credentials");
         let calls = broker.calls();
@@ -666,30 +668,18 @@ mod credentials {
 
     #[tokio::test]
     async fn remote_child_with_a_labelled_secret_is_attached() {
-        let broker = FakeBroker::start().await;
-        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
-        let t = finalized_topic(Some(dr_link()));
-        let url = broker.url.clone();
-        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
-        let (nc_body, t_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&t).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body.clone()).await;
-                let m = secret_meta("dr-creds", true, None);
-                v.secret_metadata(m.clone()).await;
-                v.list_clusters(vec![nc_body]).await;
-                v.secret(m, &[("username", "replicator"), ("password", "dr-pw")])
-                    .await;
-                let st = v.status_patch(TOPIC, t_body).await;
-                assert_eq!(condition(&st, "Ready").0, "True", "{st}");
-                assert_eq!(st["remoteLinks"], json!(["orders-dr"]));
-            },
-            topic_rc::reconcile(Arc::new(t), ctx),
-        )
+        let (broker, nc_body, t, ctx) = remote_child(dr_link()).await;
+        let r = run(t, ctx, topic_rc::reconcile, |mut v, t_body| async move {
+            v.get(NC, nc_body.clone()).await;
+            let m = secret_meta("dr-creds", true, None);
+            v.secret_metadata(m.clone()).await;
+            v.list_clusters(vec![nc_body]).await;
+            v.secret(m, &[("username", "replicator"), ("password", "dr-pw")])
+                .await;
+            let st = v.status_patch(TOPIC, t_body).await;
+            assert_eq!(condition(&st, "Ready").0, "True", "{st}");
+            assert_eq!(st["remoteLinks"], json!(["orders-dr"]));
+        })
         .await;
         assert!(r.is_ok(), "{r:?}");
         let attach = broker
@@ -704,35 +694,19 @@ mod credentials {
 
     #[tokio::test]
     async fn remote_child_never_gets_a_cluster_security_secret() {
-        let broker = FakeBroker::start().await;
-        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
         let mut link = dr_link();
         link["credentialsSecretRef"] = json!({"name": "prod-narad-security", "usernameKey": "cluster-secret",
                    "passwordKey": "admin-password"});
-        let t = finalized_topic(Some(link));
-        let url = broker.url.clone();
-        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
-        let (nc_body, t_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&t).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body.clone()).await;
-                // Labelled by whoever made it, no owner: still prod's security Secret.
-                v.secret_metadata(secret_meta("prod-narad-security", true, None))
-                    .await;
-                v.list_clusters(vec![nc_body]).await;
-                let st = v.status_patch(TOPIC, t_body).await;
-                let (status, reason, _) = condition(&st, "Synced");
-                assert_eq!(
-                    (status.as_str(), reason.as_str()),
-                    ("False", "SecretNotAllowed")
-                );
-            },
-            topic_rc::reconcile(Arc::new(t), ctx),
-        )
+        let (broker, nc_body, t, ctx) = remote_child(link).await;
+        let r = run(t, ctx, topic_rc::reconcile, |mut v, t_body| async move {
+            v.get(NC, nc_body.clone()).await;
+            // Labelled by whoever made it, no owner: still prod's security Secret.
+            v.secret_metadata(secret_meta("prod-narad-security", true, None))
+                .await;
+            v.list_clusters(vec![nc_body]).await;
+            let st = v.status_patch(TOPIC, t_body).await;
+            assert_false(&st, "Synced", "SecretNotAllowed");
+        })
         .await;
         failed_with(&r, "security or TLS Secret");
         assert!(broker.calls().iter().all(|c| c.method == "GET"));
@@ -741,29 +715,16 @@ mod credentials {
     #[tokio::test]
     async fn user_with_an_unlabelled_password_secret_is_refused() {
         let broker = Untouched::bind();
-        let nc = cluster(json!({"version": "1", "security": {"enabled": false}}));
+        let nc_body = serde_json::to_value(insecure_cluster()).unwrap();
+        let ctx = reaching(broker.url());
         let u = user();
-        let url = broker.url();
-        let (ctx, v) = test_context_with(|c| c.broker_endpoint = Some(url));
-        let (nc_body, u_body) = (
-            serde_json::to_value(&nc).unwrap(),
-            serde_json::to_value(&u).unwrap(),
-        );
-        let r = run(
-            v,
-            |mut v| async move {
-                v.get(NC, nc_body).await;
-                v.secret_metadata(secret_meta("billing-password", false, None))
-                    .await;
-                let st = v.status_patch(USER, u_body).await;
-                let (status, reason, _) = condition(&st, "Ready");
-                assert_eq!(
-                    (status.as_str(), reason.as_str()),
-                    ("False", "SecretNotLabelled")
-                );
-            },
-            user_rc::reconcile(Arc::new(u), ctx),
-        )
+        let r = run(u, ctx, user_rc::reconcile, |mut v, u_body| async move {
+            v.get(NC, nc_body).await;
+            v.secret_metadata(secret_meta("billing-password", false, None))
+                .await;
+            let st = v.status_patch(USER, u_body).await;
+            assert_false(&st, "Ready", "SecretNotLabelled");
+        })
         .await;
         failed_with(&r, "narad.io/credentials");
         broker.assert_untouched();
@@ -772,22 +733,13 @@ mod credentials {
     #[tokio::test]
     async fn cluster_refuses_an_unlabelled_security_secret() {
         let nc = cluster(json!({"version": "1", "security": {"secretRef": {"name": "mine"}}}));
-        let (ctx, v) = test_context();
-        let body = serde_json::to_value(&nc).unwrap();
-        let r = run(
-            v,
-            |mut v| async move {
-                v.secret_metadata(secret_meta("mine", false, None)).await;
-                // Neither patched nor mounted: nothing is applied.
-                let st = v.status_patch(NC, body).await;
-                let (status, reason, _) = condition(&st, "Ready");
-                assert_eq!(
-                    (status.as_str(), reason.as_str()),
-                    ("False", "SecretNotLabelled")
-                );
-            },
-            cluster_rc::reconcile(Arc::new(nc), ctx),
-        )
+        let ctx = test_context();
+        let r = run(nc, ctx, cluster_rc::reconcile, |mut v, body| async move {
+            v.secret_metadata(secret_meta("mine", false, None)).await;
+            // Neither patched nor mounted: nothing is applied.
+            let st = v.status_patch(NC, body).await;
+            assert_false(&st, "Ready", "SecretNotLabelled");
+        })
         .await;
         failed_with(&r, "narad.io/credentials");
     }
@@ -796,18 +748,13 @@ mod credentials {
     async fn cluster_refuses_another_clusters_security_secret() {
         let nc = cluster(json!({"version": "1",
             "security": {"secretRef": {"name": "other-narad-security"}}}));
-        let (ctx, v) = test_context();
-        let body = serde_json::to_value(&nc).unwrap();
-        let r = run(
-            v,
-            |mut v| async move {
-                v.secret_metadata(secret_meta("other-narad-security", true, Some("nc-2")))
-                    .await;
-                let st = v.status_patch(NC, body).await;
-                assert_eq!(condition(&st, "Ready").1, "SecretNotAllowed");
-            },
-            cluster_rc::reconcile(Arc::new(nc), ctx),
-        )
+        let ctx = test_context();
+        let r = run(nc, ctx, cluster_rc::reconcile, |mut v, body| async move {
+            v.secret_metadata(secret_meta("other-narad-security", true, Some("nc-2")))
+                .await;
+            let st = v.status_patch(NC, body).await;
+            assert_eq!(condition(&st, "Ready").1, "SecretNotAllowed");
+        })
         .await;
         failed_with(&r, "another NaradCluster");
     }
