@@ -98,6 +98,9 @@ struct Inner {
     published: Arc<Published>,
     /// Lets `shutdown` wait until the database file is closed (so it can be re-opened).
     db_closed: tokio::sync::watch::Receiver<()>,
+    /// The snapshot being received from the leader: its id and the bytes received so far
+    /// (see [`Meta::handle_raft_rpc`]).
+    snapshot_rx: std::sync::Mutex<Option<(String, u64)>>,
 }
 
 /// The openraft configuration Narad runs with.
@@ -196,6 +199,7 @@ impl Meta {
                 raft,
                 published,
                 db_closed,
+                snapshot_rx: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -534,9 +538,53 @@ impl Meta {
             RaftRequest::AppendEntries(r) => RaftReply::AppendEntries(raft.append_entries(r).await),
             RaftRequest::Vote(r) => RaftReply::Vote(raft.vote(r).await),
             RaftRequest::InstallSnapshot(r) => {
+                if let Err(mismatch) = self.check_snapshot_chunk(&r) {
+                    return RaftReply::InstallSnapshot(Err(RaftError::APIError(
+                        openraft::error::InstallSnapshotError::SnapshotMismatch(mismatch),
+                    )));
+                }
                 RaftReply::InstallSnapshot(raft.install_snapshot(r).await)
             }
         }
+    }
+
+    /// A snapshot chunk is written at its offset into an in-memory buffer, so a chunk far past
+    /// what was received would allocate the gap. Chunks must be contiguous: a new snapshot
+    /// starts at offset 0, each later chunk at most at the bytes received so far (a resent
+    /// chunk may overlap). Anything else is a mismatch, which makes the leader start over at 0.
+    fn check_snapshot_chunk(
+        &self,
+        r: &openraft::raft::InstallSnapshotRequest<raft::TypeConfig>,
+    ) -> Result<(), openraft::error::SnapshotMismatch> {
+        let id = &r.meta.snapshot_id;
+        let mut rx = self
+            .inner
+            .snapshot_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let received = match &*rx {
+            Some((current, received)) if current == id => *received,
+            _ => 0,
+        };
+        if r.offset > received {
+            return Err(openraft::error::SnapshotMismatch {
+                expect: openraft::SnapshotSegmentId {
+                    id: id.clone(),
+                    offset: received,
+                },
+                got: openraft::SnapshotSegmentId {
+                    id: id.clone(),
+                    offset: r.offset,
+                },
+            });
+        }
+        let end = (r.offset + r.data.len() as u64).max(received);
+        *rx = if r.done {
+            None
+        } else {
+            Some((id.clone(), end))
+        };
+        Ok(())
     }
 
     /// Waits until this node leads and has applied its whole log.

@@ -421,3 +421,65 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Red
 fn openraft_storage_suite() {
     Suite::test_all(RedbBuilder).unwrap();
 }
+
+/// A snapshot chunk far past what was received would make the receiver allocate the gap (a
+/// 256 MiB offset used to add 258 MiB): it is refused as a mismatch before openraft sees it.
+#[tokio::test]
+async fn snapshot_chunks_must_be_contiguous() {
+    use openraft::error::{InstallSnapshotError, RaftError};
+    use openraft::raft::InstallSnapshotRequest;
+    use openraft::{SnapshotMeta, StoredMembership, Vote};
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Meta::open_standalone(dir.path(), opts()).await.unwrap();
+    let chunk = |id: &str, offset: u64, len: usize, done: bool| {
+        RaftRequest::InstallSnapshot(InstallSnapshotRequest::<TypeConfig> {
+            vote: Vote::new(0, 0),
+            meta: SnapshotMeta {
+                last_log_id: None,
+                last_membership: StoredMembership::default(),
+                snapshot_id: id.into(),
+            },
+            offset,
+            data: vec![0u8; len],
+            done,
+        })
+    };
+    let mismatch = |r: RaftReply| match r {
+        RaftReply::InstallSnapshot(Err(RaftError::APIError(
+            InstallSnapshotError::SnapshotMismatch(m),
+        ))) => Some((m.expect.offset, m.got.offset)),
+        _ => None,
+    };
+    // A first chunk not at 0, and a gap after a chunk: refused, with the expected offset.
+    assert_eq!(
+        mismatch(
+            meta.handle_raft_rpc(chunk("s1", 256 << 20, 10, false))
+                .await
+        ),
+        Some((0, 256 << 20))
+    );
+    // Offset 0 passes the check (openraft then judges the vote).
+    assert_eq!(
+        mismatch(meta.handle_raft_rpc(chunk("s1", 0, 100, false)).await),
+        None
+    );
+    assert_eq!(
+        mismatch(meta.handle_raft_rpc(chunk("s1", 1000, 10, false)).await),
+        Some((100, 1000))
+    );
+    // The next chunk and a resent overlapping one are fine.
+    assert_eq!(
+        mismatch(meta.handle_raft_rpc(chunk("s1", 100, 100, false)).await),
+        None
+    );
+    assert_eq!(
+        mismatch(meta.handle_raft_rpc(chunk("s1", 150, 50, false)).await),
+        None
+    );
+    // Another snapshot id starts over at 0.
+    assert_eq!(
+        mismatch(meta.handle_raft_rpc(chunk("s2", 200, 10, false)).await),
+        Some((0, 200))
+    );
+    meta.shutdown().await;
+}
