@@ -118,10 +118,51 @@ fn json_str(bytes: &[u8]) -> Option<&str> {
     std::str::from_utf8(bytes).ok()
 }
 
-/// Classifies a stored payload for rendering (SPEC §2.9).
+/// The deepest nesting of arrays and objects a JSON payload is rendered verbatim with. A
+/// deeper one is rendered as base64 (`payload_encoding: "base64"`, the exact bytes), since
+/// common JSON parsers refuse deep documents (serde_json beyond 128 levels, Go's
+/// `encoding/json` beyond 10000) and the answer wraps the payload in up to three more levels
+/// (`{"messages":[{"payload":…}]}`): every client must be able to parse every answer, or a
+/// message could never be acked.
+pub const MAX_RENDER_DEPTH: usize = 64;
+
+/// Whether the arrays and objects of a valid JSON text nest deeper than `limit` (brackets
+/// inside strings do not count). Stops at the first level past the limit.
+fn nests_deeper_than(json: &[u8], limit: usize) -> bool {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &b in json {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > limit {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Classifies a stored payload for rendering (SPEC §2.9). JSON nested deeper than
+/// [`MAX_RENDER_DEPTH`] renders as base64.
 pub fn render_payload(bytes: &[u8]) -> RenderedPayload<'_> {
     if let Some(s) = json_str(bytes) {
-        return RenderedPayload::Json(s);
+        if !nests_deeper_than(s.as_bytes(), MAX_RENDER_DEPTH) {
+            return RenderedPayload::Json(s);
+        }
+        return RenderedPayload::Base64(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     match std::str::from_utf8(bytes) {
         Ok(s) => RenderedPayload::Text(s),
@@ -289,11 +330,51 @@ mod tests {
     }
 
     #[test]
-    fn deep_nesting_is_json() {
-        let mut p = Vec::new();
-        p.extend(std::iter::repeat_n(b'[', 5000));
-        p.extend(std::iter::repeat_n(b']', 5000));
-        assert!(matches!(render_payload(&p), RenderedPayload::Json(_)));
+    fn deep_nesting_is_json_but_renders_as_base64() {
+        let nested = |n: usize, open: u8, close: u8| {
+            let mut p = Vec::new();
+            p.extend(std::iter::repeat_n(open, n));
+            p.extend(std::iter::repeat_n(close, n));
+            p
+        };
+        let p = nested(5000, b'[', b']');
+        assert!(is_json(&p));
+        match render_payload(&p) {
+            RenderedPayload::Base64(b) => assert_eq!(
+                base64::engine::general_purpose::STANDARD.decode(b).unwrap(),
+                p
+            ),
+            other => panic!("{:?}", other.to_json_string().len()),
+        }
+        // The limit itself renders verbatim, one more level does not.
+        assert!(matches!(
+            render_payload(&nested(MAX_RENDER_DEPTH, b'[', b']')),
+            RenderedPayload::Json(_)
+        ));
+        assert!(matches!(
+            render_payload(&nested(MAX_RENDER_DEPTH + 1, b'[', b']')),
+            RenderedPayload::Base64(_)
+        ));
+        // Brackets inside strings are text, not nesting; escaped quotes stay inside.
+        let s = format!("[\"{}\\\"{}\"]", "[".repeat(500), "{".repeat(500));
+        assert!(is_json(s.as_bytes()), "{s}");
+        assert!(matches!(
+            render_payload(s.as_bytes()),
+            RenderedPayload::Json(_)
+        ));
+        // Every rendered answer, inside a batch envelope, parses with serde_json's limit.
+        for n in [1, 64, 127, 128, 129, 1000] {
+            let p = format!("{}{{}}{}", "{\"k\":".repeat(n - 1), "}".repeat(n - 1));
+            assert!(is_json(p.as_bytes()), "{p}");
+            let doc = format!(
+                "{{\"messages\":[{{\"payload\":{}}}]}}",
+                render_payload(p.as_bytes()).to_json_string()
+            );
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&doc).is_ok(),
+                "depth {n} does not parse"
+            );
+        }
     }
 
     #[test]

@@ -56,7 +56,11 @@ pub fn router(node: AppState) -> Router {
             "/v1/topics/{topic}/produce/batch",
             post(produce::produce_batch),
         )
-        .route("/v1/topics/{topic}/consume", get(consume::consume))
+        // `get` alone would also run the handler for HEAD, leasing a message and dropping it.
+        .route(
+            "/v1/topics/{topic}/consume",
+            get(consume::consume).head(head_never_leases),
+        )
         .route("/v1/topics/{topic}/ack", post(consume::ack))
         .route(
             "/v1/topics/{topic}/children",
@@ -86,6 +90,15 @@ pub fn router(node: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
         .with_state(node)
+}
+
+/// `HEAD …/consume`: `405` (`Allow: GET`). A HEAD must not change anything, and a consume
+/// leases.
+async fn head_never_leases() -> Response {
+    let mut r = ApiError::method_not_allowed().into_response();
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("GET"));
+    r
 }
 
 /// Whether `path` is an API route that needs credentials (everything under `/v1`).
