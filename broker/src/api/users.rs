@@ -160,7 +160,9 @@ pub async fn put_password(
             else {
                 return Err(authz::wrong_current_password().into());
             };
-            authz::check_current_password_async(target, current).await?;
+            if !node.auth.verify_current_password(target, current).await? {
+                return Err(authz::wrong_current_password().into());
+            }
         }
     }
     let PasswordRequest { new_password, .. } = req;

@@ -163,8 +163,12 @@ pub struct AuthConfig {
     pub verified_ttl_ms: u64,
     /// Entries kept in each cache before the oldest are dropped.
     pub max_cache_entries: usize,
-    /// argon2 verifications running at once in [`Authenticator::authenticate`].
+    /// argon2 verifications running at once (every caller: authentication and the current
+    /// password of a password change).
     pub max_parallel_verifications: usize,
+    /// argon2 verifications waiting for a slot at most; more are answered `429` with
+    /// `Retry-After: 1` rather than queued without bound.
+    pub max_waiting_verifications: usize,
 }
 
 impl Default for AuthConfig {
@@ -178,6 +182,7 @@ impl Default for AuthConfig {
             max_parallel_verifications: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .max(1),
+            max_waiting_verifications: 64,
         }
     }
 }
@@ -238,6 +243,16 @@ pub struct Authenticator {
     key: [u8; 32],
     caches: Mutex<Caches>,
     verify_permits: tokio::sync::Semaphore,
+    /// Verifications waiting for or holding a permit (bounded by running + waiting).
+    verify_queued: std::sync::atomic::AtomicUsize,
+}
+
+/// Releases a queue slot however the verification ends.
+struct QueueSlot<'a>(&'a std::sync::atomic::AtomicUsize);
+impl Drop for QueueSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -268,6 +283,7 @@ impl Authenticator {
                 next_sweep_ms: 0,
             }),
             verify_permits: tokio::sync::Semaphore::new(config.max_parallel_verifications.max(1)),
+            verify_queued: std::sync::atomic::AtomicUsize::new(0),
             config,
             clock,
             key,
@@ -396,17 +412,12 @@ impl Authenticator {
         match self.begin(state.user(&creds.username), creds) {
             Step::Done(r) => r,
             Step::Verify(p) => {
-                let permit = self
-                    .verify_permits
-                    .acquire()
-                    .await
-                    .expect("invariant: the semaphore is never closed");
-                let joined = tokio::task::spawn_blocking(move || {
-                    let ok = p.verify();
-                    (p, ok)
-                })
-                .await;
-                drop(permit);
+                let joined = self
+                    .run_argon2(move || {
+                        let ok = p.verify();
+                        (p, ok)
+                    })
+                    .await?;
                 match joined {
                     Ok((p, ok)) => self.finish(p, ok),
                     Err(e) => Err(AuthError::Unauthenticated(format!(
@@ -415,6 +426,61 @@ impl Authenticator {
                 }
             }
         }
+    }
+
+    /// Runs argon2 work on the blocking pool under the node-wide bound: at most
+    /// `max_parallel_verifications` at once, at most `max_waiting_verifications` waiting;
+    /// beyond that `429` (`Retry-After: 1`) without queueing.
+    async fn run_argon2<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<Result<T, tokio::task::JoinError>, AuthError> {
+        use std::sync::atomic::Ordering;
+        let bound =
+            self.config.max_parallel_verifications.max(1) + self.config.max_waiting_verifications;
+        if self.verify_queued.fetch_add(1, Ordering::AcqRel) >= bound {
+            self.verify_queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(AuthError::Throttled {
+                retry_after_secs: 1,
+            });
+        }
+        let _slot = QueueSlot(&self.verify_queued);
+        let _permit = self
+            .verify_permits
+            .acquire()
+            .await
+            .expect("invariant: the semaphore is never closed");
+        Ok(tokio::task::spawn_blocking(work).await)
+    }
+
+    /// Checks `current` against `user`'s password for a password change (SPEC §4.2), through
+    /// the same per-username throttle and argon2 bound as authentication: `Ok(true)` right,
+    /// `Ok(false)` wrong (an attempt used), `Err(Throttled)` no attempt left or argon2 saturated.
+    pub async fn verify_current_password(
+        &self,
+        user: &User,
+        current: &str,
+    ) -> Result<bool, AuthError> {
+        let now = self.clock.now_ms();
+        if let Err(retry_after_secs) = self.caches.lock().throttle.try_acquire(&user.username, now)
+        {
+            audit::auth_throttled(&user.username);
+            return Err(AuthError::Throttled { retry_after_secs });
+        }
+        let (password, hash) = (current.to_string(), user.password_hash.clone());
+        let ok = self
+            .run_argon2(move || password::verify(&password, &hash))
+            .await?
+            .unwrap_or(false);
+        if ok {
+            self.caches
+                .lock()
+                .throttle
+                .release(&user.username, self.clock.now_ms());
+        } else {
+            audit::auth_failed(&user.username, "wrong current password");
+        }
+        Ok(ok)
     }
 
     /// Headers → credentials → [`authenticate`](Self::authenticate).
@@ -481,6 +547,60 @@ mod tests {
         clock: Arc<crate::security::throttle::ManualClock>,
         auth: Authenticator,
         now_ms: u64,
+    }
+
+    #[tokio::test]
+    async fn current_password_checks_are_throttled_and_bounded() {
+        let w = World::new();
+        let billing = w.state.user("billing").unwrap().clone();
+        assert_eq!(
+            w.auth.verify_current_password(&billing, "right").await,
+            Ok(true)
+        );
+        // Wrong ones use attempts; once they are gone: 429 without running argon2.
+        for _ in 0..ATTEMPTS {
+            assert_eq!(
+                w.auth.verify_current_password(&billing, "wrong").await,
+                Ok(false)
+            );
+        }
+        assert!(matches!(
+            w.auth.verify_current_password(&billing, "right").await,
+            Err(AuthError::Throttled { .. })
+        ));
+        // A refill brings one attempt back, and the right password returns it.
+        w.clock.advance(REFILL_MS);
+        assert_eq!(
+            w.auth.verify_current_password(&billing, "right").await,
+            Ok(true)
+        );
+        assert_eq!(w.auth.attempts_left("billing"), 1);
+
+        // Saturated argon2 (every slot running or waiting): 429 at once.
+        let busy = Authenticator::new(
+            AuthConfig {
+                max_parallel_verifications: 1,
+                max_waiting_verifications: 0,
+                ..AuthConfig::default()
+            },
+            w.clock.clone(),
+        );
+        let held = busy.verify_permits.acquire().await.unwrap();
+        busy.verify_queued
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            busy.verify_current_password(&billing, "right").await,
+            Err(AuthError::Throttled {
+                retry_after_secs: 1
+            })
+        );
+        drop(held);
+        busy.verify_queued
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            busy.verify_current_password(&billing, "right").await,
+            Ok(true)
+        );
     }
 
     impl World {

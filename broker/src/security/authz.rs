@@ -16,7 +16,7 @@
 
 use narad_meta::{Action, Grant, Topic, User};
 
-use super::{password, Caller, Principal};
+use super::{Caller, Principal};
 
 /// Why a request is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,7 +360,7 @@ pub enum PasswordChange {
     /// Set the new password (an admin reset, or security off).
     Reset,
     /// The caller changes their own password: `current_password` must verify against the
-    /// target's hash first ([`check_current_password`]; wrong → `403`).
+    /// target's hash first (`Authenticator::verify_current_password`, throttled; wrong → `403`).
     VerifyCurrent,
 }
 
@@ -414,29 +414,9 @@ pub fn wrong_current_password() -> Denied {
     Denied::Forbidden("current_password is wrong".into())
 }
 
-/// Verifies `current` against `target`'s hash (argon2: blocking, use `spawn_blocking` or
-/// [`check_current_password_async`]); wrong → `403`.
-pub fn check_current_password(target: &User, current: &str) -> Decision {
-    if password::verify(current, &target.password_hash) {
-        Ok(())
-    } else {
-        Err(wrong_current_password())
-    }
-}
-
-/// [`check_current_password`] on the blocking pool.
-pub async fn check_current_password_async(target: &User, current: &str) -> Decision {
-    if password::verify_async(current.to_string(), target.password_hash.clone()).await {
-        Ok(())
-    } else {
-        Err(wrong_current_password())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::security::password::HashParams;
     use narad_meta::TopicConfig;
 
     // ---- fixtures -------------------------------------------------------------------------
@@ -1111,32 +1091,6 @@ mod tests {
         assert_eq!(
             st(change_password(&Caller::SecurityOff, "ghost", None, None)),
             404
-        );
-    }
-
-    #[test]
-    fn current_password_check() {
-        let mut u = user("billing", false, vec![]);
-        u.password_hash = password::hash("cur", HashParams::TEST).unwrap();
-        assert!(check_current_password(&u, "cur").is_ok());
-        let d = check_current_password(&u, "wrong").unwrap_err();
-        assert_eq!(
-            (d.status(), d.message()),
-            (403, "current_password is wrong")
-        );
-    }
-
-    #[tokio::test]
-    async fn current_password_check_async() {
-        let mut u = user("billing", false, vec![]);
-        u.password_hash = password::hash("cur", HashParams::TEST).unwrap();
-        assert!(check_current_password_async(&u, "cur").await.is_ok());
-        assert_eq!(
-            check_current_password_async(&u, "nope")
-                .await
-                .unwrap_err()
-                .status(),
-            403
         );
     }
 

@@ -128,7 +128,68 @@ pub mod audit {
         }
     }
 
+    /// Authentication-failure lines logged per window at most: a client hammering wrong or
+    /// unknown credentials must not turn the log into its megaphone.
+    pub const AUTH_FAILURE_LINES_PER_WINDOW: u32 = 20;
+    pub const AUTH_FAILURE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Counts authentication-failure lines per window; past the limit they are dropped and
+    /// counted, and the first line of a later window reports how many were dropped.
+    pub(crate) struct FailureLogLimiter {
+        state: parking_lot::Mutex<(std::time::Instant, u32, u64)>,
+    }
+
+    impl FailureLogLimiter {
+        pub(crate) fn new() -> Self {
+            FailureLogLimiter {
+                state: parking_lot::Mutex::new((std::time::Instant::now(), 0, 0)),
+            }
+        }
+
+        /// `Some(dropped since the last logged line)` if this line may be logged now.
+        pub(crate) fn admit(&self, now: std::time::Instant) -> Option<u64> {
+            let mut st = self.state.lock();
+            if now.duration_since(st.0) >= AUTH_FAILURE_WINDOW {
+                st.0 = now;
+                st.1 = 0;
+            }
+            if st.1 >= AUTH_FAILURE_LINES_PER_WINDOW {
+                st.2 += 1;
+                return None;
+            }
+            st.1 += 1;
+            Some(std::mem::take(&mut st.2))
+        }
+    }
+
+    fn limiter() -> &'static FailureLogLimiter {
+        static L: std::sync::OnceLock<FailureLogLimiter> = std::sync::OnceLock::new();
+        L.get_or_init(FailureLogLimiter::new)
+    }
+
+    /// Whether an authentication-failure line may be logged now (and says so when earlier ones
+    /// were dropped).
+    fn may_log() -> bool {
+        match limiter().admit(std::time::Instant::now()) {
+            None => false,
+            Some(0) => true,
+            Some(dropped) => {
+                tracing::warn!(
+                    component = "audit",
+                    event = "auth.failed.suppressed",
+                    dropped,
+                    "authentication-failure lines dropped (more than {AUTH_FAILURE_LINES_PER_WINDOW} per {} s)",
+                    AUTH_FAILURE_WINDOW.as_secs()
+                );
+                true
+            }
+        }
+    }
+
     pub(crate) fn auth_failed(username: &str, reason: &str) {
+        if !may_log() {
+            return;
+        }
         let u = loggable(username);
         tracing::warn!(
             component = "audit",
@@ -141,6 +202,9 @@ pub mod audit {
     }
 
     pub(crate) fn auth_throttled(username: &str) {
+        if !may_log() {
+            return;
+        }
         let u = loggable(username);
         tracing::warn!(
             component = "audit",
@@ -149,6 +213,20 @@ pub mod audit {
             target = u,
             "failed-login throttle engaged"
         );
+    }
+}
+
+/// For handlers past authentication (a password change's current password): `429` with
+/// `Retry-After`, or `401`.
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> ApiError {
+        match e {
+            AuthError::Throttled { retry_after_secs } => ApiError {
+                retry_after: Some(retry_after_secs),
+                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.message())
+            },
+            AuthError::Unauthenticated(_) => ApiError::new(StatusCode::UNAUTHORIZED, e.message()),
+        }
     }
 }
 
@@ -188,6 +266,23 @@ impl From<Denied> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auth_failure_lines_are_limited_per_window() {
+        use audit::{FailureLogLimiter, AUTH_FAILURE_LINES_PER_WINDOW, AUTH_FAILURE_WINDOW};
+        let l = FailureLogLimiter::new();
+        let t0 = std::time::Instant::now();
+        for _ in 0..AUTH_FAILURE_LINES_PER_WINDOW {
+            assert_eq!(l.admit(t0), Some(0));
+        }
+        for _ in 0..5 {
+            assert_eq!(l.admit(t0), None);
+        }
+        // The next window logs again and reports what was dropped, once.
+        let t1 = t0 + AUTH_FAILURE_WINDOW;
+        assert_eq!(l.admit(t1), Some(5));
+        assert_eq!(l.admit(t1), Some(0));
+    }
 
     #[test]
     fn auth_error_responses() {
