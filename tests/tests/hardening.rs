@@ -394,6 +394,7 @@ async fn slow_or_silent_clients_lose_their_connection() {
     for _ in 0..16 {
         http.produce_ok("slow", "partition=0", big.clone()).await;
     }
+    http.wait_visible("slow", 0, 16).await;
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     for o in 0..16 {
         let req = format!(
@@ -426,4 +427,90 @@ async fn slow_or_silent_clients_lose_their_connection() {
         "an idle connection stayed open: {closed:?}"
     );
     http.get("/healthz").await.expect(200);
+}
+
+/// Finding 13: `HEAD …/consume` used to lease a message and drop it (the GET handler ran and
+/// the body was thrown away). Now it is `405` and leases nothing.
+#[tokio::test]
+async fn head_never_leases() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "head", "partitions": 3}))
+        .await;
+    http.produce_ok("head", "partition=0", "only").await;
+    http.wait_visible("head", 0, 1).await;
+    let r = http
+        .request(Method::HEAD, "/v1/topics/head/consume?partition=0")
+        .send()
+        .await;
+    assert_eq!(r.status, 405, "{}", r.describe());
+    assert_eq!(r.header("allow"), Some("GET"));
+    // The message was not leased: a consume gets it at once (it would stay invisible for the
+    // 30 s visibility timeout otherwise).
+    let m = http.consume_msg("head", "partition=0&wait=0").await;
+    assert_eq!(m.payload_bytes(), b"only");
+}
+
+/// Finding 11: a JSON payload nested 20,000 levels used to be rendered verbatim inside the
+/// consume answer, which common parsers refuse, so such a message could never be acked. Now
+/// JSON deeper than 64 levels is rendered as base64 (exact bytes), and the answer parses.
+#[tokio::test]
+async fn deeply_nested_json_is_rendered_so_every_client_can_parse_it() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "deep", "partitions": 3}))
+        .await;
+    let deep = format!("{}{}", "[".repeat(20_000), "]".repeat(20_000));
+    let shallow = format!("{}1{}", "[".repeat(64), "]".repeat(64));
+    for p in [&deep, &shallow] {
+        http.produce_ok("deep", "partition=0", p.clone()).await;
+    }
+    http.wait_visible("deep", 0, 2).await;
+    for (offset, want) in [(0, &deep), (1, &shallow)] {
+        let r = http
+            .consume("deep", &format!("partition=0&offset={offset}"))
+            .await;
+        // serde_json (128 levels) parses the whole answer.
+        let v: serde_json::Value = serde_json::from_slice(&r.body)
+            .unwrap_or_else(|e| panic!("offset {offset}: the answer does not parse: {e}"));
+        let m = Msg::parse(&r.body).unwrap();
+        assert_eq!(m.payload_bytes(), want.as_bytes(), "offset {offset}");
+        let enc = v.get("payload_encoding").and_then(|e| e.as_str());
+        assert_eq!(enc, if offset == 0 { Some("base64") } else { None });
+    }
+    // And a leased one can be acked.
+    let m = http.consume_msg("deep", "partition=0").await;
+    http.ack_ok("deep", m.handle()).await;
+}
+
+/// Finding 7: a wrong `current_password` on one's own password change used to cost nothing,
+/// so any user could drive argon2 without limit. It now goes through the failed-login
+/// throttle (5 attempts, then `429` with `Retry-After`).
+#[tokio::test]
+async fn wrong_current_passwords_are_throttled() {
+    let (server, _) = secured_with_cluster_port().await;
+    let root = server.http().as_user("admin", ROOT_PW);
+    root.post_json(
+        "/v1/users",
+        &json!({"username": "carol", "password": "carol-pw-1", "grants": []}),
+    )
+    .await
+    .expect(201);
+    let carol = server.http().as_user("carol", "carol-pw-1");
+    let change = |current: &str| json!({"current_password": current, "new_password": "carol-pw-2"});
+    for _ in 0..5 {
+        carol
+            .request(Method::PUT, "/v1/users/carol/password")
+            .json(&change("guess"))
+            .send()
+            .await
+            .expect_error(403);
+    }
+    let r = carol
+        .request(Method::PUT, "/v1/users/carol/password")
+        .json(&change("guess"))
+        .send()
+        .await;
+    r.expect_error(429);
+    assert!(r.header("retry-after").is_some(), "{}", r.describe());
 }
