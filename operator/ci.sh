@@ -48,6 +48,7 @@ done
 "$HELM" template ci charts/narad --set replicaCount=5 --set loadBalancer.enabled=true \
   --set ingress.enabled=true --set ingress.host=narad.example.com --set serviceMonitor.enabled=true \
   --set security.clusterTLS.enabled=true --set security.clusterTLS.secretName=tls \
+  --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls \
   --set-json 'narad.config={"storage":{"idle_log_eviction_ms":600000}}' > /dev/null
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > /dev/null
 # Rendered manifests are valid Kubernetes objects (offline, strict schemas).
