@@ -604,8 +604,21 @@ impl Running {
 pub async fn start(config: Config) -> anyhow::Result<Running> {
     let boot = Instant::now();
     let data_dir = config.storage.data_dir.clone();
+    // Everything this process creates is its own: files 0600, directories 0700 (the metadata
+    // holds password hashes and remote-link credentials; logs hold messages).
+    // SAFETY: umask only swaps the process's file-mode mask.
+    unsafe {
+        libc::umask(0o077);
+    }
     fs::create_dir_all(&data_dir)
         .with_context(|| format!("create data dir {}", data_dir.display()))?;
+    // A data dir made by an older build may be world-readable: close it (nothing below it is
+    // reachable without search permission on it).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("restrict data dir {}", data_dir.display()))?;
+    }
     let lock = DirLock::acquire(&data_dir)?;
     let node_id = config.cluster.node_id.clone();
     let clustered = !config.cluster.peers.is_empty();

@@ -514,3 +514,37 @@ async fn wrong_current_passwords_are_throttled() {
     r.expect_error(429);
     assert!(r.header("retry-after").is_some(), "{}", r.describe());
 }
+
+/// Finding 12 (permissions): the metadata store (password hashes, remote credentials) used
+/// to be 0644. Everything the server creates is now private: files 0600, directories 0700,
+/// and the data dir itself 0700 even when an older build made it world-readable.
+#[tokio::test]
+async fn data_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let server = Server::start(ServerOpts::secured(ROOT_PW).data_dir(&data)).await;
+    let http = server.http().as_user("admin", ROOT_PW);
+    http.create_topic(&json!({"name": "private"})).await;
+    http.produce_ok("private", "partition=0", "secret-ish").await;
+    http.wait_visible("private", 0, 1).await;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    let mut seen = 0;
+    let mut stack = vec![data.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = mode(&p);
+            assert_eq!(m & 0o077, 0, "{} is {m:o}", p.display());
+            seen += 1;
+            if p.is_dir() {
+                stack.push(p);
+            }
+        }
+    }
+    assert!(seen > 3, "only {seen} entries under the data dir");
+    assert!(data.join("metastore").exists());
+}
