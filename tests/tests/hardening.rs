@@ -528,7 +528,8 @@ async fn data_files_are_private() {
     let server = Server::start(ServerOpts::secured(ROOT_PW).data_dir(&data)).await;
     let http = server.http().as_user("admin", ROOT_PW);
     http.create_topic(&json!({"name": "private"})).await;
-    http.produce_ok("private", "partition=0", "secret-ish").await;
+    http.produce_ok("private", "partition=0", "secret-ish")
+        .await;
     http.wait_visible("private", 0, 1).await;
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o700);
