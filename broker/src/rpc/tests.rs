@@ -1057,6 +1057,11 @@ mod tls {
             .await
     }
 
+    /// The status of an `Ack` through an existing client (its connection, if it has one).
+    async fn ack_status(c: &PeerClient) -> u16 {
+        c.call(Opcode::Ack, Bytes::new()).await.unwrap().status
+    }
+
     #[tokio::test]
     async fn requests_flow_only_between_holders_of_the_ca() {
         let dir = tempfile::tempdir().unwrap();
@@ -1158,14 +1163,7 @@ mod tls {
             addr.clone(),
             auth(&old_ca.issue(dir.path(), "old", &["127.0.0.1"])),
         );
-        assert_eq!(
-            old_client
-                .call(Opcode::Ack, Bytes::new())
-                .await
-                .unwrap()
-                .status,
-            200
-        );
+        assert_eq!(ack_status(&old_client).await, 200);
 
         // cert-manager rotates the Secret: a new CA and a new server certificate, same paths.
         let new_ca = TestCa::new("ca-2");
@@ -1174,14 +1172,7 @@ mod tls {
         let new_client = auth(&new_ca.issue(dir.path(), "new", &["127.0.0.1"]));
         assert_eq!(call(&srv, new_client).await.unwrap().status, 200);
         // The established session goes on; a new one with the old CA is refused.
-        assert_eq!(
-            old_client
-                .call(Opcode::Ack, Bytes::new())
-                .await
-                .unwrap()
-                .status,
-            200
-        );
+        assert_eq!(ack_status(&old_client).await, 200);
         old_client.close();
         let stale = auth(&old_ca.issue(dir.path(), "old2", &["127.0.0.1"]));
         assert!(matches!(call(&srv, stale).await, Err(RpcError::Auth(_))));

@@ -89,12 +89,7 @@ pub async fn accept_tls(stream: TcpStream, tls: &ReloadingTls) -> io::Result<Spl
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current().server);
     let s = acceptor.accept(stream).await?;
     let binding = binding(s.get_ref().1)?;
-    let (r, w) = tokio::io::split(TlsStream::Server(s));
-    Ok(Split {
-        read: ReadHalf::Tls(r),
-        write: WriteHalf::Tls(w),
-        binding,
-    })
+    Ok(tls_split(TlsStream::Server(s), binding))
 }
 
 /// The client side of the TLS handshake to `addr` (its certificate must name the host).
@@ -108,12 +103,16 @@ pub async fn connect_tls(stream: TcpStream, addr: &str, tls: &ReloadingTls) -> i
         .connect(name, stream)
         .await?;
     let binding = binding(s.get_ref().1)?;
-    let (r, w) = tokio::io::split(TlsStream::Client(s));
-    Ok(Split {
+    Ok(tls_split(TlsStream::Client(s), binding))
+}
+
+fn tls_split(s: TlsStream, binding: Vec<u8>) -> Split {
+    let (r, w) = tokio::io::split(s);
+    Split {
         read: ReadHalf::Tls(r),
         write: WriteHalf::Tls(w),
         binding,
-    })
+    }
 }
 
 impl AsyncRead for ReadHalf {
