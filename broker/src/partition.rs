@@ -318,6 +318,12 @@ impl Partition {
         self.queue.lock().nack(offset, nonce, Instant::now())
     }
 
+    /// Hands back a lease no one was given (a consume answer had no room for its message):
+    /// the offset is available again at once, as if it had not been leased.
+    pub fn hand_back(&self, offset: u64, nonce: u64) {
+        let _ = self.queue.lock().nack(offset, nonce, Instant::now());
+    }
+
     /// The directory of this partition (its log, frontier and fan-out cursors live in it).
     pub fn dir(&self) -> &Path {
         &self.dir

@@ -424,3 +424,72 @@ async fn fan_out_and_replica_children_across_nodes() {
     })
     .await;
 }
+
+/// Issue 12, finding 5: a `max` consume through a node that does not own the partition made
+/// the owner lease up to `max` messages and then fail to send a reply over the 16 MiB frame
+/// limit: a pinned consume answered 500, an unpinned one 204, and the leased messages were
+/// lost from view every round. Now the owner leases only what fits one answer: pinned and
+/// unpinned `max=100` consumes through n0 of 1 MiB binary messages on n1 and n2 hand out
+/// every message exactly once, in bounded batches, with nothing left leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_batch_consume_hands_out_large_messages_in_bounded_answers() {
+    const N: u64 = 24;
+    const MIB: usize = 1024 * 1024;
+    let c = TestCluster::start(3).await;
+    c.http(0)
+        .create_topic(&json!({"name": "large", "partitions": 3}))
+        .await;
+    assert_eq!(c.owners(0, "large").await, ["n0", "n1", "n2"]);
+    let leased = |i: usize| {
+        let http = c.http(i);
+        async move {
+            let text = http.metrics_text().await;
+            metric_sum_where(&text, "narad_inflight_size", &[("topic", "large")]).unwrap_or(0.0)
+                as u64
+        }
+    };
+    // Pinned: partition 1 lives on n1.
+    for i in 0..N {
+        c.http(1)
+            .produce_ok("large", "partition=1", narad_tests::payload::binary(i, MIB))
+            .await;
+    }
+    c.http(1).wait_visible("large", 1, N).await;
+    let got = c
+        .http(0)
+        .drain_batches("large", "partition=1", || leased(1))
+        .await;
+    assert_eq!(offsets(&got), (0..N).collect::<Vec<_>>());
+    assert!(got
+        .iter()
+        .all(|m| m.payload_bytes() == narad_tests::payload::binary(m.offset, MIB)));
+
+    // Unpinned: n0's own partition is empty; the messages are on n2.
+    for i in 0..N {
+        c.http(2)
+            .produce_ok(
+                "large",
+                "partition=2",
+                narad_tests::payload::binary(N + i, MIB),
+            )
+            .await;
+    }
+    c.http(2).wait_visible("large", 2, N).await;
+    let got = c
+        .http(0)
+        .drain_batches("large", "wait=0", || leased(2))
+        .await;
+    assert_eq!(offsets(&got), (0..N).collect::<Vec<_>>());
+    assert!(got
+        .iter()
+        .all(|m| m.payload_bytes() == narad_tests::payload::binary(N + m.offset, MIB)));
+    for i in 0..3 {
+        assert_eq!(leased(i).await, 0, "n{i} still holds leases");
+    }
+}
+
+fn offsets(msgs: &[narad_tests::Msg]) -> Vec<u64> {
+    let mut o: Vec<u64> = msgs.iter().map(|m| m.offset).collect();
+    o.sort();
+    o
+}

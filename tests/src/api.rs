@@ -22,6 +22,9 @@ use crate::wait::eventually;
 /// How long tests wait for a produced message to become visible.
 pub const VISIBLE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Most bytes of one consume answer (SPEC §11).
+pub const MAX_CONSUME_ANSWER: usize = 16 * 1024 * 1024;
+
 /// `/v1/topics/<percent-encoded name>`.
 pub fn topic_path(topic: &str) -> String {
     format!("/v1/topics/{}", pct(topic))
@@ -175,12 +178,17 @@ impl Http {
     /// Batch consume (`max` in `query`) expecting `200 {"messages":[…]}`. Each message keeps
     /// the exact bytes of its payload.
     pub async fn consume_batch(&self, topic: &str, query: &str) -> Vec<Msg> {
+        let r = self.consume(topic, query).await;
+        self.consume_batch_of(&r)
+    }
+
+    /// The messages of a `200 {"messages":[…]}` answer, each with the exact bytes of its payload.
+    pub fn consume_batch_of(&self, r: &Resp) -> Vec<Msg> {
         #[derive(serde::Deserialize)]
         struct Batch<'a> {
             #[serde(borrow)]
             messages: Vec<&'a RawValue>,
         }
-        let r = self.consume(topic, query).await;
         r.expect_json(200);
         let batch: Batch = serde_json::from_slice(&r.body)
             .unwrap_or_else(|e| panic!("{}: not {{\"messages\":[…]}}: {e}", r.describe()));
@@ -209,6 +217,45 @@ impl Http {
                 }
                 _ => panic!("drain: {}", r.describe()),
             }
+        }
+    }
+
+    /// Empties `topic` with `max=100` consumes (plus `query`, which must make an empty consume
+    /// answer at once), acking each batch. Every answer must be at most
+    /// [`MAX_CONSUME_ANSWER`] bytes and hold at least one message; `in_flight` (when given)
+    /// reads the topic's leased count after each answer, which must be exactly the batch:
+    /// nothing leased that was not handed out. Returns the messages.
+    pub async fn drain_batches<F, Fut>(&self, topic: &str, query: &str, in_flight: F) -> Vec<Msg>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = u64>,
+    {
+        let q = if query.is_empty() {
+            "max=100".to_string()
+        } else {
+            format!("max=100&{query}")
+        };
+        let mut out: Vec<Msg> = Vec::new();
+        loop {
+            let r = self.consume(topic, &q).await;
+            if r.status == 204 {
+                return out;
+            }
+            assert!(
+                r.body.len() <= MAX_CONSUME_ANSWER,
+                "a consume answer of {} bytes",
+                r.body.len()
+            );
+            let batch = self.consume_batch_of(&r);
+            assert!(!batch.is_empty(), "an empty batch: {}", r.describe());
+            assert_eq!(
+                in_flight().await,
+                batch.len() as u64,
+                "leased beyond the answer"
+            );
+            let handles: Vec<&str> = batch.iter().map(Msg::handle).collect();
+            self.ack_batch(topic, None, &handles).await.expect(200);
+            out.extend(batch);
         }
     }
 

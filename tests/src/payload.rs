@@ -97,3 +97,20 @@ mod tests {
         assert_ne!(make(7, 42), make(7, 43));
     }
 }
+
+/// `len` bytes that are not UTF-8 text (rendered as base64 on consume, SPEC §2.9), different
+/// for each `seed`: payloads whose consume answer is a third larger than the message.
+pub fn binary(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len);
+    out.push(0xFF); // never valid UTF-8
+    while out.len() < len {
+        // xorshift64*
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}

@@ -19,7 +19,7 @@ use crate::cluster::wire::{ConsumeRequest, SettleKind, SettleRequest};
 use crate::cluster::{error_reply, Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
-use crate::partition::{Leased, Partition, QueuePolicy, TopicRuntime};
+use crate::partition::{Leased, QueuePolicy, TopicRuntime};
 use crate::queue::SettleError;
 use crate::rpc::{Opcode, RpcReply};
 use crate::security::{authz, Caller};
@@ -71,16 +71,86 @@ fn write_message(
     out.push(b'}');
 }
 
-/// A leased message: its partition, the record, the lease nonce.
-type Got = (Arc<Partition>, StoredRecord, u64);
+/// Most bytes of JSON in one consume answer (SPEC §11): a batch holds the messages that fit,
+/// and always at least one (a message of at most [`super::MAX_BODY`] renders to well under
+/// this). It stays below the RPC frame limit with room for the reply's own fields, so an
+/// owner's answer to a forwarded consume always fits one frame.
+pub const MAX_ANSWER_BYTES: usize = crate::rpc::proto::MAX_PAYLOAD - 64 * 1024;
 
-/// Leases up to `max` messages from the topic's local partitions (or only `only`).
+/// The bytes of kept messages one answer takes: its budget less `{"messages":[` and `]}`.
+const PREFETCH_BUDGET: usize = MAX_ANSWER_BYTES - 16;
+
+/// A consume answer rendered while its messages are leased: one message object, or
+/// `{"messages":[…]}` for a batch, never more than its byte budget.
+struct Answer {
+    out: Vec<u8>,
+    count: usize,
+    batch: bool,
+    budget: usize,
+}
+
+impl Answer {
+    fn new(batch: bool) -> Answer {
+        Answer::with_budget(batch, MAX_ANSWER_BYTES)
+    }
+
+    fn with_budget(batch: bool, budget: usize) -> Answer {
+        let mut out = Vec::with_capacity(512);
+        if batch {
+            out.extend_from_slice(b"{\"messages\":[");
+        }
+        Answer {
+            out,
+            count: 0,
+            batch,
+            budget,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Adds a leased message if it fits (the first always does); `false` leaves the answer
+    /// as it was, and the caller hands the lease back.
+    fn push(&mut self, topic: &str, rec: &StoredRecord, partition: u32, nonce: u64) -> bool {
+        let mark = self.out.len();
+        if self.count > 0 {
+            self.out.push(b',');
+        }
+        write_message(
+            &mut self.out,
+            topic,
+            rec,
+            partition,
+            Some((rec.offset, nonce)),
+        );
+        // Room for the closing `]}` of a batch.
+        if self.count > 0 && self.out.len() + 2 > self.budget {
+            self.out.truncate(mark);
+            return false;
+        }
+        self.count += 1;
+        true
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        if self.batch {
+            self.out.extend_from_slice(b"]}");
+        }
+        self.out
+    }
+}
+
+/// Leases messages from the topic's local partitions (or only `only`) into `out`, up to `max`
+/// and as many as its byte budget holds. A message that does not fit is handed back at once,
+/// so nothing is leased that the answer does not carry.
 fn try_lease(
     topic: &Topic,
     rt: &TopicRuntime,
     only: Option<u32>,
     max: usize,
-    out: &mut Vec<Got>,
+    out: &mut Answer,
 ) -> ApiResult<()> {
     let policy = QueuePolicy::of(topic);
     let parts = rt.partitions();
@@ -94,12 +164,15 @@ fn try_lease(
         if only.is_some_and(|o| o != part.index) {
             continue;
         }
-        while out.len() < max {
+        while out.count < max {
             match part.lease(policy) {
                 Leased::Message(rec, d) => {
+                    if !out.push(&topic.name, &rec, part.index, d.nonce) {
+                        part.hand_back(d.offset, d.nonce);
+                        return Ok(());
+                    }
                     part.metrics.consumed.inc();
                     part.metrics.consumed_bytes.inc_by(rec.payload.len() as u64);
-                    out.push((part.clone(), rec, d.nonce));
                 }
                 Leased::Nothing => break,
                 Leased::Failed(e) if out.is_empty() => {
@@ -111,7 +184,7 @@ fn try_lease(
                 Leased::Failed(_) => break,
             }
         }
-        if out.len() >= max {
+        if out.count >= max {
             break;
         }
     }
@@ -120,7 +193,8 @@ fn try_lease(
 
 /// What a consume found.
 enum Found {
-    Local(Vec<Got>),
+    /// Leased here, rendered.
+    Local(Vec<u8>),
     /// A remote owner's answer, passed on as it is.
     Remote(RpcReply),
     /// Messages leased on remote owners (prefetched), rendered one by one.
@@ -145,7 +219,7 @@ async fn lease_spread(
     deadline: Instant,
     remotes: &[String],
 ) -> ApiResult<Found> {
-    let mut got = Vec::new();
+    let mut got = Answer::new(max.is_some());
     let mut next_probe = Instant::now();
     loop {
         let notified = rt.notify.notified();
@@ -157,7 +231,9 @@ async fn lease_spread(
             let (kept, stale) = node
                 .cluster
                 .prefetch
-                .take(topic.id, want, |o| Cluster::is_alive(&view, o));
+                .take(topic.id, want, PREFETCH_BUDGET, |o| {
+                    Cluster::is_alive(&view, o)
+                });
             release_kept(node, topic, stale);
             if !kept.is_empty() {
                 return Ok(Found::Prefetched(
@@ -167,7 +243,7 @@ async fn lease_spread(
         }
         try_lease(topic, rt, only, want, &mut got)?;
         if !got.is_empty() {
-            return Ok(Found::Local(got));
+            return Ok(Found::Local(got.finish()));
         }
         if !remotes.is_empty() && Instant::now() >= next_probe {
             if let Some(found) = probe_remotes(node, topic, rt, want, max, remotes).await {
@@ -340,37 +416,6 @@ fn remote_owner_of(node: &Node, topic: &Topic, p: u32) -> ApiResult<Option<Strin
     }
 }
 
-/// Renders leased messages: one object, or `{"messages":[…]}` when `max` was given.
-fn render(topic: &Topic, got: &[Got], batch: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 * got.len());
-    if batch {
-        out.extend_from_slice(b"{\"messages\":[");
-        for (i, (part, rec, nonce)) in got.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
-            }
-            write_message(
-                &mut out,
-                &topic.name,
-                rec,
-                part.index,
-                Some((rec.offset, *nonce)),
-            );
-        }
-        out.extend_from_slice(b"]}");
-    } else {
-        let (part, rec, nonce) = &got[0];
-        write_message(
-            &mut out,
-            &topic.name,
-            rec,
-            part.index,
-            Some((rec.offset, *nonce)),
-        );
-    }
-    out
-}
-
 fn reply_response(reply: RpcReply) -> Response {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
     if status == StatusCode::NO_CONTENT {
@@ -487,10 +532,7 @@ pub async fn consume(
             StatusCode::OK,
             crate::cluster::prefetch::render(&bodies, max.is_some()),
         )),
-        Found::Local(got) => Ok(json_response(
-            StatusCode::OK,
-            render(&topic, &got, max.is_some()),
-        )),
+        Found::Local(body) => Ok(json_response(StatusCode::OK, body)),
     }
 }
 
@@ -540,11 +582,7 @@ pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply 
     )
     .await
     {
-        Ok(Found::Local(got)) => RpcReply::new(
-            200,
-            crate::rpc::proto::JSON,
-            render(&topic, &got, req.max.is_some()),
-        ),
+        Ok(Found::Local(body)) => RpcReply::new(200, crate::rpc::proto::JSON, body),
         Ok(_) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
         Err(e) => error_reply(&e),
     }
@@ -873,4 +911,73 @@ pub async fn ack(
         .map(|r| r.expect("invariant: every handle got a result"))
         .collect();
     Ok(json(StatusCode::OK, &BatchAckResponse { results }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(offset: u64, payload: &[u8]) -> StoredRecord {
+        StoredRecord {
+            offset,
+            timestamp_ms: 1_000,
+            key: None,
+            payload: Bytes::copy_from_slice(payload),
+        }
+    }
+
+    #[test]
+    fn an_answer_holds_what_fits_its_budget_and_at_least_one() {
+        let rec = record(0, &[b'x'; 100]);
+        let mut one = Answer::with_budget(true, usize::MAX);
+        assert!(one.push("t", &rec, 0, 1));
+        let per = one.finish().len();
+        // A budget for two and a half messages takes two; the third is refused unchanged.
+        let mut a = Answer::with_budget(true, per * 5 / 2);
+        assert!(a.push("t", &record(0, &[b'x'; 100]), 0, 1));
+        assert!(a.push("t", &record(1, &[b'x'; 100]), 0, 2));
+        let before = a.out.clone();
+        assert!(!a.push("t", &record(2, &[b'x'; 100]), 0, 3));
+        assert_eq!(a.out, before);
+        let body = a.finish();
+        assert!(body.len() <= per * 5 / 2);
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let msgs = v["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 2);
+        assert_eq!(msgs[1]["receipt_handle"], "0:1:2");
+        // The first message goes in whatever the budget.
+        let mut tiny = Answer::with_budget(true, 1);
+        assert!(tiny.push("t", &rec, 0, 1));
+        assert_eq!(tiny.count, 1);
+        let v: serde_json::Value = serde_json::from_slice(&tiny.finish()).unwrap();
+        assert_eq!(v["messages"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_single_answer_is_one_object() {
+        let mut a = Answer::new(false);
+        assert!(a.push("t", &record(5, b"{\"a\":1}"), 2, 9));
+        let v: serde_json::Value = serde_json::from_slice(&a.finish()).unwrap();
+        assert_eq!(v["offset"], 5);
+        assert_eq!(v["partition"], 2);
+        assert_eq!(v["payload"]["a"], 1);
+        assert_eq!(v["receipt_handle"], "2:5:9");
+    }
+
+    #[test]
+    fn the_largest_batch_of_the_largest_messages_fits_one_rpc_frame() {
+        // 100 messages of 1 MiB of control characters (each escaped to six bytes, or sent as
+        // base64): the answer stops below the frame limit, the reply's fields included.
+        let worst = vec![1u8; super::super::MAX_BODY];
+        let mut a = Answer::new(true);
+        let mut n = 0;
+        while n < MAX_BATCH && a.push("t", &record(n, &worst), 0, n) {
+            n += 1;
+        }
+        assert!(n >= 1 && n < MAX_BATCH, "{n}");
+        let body = a.finish();
+        assert!(body.len() <= MAX_ANSWER_BYTES);
+        let reply = RpcReply::new(200, crate::rpc::proto::JSON, body);
+        assert!(reply.encode().unwrap().len() <= crate::rpc::proto::MAX_PAYLOAD);
+    }
 }

@@ -96,12 +96,14 @@ impl Prefetch {
         running.clamp(1, MAX_FETCH).max(want)
     }
 
-    /// Up to `want` kept messages of `topic_id` still usable, whose owner `alive` says is up;
-    /// the unusable ones it meets are removed and returned second, for release.
+    /// Up to `want` kept messages of `topic_id` still usable, whose owner `alive` says is up,
+    /// of at most `budget` bytes together (the first one whatever its size); the unusable ones
+    /// it meets are removed and returned second, for release.
     pub fn take(
         &self,
         topic_id: u64,
         want: usize,
+        budget: usize,
         alive: impl Fn(&str) -> bool,
     ) -> (Vec<Stashed>, Vec<Stashed>) {
         let mut topics = self.topics.lock();
@@ -110,9 +112,16 @@ impl Prefetch {
         };
         let now = Instant::now();
         let (mut got, mut stale) = (Vec::new(), Vec::new());
+        let mut bytes = 0;
         while got.len() < want {
             let Some(s) = t.items.pop_front() else { break };
             if s.usable_until > now && alive(&s.owner) {
+                // One byte for the comma between messages.
+                if !got.is_empty() && bytes + s.body.len() + 1 > budget {
+                    t.items.push_front(s);
+                    break;
+                }
+                bytes += s.body.len() + 1;
                 got.push(s);
             } else {
                 stale.push(s);
@@ -218,14 +227,14 @@ mod tests {
         assert!(std::str::from_utf8(&s.mine[0])
             .unwrap()
             .contains(r#""offset":0"#));
-        let (got, stale) = p.take(7, 2, |_| true);
+        let (got, stale) = p.take(7, 2, usize::MAX, |_| true);
         assert!(stale.is_empty());
         assert_eq!(
             got.iter().map(|s| s.handle.as_str()).collect::<Vec<_>>(),
             ["1:1:9", "1:2:9"]
         );
         // A dead owner's message is released, not handed out.
-        let (got, stale) = p.take(7, 1, |o| o != "n1");
+        let (got, stale) = p.take(7, 1, usize::MAX, |o| o != "n1");
         assert!(got.is_empty());
         assert_eq!(stale.len(), 1);
         assert!(p.drain().is_empty());
@@ -241,9 +250,30 @@ mod tests {
         let p = Prefetch::default();
         p.split(1, "n2", &answer(3), 0, Duration::from_millis(0))
             .unwrap();
-        let (got, stale) = p.take(1, 3, |_| true);
+        let (got, stale) = p.take(1, 3, usize::MAX, |_| true);
         assert!(got.is_empty());
         assert_eq!(stale.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn take_stops_at_the_byte_budget_and_keeps_the_rest() {
+        let p = Prefetch::default();
+        let _c = p.enter(3);
+        p.split(3, "n1", &answer(4), 0, Duration::from_secs(10))
+            .unwrap();
+        let one = p.topics.lock()[&3].items[0].body.len() + 1;
+        // Room for two messages and a bit: two come out, the others stay kept, in order.
+        let (got, stale) = p.take(3, 4, 2 * one + one / 2, |_| true);
+        assert!(stale.is_empty());
+        assert_eq!(
+            got.iter().map(|s| s.handle.as_str()).collect::<Vec<_>>(),
+            ["1:0:9", "1:1:9"]
+        );
+        // A budget smaller than one message still hands out one.
+        let (got, _) = p.take(3, 4, 1, |_| true);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].handle, "1:2:9");
+        assert_eq!(p.drain().len(), 1);
     }
 
     #[test]
