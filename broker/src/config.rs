@@ -273,6 +273,7 @@ mod file {
         pub storage: Option<Storage>,
         pub topic: Option<Topic>,
         pub fanout: Option<Fanout>,
+        pub remotes: Option<Remotes>,
         pub log: Option<Log>,
         pub security: Option<Security>,
     }
@@ -330,6 +331,11 @@ mod file {
         pub max_batch_records: Option<u64>,
         pub max_batch_bytes: Option<u64>,
         pub linger_ms: Option<u64>,
+    }
+    #[derive(Debug, Default, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Remotes {
+        pub allowed_hosts: Option<Vec<String>>,
     }
     #[derive(Debug, Default, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -584,6 +590,11 @@ impl Config {
                 fo.linger_ms.map(|v| v.to_string()),
             )?;
         }
+        if let Some(hosts) = f.remotes.and_then(|r| r.allowed_hosts) {
+            self.fanout.remote_hosts =
+                crate::fanout::hosts::HostPolicy::parse(hosts.iter().map(String::as_str))
+                    .map_err(bad)?;
+        }
         if let Some(l) = f.log {
             if let Some(v) = l.level {
                 self.log.level = v;
@@ -697,6 +708,10 @@ impl Config {
             get("NARAD_FANOUT_MAX_BATCH_BYTES"),
             get("NARAD_FANOUT_LINGER_MS"),
         )?;
+        if let Some(v) = get("NARAD_REMOTES_ALLOWED_HOSTS") {
+            self.fanout.remote_hosts =
+                crate::fanout::hosts::HostPolicy::parse(v.split(',')).map_err(bad)?;
+        }
         if let Some(v) = get("NARAD_LOG_LEVEL") {
             self.log.level = v;
         }
@@ -890,6 +905,40 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::load(&args, &move |k: &str| env.get(k).cloned())
+    }
+
+    #[test]
+    fn remote_allowed_hosts_from_file_and_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(
+            &f,
+            r#"{"remotes":{"allowed_hosts":["queue.example.com","10.0.0.0/8"]}}"#,
+        )
+        .unwrap();
+        let args = ServerArgs {
+            config: Some(f.clone()),
+            ..Default::default()
+        };
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert!(!c.fanout.remote_hosts.is_configured());
+        let c = load(args.clone(), &[]).unwrap();
+        assert!(c.fanout.remote_hosts.check("10.1.1.1").is_ok());
+        assert!(c.fanout.remote_hosts.check("127.0.0.1").is_err());
+        let c = load(
+            args,
+            &[("NARAD_REMOTES_ALLOWED_HOSTS", "127.0.0.1, *.corp")],
+        )
+        .unwrap();
+        assert!(c.fanout.remote_hosts.check("127.0.0.1").is_ok());
+        assert!(c.fanout.remote_hosts.check("a.corp").is_ok());
+        assert!(c.fanout.remote_hosts.check("10.1.1.1").is_err());
+        let e = load(
+            ServerArgs::default(),
+            &[("NARAD_REMOTES_ALLOWED_HOSTS", "http://x")],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("remotes.allowed_hosts"), "{e:?}");
     }
 
     #[test]

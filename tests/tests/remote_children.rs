@@ -906,3 +906,101 @@ fn pct_decode(s: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// Issue 12, finding 6 (SSRF): any topic owner could point a remote child at loopback or
+/// internal addresses with credentials, and what the target answered came back in
+/// `last_error` to users with only a produce grant. Now: without `remotes.allowed_hosts`
+/// only an admin attaches remote links; with it, only listed hosts (for everyone); link-local
+/// and metadata addresses never; `last_error` only to the owner and admins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_hosts_are_restricted_and_link_errors_are_for_owners() {
+    const PW: &str = "local-admin-pw-ssrf";
+    let (open, listed, remote) = tokio::join!(
+        Server::start(ServerOpts::secured(PW)),
+        Server::start(ServerOpts::secured(PW).env("NARAD_REMOTES_ALLOWED_HOSTS", "127.0.0.1")),
+        Server::start(ServerOpts::secured("remote-admin-pw"))
+    );
+    Http::new(remote.url())
+        .as_user("admin", "remote-admin-pw")
+        .create_topic_named("own-1")
+        .await;
+    let mut c = Checks::new("remote host policy");
+    for (server, configured) in [(&open, false), (&listed, true)] {
+        let admin = Http::new(server.url()).as_user("admin", PW);
+        for (name, grants) in [
+            (
+                "owner",
+                json!([{"action": "create", "patterns": ["own-*"]}]),
+            ),
+            (
+                "viewer",
+                json!([{"action": "produce", "patterns": ["own-1"]}]),
+            ),
+        ] {
+            admin
+                .post_json(
+                    "/v1/users",
+                    &json!({"username": name, "password": "user-pw-1234", "grants": grants}),
+                )
+                .await
+                .expect(201);
+        }
+        let owner = Http::new(server.url()).as_user("owner", "user-pw-1234");
+        owner.create_topic_named("own-1").await;
+        let to = |url: &str| json!({"child": "dr", "remote": {"url": url}});
+        for url in [
+            "http://169.254.169.254/latest/meta-data",
+            "http://[::ffff:169.254.169.254]",
+            "http://[fe80::1]:7942",
+            "http://metadata.google.internal",
+            "http://100.100.100.200",
+        ] {
+            c.error(
+                &format!("admin → {url}"),
+                &attach(&admin, "own-1", &to(url)).await,
+                400,
+            );
+        }
+        let r = attach(&owner, "own-1", &to(&remote.url())).await;
+        let link_owner = if configured {
+            c.error(
+                "owner → a host not listed",
+                &attach(
+                    &owner,
+                    "own-1",
+                    &to(&remote.url().replace("127.0.0.1", "localhost")),
+                )
+                .await,
+                403,
+            );
+            c.status("owner → a listed host", &r, 200);
+            &owner
+        } else {
+            c.error("owner without an allow-list", &r, 403);
+            c.status(
+                "admin",
+                &attach(&admin, "own-1", &to(&remote.url())).await,
+                200,
+            );
+            &admin
+        };
+        // No credentials: the remote answers 401, the link is blocked with the reason.
+        admin.produce_ok("own-1", "", "x").await;
+        let e = wait_state(link_owner, "own-1", "dr", "blocked", COPY_TIMEOUT).await;
+        c.check(
+            e["last_error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("401")),
+            || format!("owner's view: {e}"),
+        );
+        let seen = child_entry(&owner, "own-1", "dr").await;
+        c.check(seen["last_error"].is_string(), || format!("owner: {seen}"));
+        let viewer = Http::new(server.url()).as_user("viewer", "user-pw-1234");
+        let seen = child_entry(&viewer, "own-1", "dr").await;
+        c.check(
+            seen["state"] == json!("blocked") && seen.get("last_error").is_none(),
+            || format!("a produce grant sees no remote answer: {seen}"),
+        );
+    }
+    c.finish();
+}

@@ -14,6 +14,7 @@ use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint, MAX_FANOUT_DELAY_MS}
 use super::topics::{record, validate_name};
 use super::{find_topic, json, read_json, AppState, Name};
 use crate::error::{ApiError, ApiResult};
+use crate::fanout::hosts::HostRefused;
 use crate::security::{audit, authz, Caller};
 
 /// `delay_ms` / `fanout_delay_ms`: 0 (none) to one year (`400` outside).
@@ -55,6 +56,18 @@ pub async fn attach(
             find_topic(&node, &parent).await.as_deref(),
             authz::ChildRef::Remote,
         )?;
+        let hosts = &node.config.fanout.remote_hosts;
+        authz::attach_remote(&caller, hosts.is_configured())?;
+        let host = crate::fanout::remote::url_host(&endpoint.url);
+        match hosts.check(&host) {
+            Ok(()) => {}
+            Err(e @ HostRefused::Forbidden { .. }) => {
+                return Err(ApiError::bad_request(e.to_string()))
+            }
+            Err(e @ HostRefused::NotAllowed(_)) => {
+                return Err(ApiError::new(StatusCode::FORBIDDEN, e.to_string()))
+            }
+        }
         return attach_remote(node, caller, parent, req.child, endpoint).await;
     }
     authz::attach(
@@ -182,6 +195,7 @@ pub async fn list(
     authz::view(&caller, &parent, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
     let view = node.meta.view();
+    let sees_errors = authz::sees_link_errors(&caller, &topic);
     let (lag, states) = tokio::join!(
         node.children_lag(&view, &topic),
         node.remote_link_states(&view, &topic)
@@ -217,7 +231,10 @@ pub async fn list(
             }),
             // The worst of every owner's cursors (absent when none reported).
             state: status.map(|s| s.state.as_str().to_string()),
-            last_error: status.and_then(|s| s.last_error.clone()),
+            // What a remote answered is for the owner and admins only.
+            last_error: status
+                .filter(|_| sees_errors)
+                .and_then(|s| s.last_error.clone()),
         }
     }));
     Ok(json(StatusCode::OK, &ChildList { parent, children }))

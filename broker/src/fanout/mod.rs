@@ -35,6 +35,7 @@
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
+pub mod hosts;
 pub mod io;
 pub mod remote;
 pub mod route;
@@ -66,6 +67,8 @@ pub struct FanoutConfig {
     pub linger: Duration,
     /// The longest an idle cursor sleeps without looking (SPEC: a delay cursor wakes ≤ 30 s).
     pub max_idle_sleep: Duration,
+    /// Where remote child links may send (`remotes.allowed_hosts`).
+    pub remote_hosts: hosts::HostPolicy,
 }
 
 impl Default for FanoutConfig {
@@ -75,6 +78,7 @@ impl Default for FanoutConfig {
             max_batch_bytes: 4 * 1024 * 1024,
             linger: Duration::from_millis(25),
             max_idle_sleep: Duration::from_secs(30),
+            remote_hosts: hosts::HostPolicy::default(),
         }
     }
 }
@@ -544,7 +548,7 @@ impl Fanout {
         if let Some(c) = self.remote_clients.lock().get(&epoch) {
             return Ok(c.clone());
         }
-        let c = RemoteClient::new(endpoint)?;
+        let c = RemoteClient::new(endpoint, &self.cfg.remote_hosts)?;
         Ok(self.remote_clients.lock().entry(epoch).or_insert(c).clone())
     }
 

@@ -20,6 +20,7 @@ use bytes::Bytes;
 use http::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER, USER_AGENT};
 use http::{Method, Request, Uri};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::dns::Name;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -65,6 +66,14 @@ pub enum RemoteConfigError {
     Ca(String),
     #[error("remote TLS setup failed: {0}")]
     Tls(String),
+}
+
+/// The host of a URL [`normalize_url`] accepted (IPv6 in brackets, as written).
+pub fn url_host(url: &str) -> String {
+    url.parse::<Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// A remote's base URL, checked: `http`/`https`, a host, optional port and path prefix; no
@@ -328,6 +337,9 @@ pub enum TransportError {
     Timeout(Duration),
     #[error("network error: {0}")]
     Network(String),
+    /// This node's remote-host policy refuses the host.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl TransportError {
@@ -335,11 +347,41 @@ impl TransportError {
         match self {
             TransportError::Timeout(_) => "timeout",
             TransportError::Network(_) => "network",
+            TransportError::Refused(_) => "refused",
         }
     }
 }
 
-type HttpsClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HttpsClient =
+    Client<hyper_rustls::HttpsConnector<HttpConnector<GuardedResolver>>, Full<Bytes>>;
+
+/// The system resolver, less the addresses no link may reach ([`super::hosts::reachable`]):
+/// a host name that resolves to an instance metadata service fails the request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GuardedResolver;
+
+impl tower::Service<Name> for GuardedResolver {
+    type Response = std::vec::IntoIter<std::net::SocketAddr>;
+    type Error = std::io::Error;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = std::io::Result<Self::Response>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        Box::pin(async move {
+            let host = name.as_str().to_string();
+            let found = tokio::net::lookup_host((host.as_str(), 0)).await?;
+            Ok(super::hosts::reachable(&host, found)?.into_iter())
+        })
+    }
+}
 
 /// The HTTP client of one remote link on this node, shared by the link's cursors.
 pub struct RemoteClient {
@@ -353,11 +395,18 @@ pub struct RemoteClient {
     client: HttpsClient,
     /// Until when (ms) single produce is used because the batch route was missing.
     single_until_ms: AtomicU64,
+    /// Why this node's remote-host policy refuses the link's host, if it does: nothing is
+    /// sent, and every attempt fails with this (the link's `last_error`).
+    refused: Option<String>,
 }
 
 impl RemoteClient {
-    pub fn new(endpoint: &RemoteEndpoint) -> Result<Arc<RemoteClient>, RemoteConfigError> {
+    pub fn new(
+        endpoint: &RemoteEndpoint,
+        hosts: &super::hosts::HostPolicy,
+    ) -> Result<Arc<RemoteClient>, RemoteConfigError> {
         let url = normalize_url(&endpoint.url)?;
+        let refused = hosts.check(&url_host(&url)).err().map(|e| e.to_string());
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(system_roots().iter().cloned());
         if let Some(pem) = &endpoint.ca_pem {
@@ -374,7 +423,7 @@ impl RemoteClient {
         .map_err(|e| RemoteConfigError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
-        let mut http = HttpConnector::new();
+        let mut http = HttpConnector::new_with_resolver(GuardedResolver);
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -408,6 +457,7 @@ impl RemoteClient {
             auth,
             client,
             single_until_ms: AtomicU64::new(0),
+            refused,
         }))
     }
 
@@ -453,6 +503,9 @@ impl RemoteClient {
         content_type: &'static str,
         body: Bytes,
     ) -> Result<Answer, TransportError> {
+        if let Some(why) = &self.refused {
+            return Err(TransportError::Refused(why.clone()));
+        }
         let mut req = Request::builder()
             .method(Method::POST)
             .uri(url)
@@ -919,7 +972,7 @@ mod tests {
             ca_pem: ca.map(str::to_string),
         };
         assert_eq!(parse_ca_pem(TEST_CA).unwrap().len(), 1);
-        let trusted = RemoteClient::new(&endpoint(Some(TEST_CA))).unwrap();
+        let trusted = RemoteClient::new(&endpoint(Some(TEST_CA)), &Default::default()).unwrap();
         let a = trusted
             .send_single(&rec(0, Some(b"k"), b"x"))
             .await
@@ -929,7 +982,7 @@ mod tests {
         body.fill(&[rec(0, None, b"{}")]);
         assert_eq!(trusted.send_batch(body.bytes()).await.unwrap().status, 202);
         // Only the system roots: the test CA is unknown, the handshake fails (retried).
-        let untrusted = RemoteClient::new(&endpoint(None)).unwrap();
+        let untrusted = RemoteClient::new(&endpoint(None), &Default::default()).unwrap();
         let e = untrusted
             .send_single(&rec(0, None, b"x"))
             .await
@@ -940,13 +993,16 @@ mod tests {
 
     #[tokio::test]
     async fn client_sends_credentials_only_in_a_sensitive_header() {
-        let c = RemoteClient::new(&RemoteEndpoint {
-            url: "http://127.0.0.1:9/".into(),
-            topic: "orders".into(),
-            username: Some("replicator".into()),
-            password: Some("s3cret-pw".into()),
-            ca_pem: None,
-        })
+        let c = RemoteClient::new(
+            &RemoteEndpoint {
+                url: "http://127.0.0.1:9/".into(),
+                topic: "orders".into(),
+                username: Some("replicator".into()),
+                password: Some("s3cret-pw".into()),
+                ca_pem: None,
+            },
+            &Default::default(),
+        )
         .unwrap();
         assert_eq!(c.produce_url, "http://127.0.0.1:9/v1/topics/orders/produce");
         let auth = c.auth.as_ref().unwrap();
@@ -959,5 +1015,36 @@ mod tests {
         assert!(!c.single_mode());
         c.set_single_mode();
         assert!(c.single_mode());
+    }
+
+    #[tokio::test]
+    async fn a_host_the_policy_refuses_gets_nothing_sent() {
+        let ep = |url: &str| RemoteEndpoint {
+            url: url.into(),
+            topic: "orders".into(),
+            username: Some("replicator".into()),
+            password: Some("s3cret-pw".into()),
+            ca_pem: None,
+        };
+        let only_10 = crate::fanout::hosts::HostPolicy::parse(["10.0.0.0/8"]).unwrap();
+        let c = RemoteClient::new(&ep("http://127.0.0.1:9"), &only_10).unwrap();
+        let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
+        assert_eq!(e.reason(), "refused", "{e}");
+        assert!(
+            e.to_string()
+                .contains("not in this node's remotes.allowed_hosts"),
+            "{e}"
+        );
+        // Never, whatever the list says (a link attached before the rule).
+        let any = crate::fanout::hosts::HostPolicy::parse(["*"]).unwrap();
+        let c = RemoteClient::new(&ep("http://169.254.169.254"), &any).unwrap();
+        let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
+        assert_eq!(e.reason(), "refused", "{e}");
+        // A name is resolved through the guard: localhost is allowed, and answers (nothing
+        // listens on port 9: a network error, not a refusal).
+        let c = RemoteClient::new(&ep("http://localhost:9"), &any).unwrap();
+        let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
+        assert_eq!(e.reason(), "network", "{e}");
+        assert_eq!(url_host("http://[::1]:80/x"), "[::1]");
     }
 }

@@ -244,6 +244,29 @@ pub fn attach(
     Ok(())
 }
 
+/// A remote child link (SPEC §5.5, after [`attach`]): where this node has no
+/// `remotes.allowed_hosts`, only an admin may point the broker at a URL (`403`).
+pub fn attach_remote(caller: &Caller, allow_list_configured: bool) -> Decision {
+    if let Caller::User(p) = caller {
+        if !allow_list_configured && !p.is_admin() {
+            return Err(Denied::Forbidden(format!(
+                "user {} may not attach a remote child: without remotes.allowed_hosts only an admin may",
+                p.username
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether the caller may read the details of a topic's remote links (`last_error`, which
+/// can hold what a remote answered): the owner and admins.
+pub fn sees_link_errors(caller: &Caller, topic: &Topic) -> bool {
+    match caller {
+        Caller::User(p) => p.is_admin() || owns(p, topic),
+        _ => true,
+    }
+}
+
 /// `GET /v1/topics/{t}` and `GET /v1/topics/{t}/children`: not visible → `403` whether or not
 /// the topic exists (names do not leak); visible and missing → `404`. A missing topic is
 /// visible to admins and to callers with a grant pattern matching the name.
