@@ -54,6 +54,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// Handles to everything a request may need. Owns no request state.
 pub struct Node {
     pub config: Config,
+    /// Seals remote-child passwords before they are proposed (`None`: stored as given).
+    pub credentials: Option<Arc<crate::security::sealing::CredentialKey>>,
     pub node_id: String,
     pub meta: Meta,
     pub wal: Wal,
@@ -773,6 +775,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     // Cluster hook: the remote committer for child partitions owned by other nodes.
     let fanout_io = crate::fanout::io::IoThreads::start(FANOUT_IO_THREADS)
         .context("start the fan-out I/O threads")?;
+    // Remote-child passwords are sealed at rest (`security::sealing`): with a key derived from
+    // the cluster secret every member shares, or a standalone node's key file.
+    let credentials = match &config.security.cluster_secret {
+        Some(s) => Some(Arc::new(
+            crate::security::sealing::CredentialKey::from_secret(s.as_bytes()),
+        )),
+        None if !clustered => Some(Arc::new(
+            crate::security::sealing::CredentialKey::from_key_file(&config.storage.data_dir)
+                .context("the remote-child credential key")?,
+        )),
+        None => {
+            tracing::warn!("NARAD_CLUSTER_SECRET is unset: remote-child passwords are stored unsealed in the metadata");
+            None
+        }
+    };
+    let mut fanout_config = config.fanout.clone();
+    fanout_config.credentials = credentials.clone();
     let fanout = crate::fanout::Fanout::new(
         meta.clone(),
         registry.clone(),
@@ -785,13 +804,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 cluster: cluster.clone(),
             })),
         )),
-        config.fanout.clone(),
+        fanout_config,
         fanout_io,
     );
     if !clustered {
         fanout.confirm_view();
     }
     let node = Arc::new(Node {
+        credentials,
         config: config.clone(),
         node_id,
         meta: meta.clone(),

@@ -1004,3 +1004,68 @@ async fn remote_hosts_are_restricted_and_link_errors_are_for_owners() {
     }
     c.finish();
 }
+
+/// Issue 12, finding 12: a link's password sat in plaintext in `metastore/raft.redb`. Now
+/// only its sealed form is stored: no file under the data dir holds the password, the link
+/// copies with it, and still does after a restart (the standalone node's key file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_passwords_are_sealed_at_rest() {
+    const PW: &str = "local-admin-pw-sealed";
+    let (mut local, remote) = tokio::join!(
+        Server::start(ServerOpts::secured(PW)),
+        Server::start(ServerOpts::secured("remote-admin-pw"))
+    );
+    let b = Http::new(remote.url()).as_user("admin", "remote-admin-pw");
+    b.create_topic_named("sealed-dr").await;
+    b.post_json(
+        "/v1/users",
+        &json!({"username": REMOTE_USER, "password": SECRET,
+                "grants": [{"action": "produce", "patterns": ["sealed-dr"]}]}),
+    )
+    .await
+    .expect(201);
+    let a = Http::new(local.url()).as_user("admin", PW);
+    a.create_topic_named("sealed").await;
+    attach(
+        &a,
+        "sealed",
+        &json!({"child": "sealed-dr", "remote": {"url": remote.url(),
+               "username": REMOTE_USER, "password": SECRET}}),
+    )
+    .await
+    .expect(200);
+    let mut ids = BTreeSet::new();
+    for i in 0..10 {
+        let id = format!("s-{i:02}");
+        a.produce_ok("sealed", "", id.clone()).await;
+        ids.insert(id);
+    }
+    wait_all_arrived(&b, "sealed-dr", &ids, COPY_TIMEOUT).await;
+    let mut files = 0;
+    let mut stack = vec![local.data_dir().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+                continue;
+            }
+            let bytes = std::fs::read(&p).unwrap();
+            assert!(
+                !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+                "{} holds the link's password",
+                p.display()
+            );
+            files += 1;
+        }
+    }
+    assert!(files > 3, "only {files} files under the data dir");
+    local.restart().await;
+    let a = Http::new(local.url()).as_user("admin", PW);
+    for i in 10..20 {
+        let id = format!("s-{i:02}");
+        a.produce_ok("sealed", "", id.clone()).await;
+        ids.insert(id);
+    }
+    wait_all_arrived(&b, "sealed-dr", &ids, COPY_TIMEOUT).await;
+}

@@ -161,8 +161,12 @@ async fn attach_remote(
     caller: Caller,
     parent: String,
     link: String,
-    endpoint: RemoteEndpoint,
+    mut endpoint: RemoteEndpoint,
 ) -> ApiResult<Response> {
+    // Only the sealed form reaches the Raft log (`security::sealing`).
+    if let (Some(key), Some(pw)) = (&node.credentials, &endpoint.password) {
+        endpoint.password = Some(key.seal(&parent, &link, pw));
+    }
     let topic = match node
         .propose(MetaCommand::AttachRemoteChild {
             parent: parent.clone(),

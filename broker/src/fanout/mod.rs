@@ -69,6 +69,9 @@ pub struct FanoutConfig {
     pub max_idle_sleep: Duration,
     /// Where remote child links may send (`remotes.allowed_hosts`).
     pub remote_hosts: hosts::HostPolicy,
+    /// Opens the sealed passwords of remote links (`security::sealing`); `None` where the
+    /// node seals nothing (a cluster without a secret).
+    pub credentials: Option<Arc<crate::security::sealing::CredentialKey>>,
 }
 
 impl Default for FanoutConfig {
@@ -79,6 +82,7 @@ impl Default for FanoutConfig {
             linger: Duration::from_millis(25),
             max_idle_sleep: Duration::from_secs(30),
             remote_hosts: hosts::HostPolicy::default(),
+            credentials: None,
         }
     }
 }
@@ -496,7 +500,7 @@ impl Fanout {
         for (key, link, part) in missing {
             let remote = match &link.remote {
                 None => None,
-                Some(endpoint) => match self.remote_client(link.epoch, endpoint) {
+                Some(endpoint) => match self.remote_client(&link, endpoint) {
                     Ok(c) => Some(c),
                     Err(e) => {
                         self.metrics.error("fanout", "remote_client");
@@ -539,17 +543,28 @@ impl Fanout {
         }
     }
 
-    /// The shared client of remote link `epoch` (built on first use).
+    /// The shared client of remote link `link` (built on first use, by epoch).
     fn remote_client(
         &self,
-        epoch: u64,
+        link: &LinkSpec,
         endpoint: &RemoteEndpoint,
     ) -> Result<Arc<RemoteClient>, remote::RemoteConfigError> {
-        if let Some(c) = self.remote_clients.lock().get(&epoch) {
+        if let Some(c) = self.remote_clients.lock().get(&link.epoch) {
             return Ok(c.clone());
         }
-        let c = RemoteClient::new(endpoint, &self.cfg.remote_hosts)?;
-        Ok(self.remote_clients.lock().entry(epoch).or_insert(c).clone())
+        use crate::security::sealing::{SealError, SEALED_PREFIX};
+        let password = match (&endpoint.password, &self.cfg.credentials) {
+            (Some(p), Some(key)) => key.open(&link.parent, &link.child, p).map(Some),
+            (Some(p), None) if p.starts_with(SEALED_PREFIX) => Err(SealError::WrongKey),
+            (p, _) => Ok(p.clone()),
+        };
+        let c = RemoteClient::new(endpoint, &self.cfg.remote_hosts, password)?;
+        Ok(self
+            .remote_clients
+            .lock()
+            .entry(link.epoch)
+            .or_insert(c)
+            .clone())
     }
 
     fn spawn(

@@ -401,12 +401,24 @@ pub struct RemoteClient {
 }
 
 impl RemoteClient {
+    /// The client of `endpoint`, sending with `password` (opened from its sealed form by the
+    /// caller). A host `hosts` refuses, or a password that did not open, makes a client that
+    /// sends nothing and fails every attempt with the reason (the link's `last_error`).
     pub fn new(
         endpoint: &RemoteEndpoint,
         hosts: &super::hosts::HostPolicy,
+        password: Result<Option<String>, crate::security::sealing::SealError>,
     ) -> Result<Arc<RemoteClient>, RemoteConfigError> {
         let url = normalize_url(&endpoint.url)?;
-        let refused = hosts.check(&url_host(&url)).err().map(|e| e.to_string());
+        let (password, sealing) = match password {
+            Ok(p) => (p, None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let refused = hosts
+            .check(&url_host(&url))
+            .err()
+            .map(|e| e.to_string())
+            .or(sealing);
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(system_roots().iter().cloned());
         if let Some(pem) = &endpoint.ca_pem {
@@ -436,7 +448,7 @@ impl RemoteClient {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(8)
             .build(https);
-        let auth = match (&endpoint.username, &endpoint.password) {
+        let auth = match (&endpoint.username, &password) {
             (Some(u), p) if !u.is_empty() => {
                 let token = base64::engine::general_purpose::STANDARD
                     .encode(format!("{u}:{}", p.as_deref().unwrap_or("")));
@@ -972,7 +984,8 @@ mod tests {
             ca_pem: ca.map(str::to_string),
         };
         assert_eq!(parse_ca_pem(TEST_CA).unwrap().len(), 1);
-        let trusted = RemoteClient::new(&endpoint(Some(TEST_CA)), &Default::default()).unwrap();
+        let trusted =
+            RemoteClient::new(&endpoint(Some(TEST_CA)), &Default::default(), Ok(None)).unwrap();
         let a = trusted
             .send_single(&rec(0, Some(b"k"), b"x"))
             .await
@@ -982,7 +995,7 @@ mod tests {
         body.fill(&[rec(0, None, b"{}")]);
         assert_eq!(trusted.send_batch(body.bytes()).await.unwrap().status, 202);
         // Only the system roots: the test CA is unknown, the handshake fails (retried).
-        let untrusted = RemoteClient::new(&endpoint(None), &Default::default()).unwrap();
+        let untrusted = RemoteClient::new(&endpoint(None), &Default::default(), Ok(None)).unwrap();
         let e = untrusted
             .send_single(&rec(0, None, b"x"))
             .await
@@ -1002,6 +1015,7 @@ mod tests {
                 ca_pem: None,
             },
             &Default::default(),
+            Ok(Some("s3cret-pw".into())),
         )
         .unwrap();
         assert_eq!(c.produce_url, "http://127.0.0.1:9/v1/topics/orders/produce");
@@ -1027,7 +1041,7 @@ mod tests {
             ca_pem: None,
         };
         let only_10 = crate::fanout::hosts::HostPolicy::parse(["10.0.0.0/8"]).unwrap();
-        let c = RemoteClient::new(&ep("http://127.0.0.1:9"), &only_10).unwrap();
+        let c = RemoteClient::new(&ep("http://127.0.0.1:9"), &only_10, Ok(None)).unwrap();
         let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
         assert_eq!(e.reason(), "refused", "{e}");
         assert!(
@@ -1037,14 +1051,20 @@ mod tests {
         );
         // Never, whatever the list says (a link attached before the rule).
         let any = crate::fanout::hosts::HostPolicy::parse(["*"]).unwrap();
-        let c = RemoteClient::new(&ep("http://169.254.169.254"), &any).unwrap();
+        let c = RemoteClient::new(&ep("http://169.254.169.254"), &any, Ok(None)).unwrap();
         let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
         assert_eq!(e.reason(), "refused", "{e}");
         // A name is resolved through the guard: localhost is allowed, and answers (nothing
         // listens on port 9: a network error, not a refusal).
-        let c = RemoteClient::new(&ep("http://localhost:9"), &any).unwrap();
+        let c = RemoteClient::new(&ep("http://localhost:9"), &any, Ok(None)).unwrap();
         let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
         assert_eq!(e.reason(), "network", "{e}");
+        // A password that did not open: nothing sent, the reason on the link.
+        let wrong = Err(crate::security::sealing::SealError::WrongKey);
+        let c = RemoteClient::new(&ep("http://127.0.0.1:9"), &any, wrong).unwrap();
+        let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
+        assert_eq!(e.reason(), "refused", "{e}");
+        assert!(e.to_string().contains("cluster secret"), "{e}");
         assert_eq!(url_host("http://[::1]:80/x"), "[::1]");
     }
 }

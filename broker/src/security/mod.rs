@@ -29,6 +29,7 @@
 pub mod authn;
 pub mod authz;
 pub mod password;
+pub mod sealing;
 pub mod throttle;
 pub mod users;
 
