@@ -1060,7 +1060,22 @@ fn spawn_background(node: Arc<Node>) {
     let n = node;
     tokio::spawn(async move {
         let mut rx = n.meta.subscribe();
+        let mut remote_links = n.meta.view().all_remote_links().count();
         while rx.changed().await.is_ok() {
+            // A remote link went: compact the log so its (sealed) credentials leave it.
+            let now = n.meta.view().all_remote_links().count();
+            if now < remote_links {
+                match n.meta.compact_log(Duration::from_secs(10)).await {
+                    Ok(upto) => tracing::info!(
+                        upto,
+                        "metadata log compacted after a remote link was detached"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "metadata log compaction after a remote link detach failed; the next snapshot covers it")
+                    }
+                }
+            }
+            remote_links = now;
             if n.cluster.clustered {
                 n.cluster.sync_peers(&n.meta.view());
             }

@@ -510,6 +510,37 @@ impl Meta {
             .map_err(|e| MetaError::Unavailable(e.to_string()))
     }
 
+    /// Compacts this node's log: builds a snapshot of everything applied and purges the log
+    /// entries it covers (openraft may delay the purge while a follower still replicates
+    /// them). What left the state (a detached remote link and its sealed password) then
+    /// leaves the log too; its database pages are freed and reused by later writes. Returns
+    /// the index the log was purged to.
+    pub async fn compact_log(&self, timeout: Duration) -> Result<u64, MetaError> {
+        let Some(applied) = self.metrics().last_applied else {
+            return Ok(0);
+        };
+        let raft = &self.inner.raft;
+        let unavailable = |e: &dyn std::fmt::Display| MetaError::Unavailable(e.to_string());
+        raft.trigger()
+            .snapshot()
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let m = raft
+            .wait(Some(timeout))
+            .metrics(
+                |m| m.snapshot.is_some_and(|s| s.index >= applied.index),
+                "a snapshot of the applied log",
+            )
+            .await
+            .map_err(|e| unavailable(&e))?;
+        let upto = m.snapshot.map_or(0, |s| s.index);
+        raft.trigger()
+            .purge_log(upto)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        Ok(upto)
+    }
+
     /// Whether this node starts elections (off while a leader hands off before it stops).
     pub fn set_electing(&self, on: bool) {
         self.inner.raft.runtime_config().elect(on);

@@ -483,3 +483,53 @@ async fn snapshot_chunks_must_be_contiguous() {
     );
     meta.shutdown().await;
 }
+
+/// A detached remote link's (sealed) password leaves the log: `compact_log` snapshots the
+/// applied state and purges every entry up to it, the attach among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_purges_a_detached_links_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let meta = Meta::open_standalone(dir.path(), opts()).await.unwrap();
+    meta.write(create("p", 3)).await.unwrap();
+    let (_, attached_at) = meta
+        .write_indexed(MetaCommand::AttachRemoteChild {
+            parent: "p".into(),
+            link: "dr".into(),
+            endpoint: narad_meta::RemoteEndpoint {
+                url: "https://dr.example.com".into(),
+                topic: "p".into(),
+                username: Some("replicator".into()),
+                password: Some("narad-sealed:v1:c2VhbGVk".into()),
+                ca_pem: None,
+            },
+            now_ms: 1_767_225_600_000,
+        })
+        .await
+        .unwrap();
+    let (_, detached_at) = meta
+        .write_indexed(MetaCommand::DetachChild {
+            parent: "p".into(),
+            child: "dr".into(),
+        })
+        .await
+        .unwrap();
+    assert!(meta.metrics().purged.is_none());
+    let upto = meta.compact_log(Duration::from_secs(10)).await.unwrap();
+    assert!(upto >= detached_at, "{upto} < {detached_at}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let purged = meta.metrics().purged.map_or(0, |l| l.index);
+        if purged >= attached_at {
+            break;
+        }
+        assert!(Instant::now() < deadline, "purged only to {purged}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The state (and so the snapshot) has no link, before and after a restart.
+    assert!(meta.view().all_remote_links().next().is_none());
+    meta.shutdown().await;
+    let meta = Meta::open_standalone(dir.path(), opts()).await.unwrap();
+    assert!(meta.view().all_remote_links().next().is_none());
+    assert!(meta.view().topics.contains_key("p"));
+    meta.shutdown().await;
+}
