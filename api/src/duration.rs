@@ -185,10 +185,12 @@ fn parse_with_units(orig: &str, unit_of: fn(&str) -> Option<u64>) -> Result<i64,
                 return Err(DurationError::Overflow(orig.to_string()));
             }
         }
-        d = d.wrapping_add(v);
-        if d > 1u64 << 63 {
-            return Err(DurationError::Overflow(orig.to_string()));
-        }
+        // Both are at most 2^63, so the sum can reach 2^64: checked, where Go's wraps (Go
+        // reads "9223372036854775808ns9223372036854775808ns" as 0).
+        d = match d.checked_add(v) {
+            Some(d) if d <= 1u64 << 63 => d,
+            _ => return Err(DurationError::Overflow(orig.to_string())),
+        };
     }
     if neg {
         return Ok((d as i64).wrapping_neg());
@@ -608,6 +610,157 @@ mod tests {
                 Duration::from_millis(ms),
                 "{s}"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    const GO_UNITS: [(&str, u64); 8] = [
+        ("ns", NS),
+        ("us", US),
+        ("µs", US),
+        ("μs", US),
+        ("ms", MS),
+        ("s", SEC),
+        ("m", MIN),
+        ("h", HOUR),
+    ];
+
+    /// Strings shaped like durations (digits, dots, signs, unit letters), and anything.
+    fn duration_like() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[-+]?([0-9]{0,21}\\.?[0-9]{0,21}(ns|us|µs|ms|s|m|h|d|x|)){1,4}",
+            "[-+.0-9a-zµμ]{0,12}",
+        ]
+    }
+
+    /// An integer count for `unit`, biased to the edges of the `i64` nanosecond range.
+    fn count_for(unit: u64) -> impl Strategy<Value = u64> {
+        let edge = (1u64 << 63) / unit;
+        prop_oneof![
+            4 => 0..1_000u64,
+            2 => any::<u64>(),
+            1 => Just(edge),
+            1 => Just(edge.saturating_sub(1)),
+            1 => Just(edge + 1),
+            1 => Just(u64::MAX),
+        ]
+    }
+
+    fn components() -> impl Strategy<Value = Vec<(u64, usize)>> {
+        vec(
+            (0..GO_UNITS.len()).prop_flat_map(|u| (count_for(GO_UNITS[u].1), Just(u))),
+            1..4,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn prop_duration_parsers_never_panic(s in duration_like()) {
+            let signed = parse_go_duration_signed(&s);
+            let human = parse_human_duration(&s);
+            match &signed {
+                Ok(n) => {
+                    prop_assert_eq!(parse_go_duration(&s).ok(), (*n >= 0).then(|| Duration::from_nanos(*n as u64)));
+                    prop_assert_eq!(parse_go_duration_nonnegative(&s).unwrap(), Duration::from_nanos((*n).max(0) as u64));
+                    // Go's units are human units too.
+                    prop_assert_eq!(human.clone().ok(), parse_go_duration(&s).ok());
+                    // Normalising through the formatter keeps the value.
+                    prop_assert_eq!(parse_go_duration_signed(&format_go_duration_signed(*n)).unwrap(), *n);
+                }
+                Err(e) => {
+                    prop_assert!(parse_go_duration(&s).is_err());
+                    prop_assert!(parse_go_duration_nonnegative(&s).is_err());
+                    let _ = e.to_string();
+                }
+            }
+            if let Ok(d) = human {
+                prop_assert!(d.as_nanos() <= i64::MAX as u128);
+            }
+        }
+
+        /// Integer components against exact arithmetic: the sum, or an overflow error when
+        /// it leaves the `i64` nanosecond range.
+        #[test]
+        fn prop_go_duration_integer_components_match_exact_sum(
+            sign in prop_oneof![Just(""), Just("+"), Just("-")],
+            parts in components(),
+        ) {
+            let mut s = sign.to_string();
+            let mut total: u128 = 0;
+            for &(v, u) in &parts {
+                s.push_str(&format!("{v}{}", GO_UNITS[u].0));
+                total += v as u128 * GO_UNITS[u].1 as u128;
+            }
+            let limit = if sign == "-" { 1u128 << 63 } else { (1u128 << 63) - 1 };
+            let got = parse_go_duration_signed(&s);
+            if total > limit {
+                prop_assert!(matches!(got, Err(DurationError::Overflow(_))), "{}: {:?}", s, got);
+            } else {
+                let want = if sign == "-" { (total as i128).wrapping_neg() as i64 } else { total as i64 };
+                prop_assert_eq!(got, Ok(want), "{}", s);
+            }
+        }
+
+        /// Fractions that are exact in the unit (milliseconds of a second, seconds of a
+        /// minute in tenths) parse exactly.
+        #[test]
+        fn prop_go_duration_exact_fractions(secs in 0..9_000_000_000u64, ms in 0..1000u64, trailing in 0..4usize) {
+            let s = format!("{secs}.{ms:03}{}s", "0".repeat(trailing));
+            prop_assert_eq!(parse_go_duration_signed(&s), Ok((secs * SEC + ms * MS) as i64), "{}", s);
+        }
+
+        #[test]
+        fn prop_go_format_parse_roundtrip(n in any::<i64>()) {
+            let s = format_go_duration_signed(n);
+            prop_assert_eq!(parse_go_duration_signed(&s), Ok(n), "{}", s);
+            if n >= 0 {
+                prop_assert_eq!(format_go_duration(Duration::from_nanos(n as u64)), s);
+            }
+        }
+
+        #[test]
+        fn prop_human_format_parse_roundtrip(ms in prop_oneof![0..100_000_000u64, 0..=i64::MAX as u64 / 1_000_000]) {
+            let s = format_human_ms(ms);
+            prop_assert_eq!(parse_human_duration(&s), Ok(Duration::from_millis(ms)), "{}", s);
+            prop_assert_eq!(format_human_duration(Duration::from_millis(ms)), s);
+        }
+
+        #[test]
+        fn prop_human_days(days in prop_oneof![0..100_000u64, any::<u64>()]) {
+            let got = parse_human_duration(&format!("{days}d"));
+            if days as u128 * DAY as u128 > i64::MAX as u128 {
+                prop_assert!(matches!(got, Err(DurationError::Overflow(_))));
+            } else {
+                prop_assert_eq!(got, Ok(Duration::from_nanos(days * DAY)));
+            }
+        }
+    }
+
+    /// Found by the exact-sum property's reasoning: two components of exactly 2^63 ns each
+    /// used to wrap the running total to 0 (Go's `time.ParseDuration` has the same wrap) and
+    /// parse as `0s`.
+    #[test]
+    fn prop_regression_total_of_two_maximal_components_overflows() {
+        for s in [
+            "9223372036854775808ns9223372036854775808ns",
+            "-9223372036854775808ns9223372036854775808ns",
+            "-4611686018427387904ns4611686018427387904ns9223372036854775808ns",
+        ] {
+            assert!(
+                matches!(parse_go_duration_signed(s), Err(DurationError::Overflow(_))),
+                "{s}: {:?}",
+                parse_go_duration_signed(s)
+            );
+            assert!(parse_human_duration(s).is_err());
         }
     }
 }

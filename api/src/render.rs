@@ -493,3 +493,176 @@ mod tests {
         assert_eq!((p.get(), e), ("\"dGV4dA==\"", Some("base64")));
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 48, 6, |inner| {
+            prop_oneof![
+                vec(inner.clone(), 0..6).prop_map(Value::Array),
+                vec((any::<String>(), inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Payload bytes: binary, text, JSON (compact or padded), and JSON nested around the
+    /// render depth limit.
+    fn payload() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            vec(any::<u8>(), 0..64),
+            any::<String>().prop_map(String::into_bytes),
+            json_value().prop_map(|v| v.to_string().into_bytes()),
+            (json_value(), "[ \t\r\n]{0,3}", "[ \t\r\n]{0,3}")
+                .prop_map(|(v, a, b)| format!("{a}{v:#}{b}").into_bytes()),
+            (
+                MAX_RENDER_DEPTH - 2..MAX_RENDER_DEPTH + 200,
+                any::<bool>(),
+                "[0-9a-z\",:\\[\\]{}]{0,4}"
+            )
+                .prop_map(|(n, obj, mid)| {
+                    let (open, close) = if obj { ("{\"k\":", "}") } else { ("[", "]") };
+                    format!("{}{mid}{}", open.repeat(n), close.repeat(n)).into_bytes()
+                }),
+        ]
+    }
+
+    fn encoding() -> impl Strategy<Value = Option<String>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(String::new())),
+            Just(Some(BASE64.to_string())),
+            any::<String>().prop_map(Some),
+        ]
+    }
+
+    proptest! {
+        /// Every answer embeds its payload so that serde_json (128-level limit) parses the
+        /// whole batch envelope.
+        #[test]
+        fn prop_rendered_payload_is_valid_json_in_an_envelope(p in payload()) {
+            let r = render_payload(&p);
+            prop_assert_eq!(r.encoding().is_some(), matches!(r, RenderedPayload::Base64(_)));
+            if let RenderedPayload::Json(s) = &r {
+                prop_assert_eq!(s.as_bytes(), &p[..]);
+                prop_assert!(is_json(&p));
+            }
+            let doc = format!("{{\"messages\":[{{\"payload\":{}}}]}}", r.to_json_string());
+            prop_assert!(serde_json::from_str::<serde_json::Value>(&doc).is_ok(), "{}", doc);
+            // The RawValue form is one valid JSON value too.
+            let raw = r.into_raw_value();
+            prop_assert!(serde_json::from_str::<serde::de::IgnoredAny>(raw.get()).is_ok());
+        }
+
+        /// Rendering then decoding gives back the bytes (JSON strings come back unquoted;
+        /// other JSON values as their text without surrounding whitespace).
+        #[test]
+        fn prop_render_decode_roundtrip(p in payload()) {
+            let r = render_payload(&p);
+            let enc = r.encoding();
+            let json = match &r {
+                RenderedPayload::Json(s) => Some(s.trim_matches([' ', '\t', '\n', '\r']).to_string()),
+                _ => None,
+            };
+            let back = decode_payload(&r.into_raw_value(), enc).unwrap();
+            match json {
+                None => prop_assert_eq!(back, p),
+                Some(t) if t.starts_with('"') => {
+                    let s: String = serde_json::from_str(&t).unwrap();
+                    prop_assert_eq!(back, s.into_bytes());
+                }
+                Some(t) => prop_assert_eq!(back, t.into_bytes()),
+            }
+        }
+
+        #[test]
+        fn prop_key_roundtrip(k in prop_oneof![vec(any::<u8>(), 0..48), any::<String>().prop_map(String::into_bytes)]) {
+            let (text, enc) = render_key(&k);
+            prop_assert_eq!(enc.is_some(), std::str::from_utf8(&k).is_err());
+            prop_assert_eq!(decode_key(&text, enc).unwrap(), k);
+        }
+
+        /// What the server stores for a batch element (`payload` verbatim, or the base64
+        /// string decoded) is exactly the bytes that were encoded.
+        #[test]
+        fn prop_batch_payload_is_stored_byte_exact(p in payload()) {
+            let (raw, enc) = encode_batch_payload(&p);
+            // Through a batch body as the server parses it.
+            let body = format!("{{\"payload\":{},\"x\":1}}", raw.get());
+            #[derive(serde::Deserialize)]
+            struct Elem {
+                payload: Box<RawValue>,
+            }
+            let e: Elem = serde_json::from_str(&body).unwrap();
+            let stored = match enc {
+                None => e.payload.get().as_bytes().to_vec(),
+                Some(_) => {
+                    let s: String = serde_json::from_str(e.payload.get()).unwrap();
+                    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+                }
+            };
+            prop_assert_eq!(stored, p);
+        }
+
+        #[test]
+        fn prop_write_json_str_roundtrip(s in any::<String>(), prefix in vec(any::<u8>(), 0..4)) {
+            let mut out = prefix.clone();
+            write_json_str(&mut out, &s);
+            prop_assert_eq!(&out[..prefix.len()], &prefix[..]);
+            let back: String = serde_json::from_slice(&out[prefix.len()..]).unwrap();
+            prop_assert_eq!(back, s);
+        }
+
+        /// Decoding never panics; a base64 payload or key decodes only from its canonical
+        /// (padded, zero trailing bits) text.
+        #[test]
+        fn prop_decode_payload_and_key_never_panic(
+            text in prop_oneof![
+                any::<String>(),
+                "[A-Za-z0-9+/]{0,12}={0,3}",
+                json_value().prop_map(|v| v.to_string()),
+            ],
+            enc in encoding(),
+        ) {
+            let quoted = serde_json::to_string(&text).unwrap();
+            for raw_text in [quoted.as_str(), text.as_str()] {
+                let Ok(raw) = RawValue::from_string(raw_text.to_string()) else { continue };
+                if let Ok(bytes) = decode_payload(&raw, enc.as_deref()) {
+                    if enc.as_deref() == Some(BASE64) {
+                        let s: String = serde_json::from_str(raw.get()).unwrap();
+                        prop_assert_eq!(base64::engine::general_purpose::STANDARD.encode(&bytes), s);
+                    }
+                }
+            }
+            match decode_key(&text, enc.as_deref()) {
+                Ok(bytes) if enc.as_deref() == Some(BASE64) => {
+                    prop_assert_eq!(base64::engine::general_purpose::STANDARD.encode(&bytes), text);
+                }
+                Ok(bytes) => prop_assert_eq!(bytes, text.into_bytes()),
+                Err(_) => prop_assert!(matches!(enc.as_deref(), Some(e) if !e.is_empty())),
+            }
+        }
+
+        #[test]
+        fn prop_is_json_agrees_with_serde(p in payload()) {
+            let strict = std::str::from_utf8(&p).is_ok()
+                && serde_json::from_slice::<serde::de::IgnoredAny>(&p).is_ok();
+            // serde_json's own depth limit makes deep documents fail the strict parse.
+            if !nests_deeper_than(&p, 100) {
+                prop_assert_eq!(is_json(&p), strict);
+            }
+        }
+    }
+}

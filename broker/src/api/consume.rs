@@ -437,27 +437,10 @@ pub async fn consume(
     let q = Query::parse(q.as_deref());
     let partition = q.partition(topic.config.partitions)?;
     let offset = q.text("offset")?;
-    let max = match q.text("max")? {
-        None => None,
-        Some(s) => match s.parse::<u64>() {
-            Ok(m) if (1..=MAX_BATCH).contains(&m) => Some(m as u32),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "max must be an integer from 1 to {MAX_BATCH}, got {s:?}"
-                )))
-            }
-        },
-    };
-    let wait = match q.text("wait")? {
-        None | Some("") => Duration::ZERO,
-        Some(s) => narad_api::duration::parse_go_duration_nonnegative(s)
-            .map_err(|e| ApiError::bad_request(format!("invalid wait {s:?}: {e}")))?,
-    }
-    .min(node.config.http.max_consume_wait);
+    let max = parse_max(q.text("max")?)?;
+    let wait = parse_wait(q.text("wait")?, node.config.http.max_consume_wait)?;
     if let Some(o) = offset {
-        let offset = o.parse::<u64>().map_err(|_| {
-            ApiError::bad_request(format!("offset must be a non-negative integer, got {o:?}"))
-        })?;
+        let offset = parse_offset(o)?;
         let Some(partition) = partition else {
             return Err(ApiError::bad_request("offset needs partition"));
         };
@@ -613,6 +596,36 @@ fn replay(node: &Node, topic: &Topic, partition: u32, offset: u64) -> ApiResult<
         }
         Err(e) => Err(ApiError::internal(format!("read failed: {e}"))),
     }
+}
+
+/// `max`: a batch of 1 to [`MAX_BATCH`] messages; absent, one message (unbatched body).
+fn parse_max(v: Option<&str>) -> ApiResult<Option<u32>> {
+    match v {
+        None => Ok(None),
+        Some(s) => match s.parse::<u64>() {
+            Ok(m) if (1..=MAX_BATCH).contains(&m) => Ok(Some(m as u32)),
+            _ => Err(ApiError::bad_request(format!(
+                "max must be an integer from 1 to {MAX_BATCH}, got {s:?}"
+            ))),
+        },
+    }
+}
+
+/// `wait`: a Go duration (absent, empty or negative: no wait), at most `cap`.
+fn parse_wait(v: Option<&str>, cap: Duration) -> ApiResult<Duration> {
+    let wait = match v {
+        None | Some("") => Duration::ZERO,
+        Some(s) => narad_api::duration::parse_go_duration_nonnegative(s)
+            .map_err(|e| ApiError::bad_request(format!("invalid wait {s:?}: {e}")))?,
+    };
+    Ok(wait.min(cap))
+}
+
+/// `offset` of a replay.
+fn parse_offset(o: &str) -> ApiResult<u64> {
+    o.parse::<u64>().map_err(|_| {
+        ApiError::bad_request(format!("offset must be a non-negative integer, got {o:?}"))
+    })
 }
 
 fn parse_extend(v: Option<&str>) -> ApiResult<SettleKind> {
@@ -979,5 +992,103 @@ mod tests {
         assert!(body.len() <= MAX_ANSWER_BYTES);
         let reply = RpcReply::new(200, crate::rpc::proto::JSON, body);
         assert!(reply.encode().unwrap().len() <= crate::rpc::proto::MAX_PAYLOAD);
+    }
+}
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use narad_api::duration::{format_go_duration, parse_go_duration_signed};
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[+-]?[0-9]{0,22}",
+            "[0-9:+-]{0,30}",
+            "(true|false|0|1|TRUE|True| true|)",
+        ]
+    }
+
+    proptest! {
+        /// Receipt handles are `partition:offset:nonce`; every handle a node hands out parses
+        /// back to its parts.
+        #[test]
+        fn prop_receipt_handle_roundtrip(p in any::<u32>(), o in any::<u64>(), n in any::<u64>()) {
+            prop_assert_eq!(parse_handle(&format!("{p}:{o}:{n}")).unwrap(), (p, o, n));
+        }
+
+        #[test]
+        fn prop_receipt_handle_arbitrary(h in prop_oneof![
+            text(),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(p, o, n)| format!("{p}:{o}:{n}")),
+            "([0-9]{1,21}:){0,4}[0-9]{0,21}",
+        ]) {
+            match parse_handle(&h) {
+                Ok((p, o, n)) => {
+                    let parts: Vec<&str> = h.split(':').collect();
+                    prop_assert_eq!(parts.len(), 3);
+                    prop_assert_eq!(parts[0].parse::<u32>().ok(), Some(p));
+                    prop_assert_eq!(parts[1].parse::<u64>().ok(), Some(o));
+                    prop_assert_eq!(parts[2].parse::<u64>().ok(), Some(n));
+                }
+                Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+            }
+        }
+
+        #[test]
+        fn prop_extend_accepts_only_its_five_forms(v in proptest::option::of(text())) {
+            let want = match v.as_deref() {
+                None | Some("") | Some("false") => Some(SettleKind::Ack),
+                Some("true") | Some("1") => Some(SettleKind::Extend),
+                Some("0") => Some(SettleKind::Nack),
+                Some(_) => None,
+            };
+            prop_assert_eq!(parse_extend(v.as_deref()).ok(), want);
+        }
+
+        #[test]
+        fn prop_max_is_one_to_max_batch(v in proptest::option::of(prop_oneof![
+            text(),
+            (0..=MAX_BATCH + 2).prop_map(|n| n.to_string()),
+        ])) {
+            match (parse_max(v.as_deref()), v.as_deref()) {
+                (Ok(None), None) => {}
+                (Ok(Some(m)), Some(s)) => {
+                    prop_assert_eq!(s.parse::<u64>().ok(), Some(m as u64));
+                    prop_assert!((1..=MAX_BATCH).contains(&(m as u64)));
+                }
+                (Err(e), Some(s)) => {
+                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert!(s.parse::<u64>().map_or(true, |m| !(1..=MAX_BATCH).contains(&m)));
+                }
+                (r, v) => prop_assert!(false, "{:?} for {:?}", r, v),
+            }
+        }
+
+        #[test]
+        fn prop_offset_is_any_u64(o in prop_oneof![text(), any::<u64>().prop_map(|n| n.to_string())]) {
+            prop_assert_eq!(parse_offset(&o).ok(), o.parse::<u64>().ok());
+        }
+
+        /// `wait` is the Go duration, negative as none, capped; anything unparsable is 400.
+        #[test]
+        fn prop_wait_is_a_capped_go_duration(
+            v in prop_oneof![
+                text(),
+                "[-+]?[0-9]{0,20}(\\.[0-9]{0,3})?(ns|us|ms|s|m|h|d|)",
+                any::<u64>().prop_map(|n| format_go_duration(Duration::from_nanos(n >> 1))),
+            ],
+            cap_ms in 0..120_000u64,
+        ) {
+            let cap = Duration::from_millis(cap_ms);
+            match (parse_wait(Some(&v), cap), parse_go_duration_signed(&v)) {
+                (Ok(w), _) if v.is_empty() => prop_assert_eq!(w, Duration::ZERO),
+                (Ok(w), Ok(n)) => prop_assert_eq!(w, Duration::from_nanos(n.max(0) as u64).min(cap)),
+                (Err(e), Err(_)) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+                (r, p) => prop_assert!(false, "{:?} {:?} for {:?}", r, p, v),
+            }
+            prop_assert_eq!(parse_wait(None, cap).unwrap(), Duration::ZERO);
+        }
     }
 }

@@ -166,6 +166,59 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{what} is not valid base64: {e}"))
 }
 
+/// A batch element as it is stored: payload, key (an empty key is none), pinned partition.
+#[derive(Debug, PartialEq, Eq)]
+struct BatchElement {
+    payload: Bytes,
+    key: Option<Bytes>,
+    pinned: Option<u32>,
+}
+
+/// Decodes element `i` of a batch for a topic of `n` partitions: `400`, or `413` for a
+/// payload over [`MAX_BODY`].
+fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElement> {
+    let fail = |msg: String| ApiError::bad_request(format!("message {i}: {msg}"));
+    let m: BatchMessage = serde_json::from_str(raw.get()).map_err(|e| fail(format!("{e}")))?;
+    let payload: Bytes = match m.payload_encoding.as_deref() {
+        None | Some("") => Bytes::copy_from_slice(m.payload.get().as_bytes()),
+        Some("base64") => {
+            let s: String = serde_json::from_str(m.payload.get())
+                .map_err(|_| fail("a base64 payload must be a JSON string".into()))?;
+            Bytes::from(decode_b64("payload", &s).map_err(fail)?)
+        }
+        Some(other) => return Err(fail(format!("unknown payload_encoding {other:?}"))),
+    };
+    if payload.is_empty() {
+        return Err(fail("payload is empty".into()));
+    }
+    if payload.len() > MAX_BODY {
+        return Err(ApiError::too_large(format!(
+            "message {i}: payload exceeds {MAX_BODY} bytes"
+        )));
+    }
+    let key: Option<Bytes> = match (m.key.as_deref(), m.key_encoding.as_deref()) {
+        (None, _) => None,
+        (Some(k), None | Some("")) => Some(Bytes::copy_from_slice(k.as_bytes())),
+        (Some(k), Some("base64")) => Some(Bytes::from(decode_b64("key", k).map_err(fail)?)),
+        (Some(_), Some(other)) => return Err(fail(format!("unknown key_encoding {other:?}"))),
+    }
+    .filter(|k| !k.is_empty());
+    let pinned = match m.partition {
+        None => None,
+        Some(p) if p >= 0 && (p as u64) < n as u64 => Some(p as u32),
+        Some(p) => {
+            return Err(fail(format!(
+                "partition {p} out of range: the topic has {n} partitions"
+            )))
+        }
+    };
+    Ok(BatchElement {
+        payload,
+        key,
+        pinned,
+    })
+}
+
 pub async fn produce_batch(
     State(node): State<AppState>,
     caller: Caller,
@@ -185,43 +238,13 @@ pub async fn produce_batch(
     let n = topic.config.partitions;
     let mut records = Vec::with_capacity(req.messages.len());
     for (i, raw) in req.messages.iter().enumerate() {
-        let fail = |msg: String| ApiError::bad_request(format!("message {i}: {msg}"));
-        let m: BatchMessage = serde_json::from_str(raw.get()).map_err(|e| fail(format!("{e}")))?;
-        let payload: Bytes = match m.payload_encoding.as_deref() {
-            None | Some("") => Bytes::copy_from_slice(m.payload.get().as_bytes()),
-            Some("base64") => {
-                let s: String = serde_json::from_str(m.payload.get())
-                    .map_err(|_| fail("a base64 payload must be a JSON string".into()))?;
-                Bytes::from(decode_b64("payload", &s).map_err(fail)?)
-            }
-            Some(other) => return Err(fail(format!("unknown payload_encoding {other:?}"))),
-        };
-        if payload.is_empty() {
-            return Err(fail("payload is empty".into()));
-        }
-        if payload.len() > MAX_BODY {
-            return Err(ApiError::too_large(format!(
-                "message {i}: payload exceeds {MAX_BODY} bytes"
-            )));
-        }
-        let key: Option<Bytes> = match (m.key.as_deref(), m.key_encoding.as_deref()) {
-            (None, _) => None,
-            (Some(k), None | Some("")) => Some(Bytes::copy_from_slice(k.as_bytes())),
-            (Some(k), Some("base64")) => Some(Bytes::from(decode_b64("key", k).map_err(fail)?)),
-            (Some(_), Some(other)) => return Err(fail(format!("unknown key_encoding {other:?}"))),
-        }
-        .filter(|k| !k.is_empty());
-        let pinned = match m.partition {
-            None => None,
-            Some(p) if p >= 0 && (p as u64) < n as u64 => Some(p as u32),
-            Some(p) => {
-                return Err(fail(format!(
-                    "partition {p} out of range: the topic has {n} partitions"
-                )))
-            }
-        };
+        let BatchElement {
+            payload,
+            key,
+            pinned,
+        } = decode_batch_element(i, raw, n)?;
         if let Err(e) = validate_schema(&node, &topic, &payload) {
-            return Err(fail(e.message));
+            return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
         }
         let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
         records.push(WalRecord {
@@ -249,5 +272,121 @@ mod tests {
         assert_eq!(fnv1a32(b"a"), 0xe40c292c);
         assert_eq!(fnv1a32(b"customer-42"), 0xfe68adbe);
         assert_eq!(fnv1a32(b"customer-42") % 3, 1);
+    }
+}
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use narad_api::render::{encode_batch_payload, render_key};
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            vec(any::<u8>(), 0..32),
+            any::<String>().prop_map(String::into_bytes),
+            "[ ]?(\\{\"a\":[0-9]{1,3}\\}|[0-9]{1,4}|\"[a-z]{0,4}\"|true|null)[ ]?"
+                .prop_map(String::into_bytes),
+        ]
+    }
+
+    /// A batch element as the SDKs write it (`encode_batch_payload`, keys rendered as text
+    /// or base64).
+    fn element(payload: &[u8], key: Option<&[u8]>, partition: Option<i64>) -> Box<RawValue> {
+        let (p, payload_encoding) = encode_batch_payload(payload);
+        let (key, key_encoding) = match key {
+            Some(k) => {
+                let (text, enc) = render_key(k);
+                (Some(text.into_owned()), enc.map(str::to_string))
+            }
+            None => (None, None),
+        };
+        let m = BatchMessage {
+            payload: p,
+            payload_encoding: payload_encoding.map(str::to_string),
+            key,
+            key_encoding,
+            partition,
+        };
+        serde_json::value::to_raw_value(&m).unwrap()
+    }
+
+    proptest! {
+        /// What a client encodes is stored byte for byte: payload, key (empty = none),
+        /// partition when in range.
+        #[test]
+        fn prop_batch_element_roundtrip(
+            payload in bytes(),
+            key in proptest::option::of(bytes()),
+            partition in proptest::option::of(prop_oneof![0..8i64, any::<i64>()]),
+            n in 1..8u32,
+        ) {
+            let raw = element(&payload, key.as_deref(), partition);
+            match decode_batch_element(3, &raw, n) {
+                Ok(e) => {
+                    prop_assert_eq!(&e.payload[..], &payload[..]);
+                    prop_assert_eq!(e.key.as_deref(), key.as_deref().filter(|k| !k.is_empty()));
+                    prop_assert_eq!(e.pinned.map(i64::from), partition);
+                }
+                Err(e) => {
+                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert!(e.message.starts_with("message 3: "));
+                    prop_assert!(
+                        payload.is_empty() || partition.is_some_and(|p| p < 0 || p >= i64::from(n)),
+                        "{}", e.message
+                    );
+                }
+            }
+        }
+
+        /// Elements with arbitrary field values and types: 400 or 413, never a panic.
+        #[test]
+        fn prop_batch_element_arbitrary(
+            fields in vec(
+                (
+                    prop_oneof![
+                        Just("payload"),
+                        Just("payload_encoding"),
+                        Just("key"),
+                        Just("key_encoding"),
+                        Just("partition"),
+                        Just("other"),
+                    ],
+                    prop_oneof![
+                        Just("\"base64\"".to_string()),
+                        Just("\"\"".to_string()),
+                        Just("null".to_string()),
+                        any::<i64>().prop_map(|n| n.to_string()),
+                        "-?[0-9]{1,22}(\\.[0-9])?",
+                        any::<String>().prop_map(|s| serde_json::to_string(&s).unwrap()),
+                        "\"[A-Za-z0-9+/]{0,8}={0,2}\"",
+                        Just("{\"a\":[1,{}]}".to_string()),
+                    ],
+                ),
+                0..6,
+            ),
+            n in 1..8u32,
+        ) {
+            let body = format!(
+                "{{{}}}",
+                fields
+                    .iter()
+                    .map(|(k, v)| format!("\"{k}\":{v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            let Ok(raw) = RawValue::from_string(body) else { return Ok(()) };
+            match decode_batch_element(0, &raw, n) {
+                Ok(e) => {
+                    prop_assert!(!e.payload.is_empty() && e.payload.len() <= MAX_BODY);
+                    prop_assert!(e.key.as_ref().is_none_or(|k| !k.is_empty()));
+                    prop_assert!(e.pinned.is_none_or(|p| p < n));
+                }
+                Err(e) => prop_assert!(
+                    e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::PAYLOAD_TOO_LARGE
+                ),
+            }
+        }
     }
 }

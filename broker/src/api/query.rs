@@ -100,3 +100,87 @@ mod tests {
         assert_eq!(q.partition(4).unwrap(), Some(3));
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use percent_encoding::{percent_encode, AsciiSet, NON_ALPHANUMERIC};
+    use proptest::collection::{btree_map, vec};
+    use proptest::prelude::*;
+
+    /// What Go's `url.QueryEscape` leaves alone: letters, digits, `-_.~`; space becomes `+`.
+    const QUERY: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+
+    fn escape(b: &[u8]) -> String {
+        // Spaces first become '+' (and a literal '+' is escaped), as Go writes them.
+        percent_encode(b, QUERY).to_string().replace("%20", "+")
+    }
+
+    proptest! {
+        #[test]
+        fn prop_query_parse_never_panics(raw in prop_oneof![
+            any::<String>(),
+            "[a-z=&%+0-9A-F]{0,40}",
+            "(%[0-9a-fA-F]?[0-9a-fA-F]?|[=&+]|\\PC){0,20}",
+        ]) {
+            let q = Query::parse(Some(&raw));
+            let pairs = raw.split('&').filter(|p| !p.is_empty()).count();
+            prop_assert_eq!(q.pairs.len(), pairs);
+            for name in ["partition", "offset", "max", "wait", "extend", "key", "receipt_handle"] {
+                let _ = q.text(name);
+                let _ = q.uint(name);
+            }
+            let _ = q.partition(u32::MAX);
+        }
+
+        /// Values escaped the way Go's `url.Values.Encode` does come back byte for byte.
+        #[test]
+        fn prop_query_roundtrip(pairs in btree_map(any::<String>(), vec(any::<u8>(), 0..24), 0..6)) {
+            let raw = pairs
+                .iter()
+                .map(|(k, v)| format!("{}={}", escape(k.as_bytes()), escape(v)))
+                .collect::<Vec<_>>()
+                .join("&");
+            let q = Query::parse(Some(&raw));
+            for (k, v) in &pairs {
+                prop_assert_eq!(q.one(k).unwrap(), Some(&v[..]), "{} in {}", k, raw);
+                match std::str::from_utf8(v) {
+                    Ok(s) => prop_assert_eq!(q.text(k).unwrap(), Some(s)),
+                    Err(_) => prop_assert!(q.text(k).is_err()),
+                }
+            }
+        }
+
+        #[test]
+        fn prop_query_repeated_name_is_refused(name in "[a-z_]{1,12}", a in any::<u64>(), b in any::<u64>()) {
+            let q = Query::parse(Some(&format!("{name}={a}&x=1&{name}={b}")));
+            prop_assert!(q.one(&name).is_err());
+            prop_assert!(q.uint(&name).is_err());
+        }
+
+        /// `uint` takes exactly the decimal forms Rust's `u64` parser takes, and
+        /// `partition` only indexes below the count.
+        #[test]
+        fn prop_query_uint_and_partition(
+            v in prop_oneof![
+                any::<u64>().prop_map(|n| n.to_string()),
+                "[+-]?[0-9]{0,21}",
+                any::<String>(),
+            ],
+            count in prop_oneof![1..16u32, any::<u32>()],
+        ) {
+            let q = Query::parse(Some(&format!("partition={}", escape(v.as_bytes()))));
+            let want = v.parse::<u64>().ok();
+            prop_assert_eq!(q.uint("partition").ok().flatten(), want);
+            match q.partition(count) {
+                Ok(Some(p)) => prop_assert!(want == Some(p as u64) && p < count),
+                Ok(None) => prop_assert!(false, "partition given"),
+                Err(_) => prop_assert!(want.is_none_or(|p| p >= count as u64)),
+            }
+        }
+    }
+}

@@ -239,6 +239,19 @@ pub async fn create(
     ))
 }
 
+/// `limit` of a topic listing: at least 1, larger values capped at [`MAX_LIST_LIMIT`].
+fn parse_limit(v: Option<&str>) -> ApiResult<u64> {
+    match v {
+        None => Ok(DEFAULT_LIST_LIMIT),
+        Some(s) => match s.parse::<i64>() {
+            Ok(n) if n >= 1 => Ok((n as u64).min(MAX_LIST_LIMIT)),
+            _ => Err(ApiError::bad_request(format!(
+                "limit must be an integer of at least 1, got {s:?}"
+            ))),
+        },
+    }
+}
+
 /// Pages over the topics the caller sees (SPEC §4.3), by name: the token is the last name
 /// of the previous page and the next page holds visible names strictly greater than it.
 pub async fn list(
@@ -247,17 +260,7 @@ pub async fn list(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let q = Query::parse(q.as_deref());
-    let limit = match q.text("limit")? {
-        None => DEFAULT_LIST_LIMIT,
-        Some(s) => match s.parse::<i64>() {
-            Ok(n) if n >= 1 => (n as u64).min(MAX_LIST_LIMIT),
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "limit must be an integer of at least 1, got {s:?}"
-                )))
-            }
-        },
-    };
+    let limit = parse_limit(q.text("limit")?)?;
     let token = q.text("page_token")?.unwrap_or("");
     let view = node.meta.view();
     let start = if token.is_empty() {
@@ -419,4 +422,32 @@ pub async fn delete(
     node.apply_topics()?;
     audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn prop_list_limit(v in proptest::option::of(prop_oneof![
+            any::<String>(),
+            "[+-]?[0-9]{0,20}",
+            any::<i64>().prop_map(|n| n.to_string()),
+        ])) {
+            match (parse_limit(v.as_deref()), v.as_deref().map(str::parse::<i64>)) {
+                (Ok(l), None) => prop_assert_eq!(l, DEFAULT_LIST_LIMIT),
+                (Ok(l), Some(Ok(n))) => {
+                    prop_assert!(n >= 1);
+                    prop_assert_eq!(l, (n as u64).min(MAX_LIST_LIMIT));
+                }
+                (Err(e), Some(n)) => {
+                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert!(n.map_or(true, |n| n < 1));
+                }
+                (r, n) => prop_assert!(false, "{:?} for {:?}", r, n),
+            }
+        }
+    }
 }

@@ -387,3 +387,278 @@ pub struct RemoteLinkState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = CommitRecord> {
+        (
+            proptest::option::of(vec(any::<u8>(), 0..32)),
+            vec(any::<u8>(), 0..128),
+        )
+            .prop_map(|(key, payload)| CommitRecord {
+                key: key.map(Bytes::from),
+                payload: Bytes::from(payload),
+            })
+    }
+
+    fn batch() -> impl Strategy<Value = CommitBatch> {
+        (any::<u64>(), any::<u32>(), vec(record(), 0..8)).prop_map(
+            |(topic_id, partition, records)| CommitBatch {
+                topic_id,
+                partition,
+                records,
+            },
+        )
+    }
+
+    /// Commit-batch bytes: garbage, or a header with any count in front of length fields
+    /// that are small or huge (up to `u32::MAX`, the "no key" marker included).
+    fn batch_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            vec(any::<u8>(), 0..96),
+            (
+                any::<u64>(),
+                prop_oneof![0..6u32, any::<u32>()],
+                vec(
+                    (
+                        prop_oneof![Just(NO_KEY), 0..8u32, any::<u32>()],
+                        prop_oneof![0..8u32, any::<u32>()],
+                        vec(any::<u8>(), 0..16),
+                    ),
+                    0..5,
+                ),
+            )
+                .prop_map(|(topic, count, recs)| {
+                    let mut b = BytesMut::new();
+                    b.put_u64(topic);
+                    b.put_u32(0);
+                    b.put_u32(count);
+                    for (klen, plen, data) in recs {
+                        b.put_u32(klen);
+                        b.put_u32(plen);
+                        b.put_slice(&data);
+                    }
+                    b.to_vec()
+                }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn prop_commit_batch_roundtrip(b in batch()) {
+            let enc = b.encode();
+            prop_assert_eq!(CommitBatch::decode(enc).unwrap(), b);
+        }
+
+        /// Every strict prefix and every longer buffer is refused.
+        #[test]
+        fn prop_commit_batch_truncation_and_trailing_bytes(
+            b in batch(),
+            cut in any::<prop::sample::Index>(),
+            extra in vec(any::<u8>(), 1..8),
+        ) {
+            let enc = b.encode();
+            prop_assert!(CommitBatch::decode(enc.slice(..cut.index(enc.len()))).is_err());
+            let mut longer = enc.to_vec();
+            longer.extend(extra);
+            prop_assert!(CommitBatch::decode(Bytes::from(longer)).is_err());
+        }
+
+        /// Arbitrary bytes (huge counts and lengths included) never panic or allocate what
+        /// the input cannot hold; what decodes re-encodes to the same bytes.
+        #[test]
+        fn prop_commit_batch_decode_arbitrary(b in batch_bytes()) {
+            if let Ok(d) = CommitBatch::decode(Bytes::from(b.clone())) {
+                prop_assert!(d.records.capacity() <= b.len() / 8);
+                prop_assert_eq!(&d.encode()[..], &b[..]);
+            }
+        }
+    }
+
+    fn consume_request() -> impl Strategy<Value = ConsumeRequest> {
+        (
+            any::<u64>(),
+            any::<String>(),
+            any::<Option<u32>>(),
+            any::<Option<u64>>(),
+            any::<Option<u32>>(),
+            any::<u64>(),
+        )
+            .prop_map(|(topic_id, topic, partition, offset, max, wait_ms)| {
+                ConsumeRequest {
+                    topic_id,
+                    topic,
+                    partition,
+                    offset,
+                    max,
+                    wait_ms,
+                }
+            })
+    }
+
+    fn settle_request() -> impl Strategy<Value = SettleRequest> {
+        (
+            any::<u64>(),
+            any::<String>(),
+            prop_oneof![
+                Just(SettleKind::Ack),
+                Just(SettleKind::Extend),
+                Just(SettleKind::Nack)
+            ],
+            vec(any::<String>(), 0..4),
+        )
+            .prop_map(|(topic_id, topic, how, handles)| SettleRequest {
+                topic_id,
+                topic,
+                how,
+                handles,
+            })
+    }
+
+    /// One JSON body of each opcode the handler decodes with serde (`handler.rs`), as the
+    /// sender encodes it.
+    fn json_bodies() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        let to = |v: serde_json::Result<Vec<u8>>| v.unwrap();
+        (
+            consume_request(),
+            settle_request(),
+            (any::<u64>(), any::<String>(), vec(any::<u32>(), 0..4)),
+            (
+                any::<u64>(),
+                any::<u32>(),
+                any::<u64>(),
+                any::<u64>(),
+                any::<u32>(),
+            ),
+            (any::<Option<u64>>(), any::<u32>(), any::<u64>()),
+            (
+                any::<String>(),
+                any::<String>(),
+                any::<bool>(),
+                any::<Option<String>>(),
+            ),
+            (any::<String>(), any::<String>(), any::<u64>()),
+        )
+            .prop_map(move |(c, s, st, ch, asg, join, misc)| {
+                vec![
+                    to(serde_json::to_vec(&c)),
+                    to(serde_json::to_vec(&s)),
+                    to(serde_json::to_vec(&StatsRequest {
+                        topic_id: st.0,
+                        topic: st.1,
+                        partitions: st.2,
+                    })),
+                    to(serde_json::to_vec(&ChunkRequest {
+                        topic_id: ch.0,
+                        partition: ch.1,
+                        base: ch.2,
+                        pos: ch.3,
+                        len: ch.4,
+                    })),
+                    to(serde_json::to_vec(&PartitionRef {
+                        topic_id: ch.0,
+                        partition: ch.1,
+                    })),
+                    to(serde_json::to_vec(&HandoffRequest {
+                        topic_id: ch.0,
+                        partition: ch.1,
+                        move_id: ch.2,
+                    })),
+                    to(serde_json::to_vec(&AssignmentRequest {
+                        topic_id: asg.0,
+                        partition: asg.1,
+                    })),
+                    to(serde_json::to_vec(&TransferRequest { last_index: asg.2 })),
+                    to(serde_json::to_vec(&JoinRequest {
+                        id: join.0,
+                        cluster_addr: join.1,
+                        probe: join.2,
+                    })),
+                    to(serde_json::to_vec(&GetTopicRequest { name: join.3 })),
+                    to(serde_json::to_vec(&FanoutCursorsRequest {
+                        parent_id: misc.2,
+                        parent: misc.0.clone(),
+                    })),
+                    to(serde_json::to_vec(&ProposeRequest {
+                        command: MetaCommand::AttachChild {
+                            parent: misc.0,
+                            child: misc.1,
+                            delay_ms: misc.2,
+                            now_ms: misc.2 / 2,
+                        },
+                    })),
+                ]
+            })
+    }
+
+    /// Decodes `body` as every JSON opcode body; the result is thrown away (only "no panic"
+    /// counts for a mutated body).
+    fn decode_all(body: &[u8]) -> usize {
+        fn ok<T: serde::de::DeserializeOwned>(b: &[u8]) -> usize {
+            serde_json::from_slice::<T>(b).is_ok() as usize
+        }
+        ok::<ConsumeRequest>(body)
+            + ok::<SettleRequest>(body)
+            + ok::<StatsRequest>(body)
+            + ok::<ChunkRequest>(body)
+            + ok::<PartitionRef>(body)
+            + ok::<HandoffRequest>(body)
+            + ok::<AssignmentRequest>(body)
+            + ok::<TransferRequest>(body)
+            + ok::<JoinRequest>(body)
+            + ok::<GetTopicRequest>(body)
+            + ok::<FanoutCursorsRequest>(body)
+            + ok::<ProposeRequest>(body)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Each JSON opcode body decodes back to a value that encodes the same: u64 ids and
+        /// offsets keep every bit, strings every character.
+        #[test]
+        fn prop_json_opcode_bodies_roundtrip(bodies in json_bodies()) {
+            fn same<T: serde::de::DeserializeOwned + serde::Serialize>(b: &[u8]) -> bool {
+                serde_json::to_vec(&serde_json::from_slice::<T>(b).unwrap()).unwrap() == b
+            }
+            let checks = [
+                same::<ConsumeRequest>(&bodies[0]),
+                same::<SettleRequest>(&bodies[1]),
+                same::<StatsRequest>(&bodies[2]),
+                same::<ChunkRequest>(&bodies[3]),
+                same::<PartitionRef>(&bodies[4]),
+                same::<HandoffRequest>(&bodies[5]),
+                same::<AssignmentRequest>(&bodies[6]),
+                same::<TransferRequest>(&bodies[7]),
+                same::<JoinRequest>(&bodies[8]),
+                same::<GetTopicRequest>(&bodies[9]),
+                same::<FanoutCursorsRequest>(&bodies[10]),
+                same::<ProposeRequest>(&bodies[11]),
+            ];
+            prop_assert!(checks.iter().all(|c| *c), "{:?}", checks);
+        }
+
+        /// Truncated and byte-flipped bodies are refused or decoded, never a panic.
+        #[test]
+        fn prop_json_opcode_bodies_mutated(
+            bodies in json_bodies(),
+            which in any::<prop::sample::Index>(),
+            cut in any::<prop::sample::Index>(),
+            flips in vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        ) {
+            let mut b = bodies[which.index(bodies.len())].clone();
+            for (at, v) in flips {
+                let at = at.index(b.len());
+                b[at] = v;
+            }
+            let cut = cut.index(b.len() + 1);
+            decode_all(&b[..cut]);
+            // Unmutated and whole, a body decodes as its own type at least.
+            prop_assert!(decode_all(&bodies[which.index(bodies.len())]) >= 1);
+        }
+    }
+}

@@ -413,3 +413,128 @@ mod tests {
         assert_eq!(decode(&[0u8; LEN]), None);
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn id() -> impl Strategy<Value = CursorId> {
+        (any::<u64>(), any::<u64>()).prop_map(|(child_id, epoch)| CursorId { child_id, epoch })
+    }
+
+    /// A two-slot file image: each slot intact for `id`, intact for another cursor, damaged,
+    /// or never written.
+    fn file(id: CursorId) -> impl Strategy<Value = (Vec<u8>, [Option<Found>; 2])> {
+        let slot = move || {
+            prop_oneof![
+                (any::<u64>(), any::<u64>()).prop_map(move |(seq, next)| (
+                    Some(Found { seq, next }),
+                    encode_slot(id, seq, next).to_vec()
+                )),
+                (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(move |(other, seq, next)| {
+                    let o = CursorId {
+                        child_id: id.child_id ^ other.max(1),
+                        epoch: id.epoch,
+                    };
+                    (None, encode_slot(o, seq, next).to_vec())
+                }),
+                (any::<u64>(), any::<u64>(), 0..SLOT_LEN, 0..8u8).prop_map(
+                    move |(seq, next, at, bit)| {
+                        let mut b = encode_slot(id, seq, next);
+                        b[at] ^= 1 << bit;
+                        (None, b.to_vec())
+                    }
+                ),
+                Just((None, vec![0u8; SLOT_LEN])),
+            ]
+        };
+        (
+            slot(),
+            slot(),
+            vec(any::<u8>(), SLOT_STRIDE as usize - SLOT_LEN),
+        )
+            .prop_map(|((f0, s0), (f1, s1), gap)| {
+                let mut b = s0;
+                b.extend_from_slice(&gap);
+                b.extend_from_slice(&s1);
+                (b, [f0, f1])
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn prop_cursor_slot_roundtrip(id in id(), seq in any::<u64>(), next in any::<u64>()) {
+            let b = encode_slot(id, seq, next);
+            prop_assert_eq!(decode_slot(&b), Some((id.child_id, id.epoch, Found { seq, next })));
+            // The slot of the other format is not read as this one, nor a prefix or more.
+            prop_assert_eq!(decode(&b), None);
+            prop_assert_eq!(decode_slot(&b[..SLOT_LEN - 1]), None);
+            let mut longer = b.to_vec();
+            longer.push(0);
+            prop_assert_eq!(decode_slot(&longer), None);
+        }
+
+        #[test]
+        fn prop_cursor_v1_roundtrip(c in any::<u64>(), e in any::<u64>(), next in any::<u64>()) {
+            let b = encode(c, e, next);
+            prop_assert_eq!(decode(&b), Some((c, e, next)));
+            prop_assert_eq!(decode_slot(&b), None);
+            let id = CursorId { child_id: c, epoch: e };
+            prop_assert_eq!(newest(&b, id), Some(Found { seq: 0, next }));
+        }
+
+        /// A flipped bit anywhere in a record is never read as a position.
+        #[test]
+        fn prop_cursor_bit_flip_is_detected(
+            id in id(),
+            seq in any::<u64>(),
+            next in any::<u64>(),
+            at in 0..SLOT_LEN,
+            bit in 0..8u8,
+        ) {
+            let mut b = encode_slot(id, seq, next);
+            b[at] ^= 1 << bit;
+            prop_assert_eq!(decode_slot(&b), None);
+            let mut v1 = encode(id.child_id, id.epoch, next);
+            let at = at % LEN;
+            v1[at] ^= 1 << bit;
+            prop_assert_eq!(decode(&v1), None);
+        }
+
+        /// The newest intact slot of this cursor wins; damaged slots and other cursors' slots
+        /// are ignored.
+        #[test]
+        fn prop_cursor_newest_intact_slot_wins(
+            (id, (b, found)) in id().prop_flat_map(|id| (Just(id), file(id))),
+        ) {
+            prop_assert_eq!(b.len(), FILE_LEN);
+            let want = found.iter().flatten().copied().max_by_key(|f| f.seq);
+            prop_assert_eq!(newest(&b, id).map(|f| f.seq), want.map(|f| f.seq));
+            if let (Some(a), Some(w)) = (newest(&b, id), want) {
+                prop_assert!(found.contains(&Some(a)));
+                prop_assert_eq!(a.seq, w.seq);
+            }
+        }
+
+        #[test]
+        fn prop_cursor_decode_arbitrary_bytes(
+            id in id(),
+            b in prop_oneof![
+                vec(any::<u8>(), 0..64),
+                vec(any::<u8>(), FILE_LEN - 2..FILE_LEN + 2),
+            ],
+        ) {
+            let _ = decode(&b);
+            let _ = decode_slot(&b);
+            if let Some(f) = newest(&b, id) {
+                // Only an intact record of this cursor is ever found.
+                let slot0 = b.get(..SLOT_LEN).and_then(decode_slot);
+                let slot1 = b.get(SLOT_STRIDE as usize..SLOT_STRIDE as usize + SLOT_LEN).and_then(decode_slot);
+                let v1 = decode(&b).map(|(c, e, next)| (c, e, Found { seq: 0, next }));
+                prop_assert!([slot0, slot1, v1].contains(&Some((id.child_id, id.epoch, f))));
+            }
+        }
+    }
+}

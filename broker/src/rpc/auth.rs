@@ -297,3 +297,76 @@ mod tests {
         assert!(decode_response(&encode_response(&"x".repeat(256), &proof)).is_err());
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    /// Node ids the handshake accepts: 1 to 255 bytes of UTF-8 without control characters.
+    fn node_id() -> impl Strategy<Value = String> {
+        prop_oneof!["[a-z0-9-]{1,64}", "\\PC{1,64}"]
+            .prop_filter("at most 255 bytes", |s| s.len() <= MAX_NODE_ID_LEN)
+    }
+
+    fn valid_id(id: &str) -> bool {
+        !id.is_empty() && id.len() <= MAX_NODE_ID_LEN && !id.chars().any(char::is_control)
+    }
+
+    proptest! {
+        #[test]
+        fn prop_challenge_roundtrip(nonce in any::<[u8; NONCE_LEN]>(), id in node_id()) {
+            let c = encode_challenge(&nonce, &id);
+            prop_assert_eq!(decode_challenge(&c).unwrap(), (nonce, id));
+        }
+
+        /// Arbitrary challenges: what decodes has a valid id and re-encodes to the same bytes.
+        #[test]
+        fn prop_decode_challenge_arbitrary(b in vec(any::<u8>(), 0..320)) {
+            if let Ok((nonce, id)) = decode_challenge(&b) {
+                prop_assert!(valid_id(&id));
+                prop_assert_eq!(&encode_challenge(&nonce, &id)[..], &b[..]);
+            }
+        }
+
+        #[test]
+        fn prop_response_roundtrip_and_truncation(
+            id in node_id(),
+            proof in any::<[u8; PROOF_LEN]>(),
+            cut in any::<prop::sample::Index>(),
+            extra in vec(any::<u8>(), 1..4),
+        ) {
+            let r = encode_response(&id, &proof);
+            prop_assert_eq!(decode_response(&r).unwrap(), (id, proof));
+            prop_assert!(decode_response(&r[..cut.index(r.len())]).is_err());
+            let mut longer = r.to_vec();
+            longer.extend(extra);
+            prop_assert!(decode_response(&longer).is_err());
+        }
+
+        #[test]
+        fn prop_decode_response_arbitrary(b in vec(any::<u8>(), 0..320)) {
+            if let Ok((id, proof)) = decode_response(&b) {
+                prop_assert!(valid_id(&id));
+                prop_assert_eq!(&encode_response(&id, &proof)[..], &b[..]);
+            }
+        }
+
+        /// A length prefix that is off, or an id that is not a valid node id (empty, too
+        /// long, control characters), is refused; anything else is accepted.
+        #[test]
+        fn prop_decode_response_checks_length_and_id(
+            id in prop_oneof![node_id(), any::<String>(), "\\PC{0,8}\\pC\\PC{0,8}", "x{250,260}"],
+            fudge in prop_oneof![3 => Just(0i32), 1 => -2..=2i32],
+            proof in any::<[u8; PROOF_LEN]>(),
+        ) {
+            let len = (id.len() as i32 + fudge).clamp(0, u16::MAX as i32) as u16;
+            let mut b = len.to_be_bytes().to_vec();
+            b.extend_from_slice(id.as_bytes());
+            b.extend_from_slice(&proof);
+            let ok = usize::from(len) == id.len() && valid_id(&id);
+            prop_assert_eq!(decode_response(&b).ok(), ok.then(|| (id.clone(), proof)));
+        }
+    }
+}

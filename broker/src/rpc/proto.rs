@@ -830,3 +830,284 @@ mod tests {
         assert!(!RpcReply::error(400, "bad body").is_unsupported(42));
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    use tokio::io::ReadBuf;
+
+    fn frame_type() -> impl Strategy<Value = FrameType> {
+        (1..=10u8).prop_map(|n| FrameType::from_u8(n).unwrap())
+    }
+
+    fn frame() -> impl Strategy<Value = Frame> {
+        (frame_type(), any::<u64>(), vec(any::<u8>(), 0..300))
+            .prop_map(|(kind, id, payload)| Frame::new(kind, id, payload))
+    }
+
+    fn header(kind: u8, id: u64, len: u32) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..4].copy_from_slice(&MAGIC);
+        h[4] = PROTOCOL_VERSION;
+        h[5] = kind;
+        h[6..14].copy_from_slice(&id.to_be_bytes());
+        h[14..18].copy_from_slice(&len.to_be_bytes());
+        h
+    }
+
+    /// Wire bytes: garbage, or garbage behind a well-formed header (any kind, any length).
+    fn wire_bytes() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            vec(any::<u8>(), 0..128),
+            (
+                any::<u8>(),
+                any::<u64>(),
+                prop_oneof![0..64u32, any::<u32>()],
+                vec(any::<u8>(), 0..128)
+            )
+                .prop_map(|(kind, id, len, rest)| {
+                    let mut b = header(kind, id, len).to_vec();
+                    b.extend(rest);
+                    b
+                }),
+        ]
+    }
+
+    /// An in-memory stream that hands out its bytes in the given chunk sizes.
+    struct Chunked {
+        data: Vec<u8>,
+        pos: usize,
+        sizes: Vec<usize>,
+        reads: usize,
+    }
+
+    impl AsyncRead for Chunked {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let this = self.get_mut();
+            let size = this.sizes[this.reads % this.sizes.len()];
+            this.reads += 1;
+            let n = size.min(this.data.len() - this.pos).min(buf.remaining());
+            buf.put_slice(&this.data[this.pos..this.pos + n]);
+            this.pos += n;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    fn chunked(data: Vec<u8>, sizes: Vec<usize>) -> Chunked {
+        Chunked {
+            data,
+            pos: 0,
+            sizes,
+            reads: 0,
+        }
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
+    }
+
+    proptest! {
+        #[test]
+        fn prop_frame_roundtrip(frames in vec(frame(), 1..6)) {
+            let mut buf = BytesMut::new();
+            for f in &frames {
+                f.encode_into(&mut buf).unwrap();
+            }
+            for f in &frames {
+                prop_assert_eq!(Frame::decode(&mut buf).unwrap(), Some(f.clone()));
+            }
+            prop_assert!(buf.is_empty());
+            prop_assert_eq!(Frame::decode(&mut buf).unwrap(), None);
+        }
+
+        /// Every strict prefix of a frame asks for more bytes and consumes nothing.
+        #[test]
+        fn prop_frame_truncated_needs_more(f in frame(), cut in any::<prop::sample::Index>()) {
+            let full = f.encode().unwrap();
+            let cut = cut.index(full.len());
+            let mut buf = BytesMut::from(&full[..cut]);
+            prop_assert_eq!(Frame::decode(&mut buf).unwrap(), None);
+            prop_assert_eq!(&buf[..], &full[..cut]);
+        }
+
+        /// Arbitrary bytes: Ok(None) consumes nothing and allocates nothing, whatever length a
+        /// header announces; a frame consumes exactly its header and payload.
+        #[test]
+        fn prop_frame_decode_never_panics(b in wire_bytes()) {
+            let mut buf = BytesMut::from(&b[..]);
+            loop {
+                let (len, cap) = (buf.len(), buf.capacity());
+                match Frame::decode(&mut buf) {
+                    Ok(None) => {
+                        prop_assert_eq!((buf.len(), buf.capacity()), (len, cap));
+                        break;
+                    }
+                    Ok(Some(f)) => prop_assert_eq!(buf.len(), len - HEADER_LEN - f.payload.len()),
+                    Err(ProtoError::UnknownFrameType { .. }) => prop_assert!(buf.len() < len),
+                    Err(_) => break,
+                }
+            }
+        }
+
+        #[test]
+        fn prop_parse_header_checks_every_field(h in prop_oneof![
+            any::<[u8; HEADER_LEN]>(),
+            (any::<u8>(), any::<u64>(), any::<u32>()).prop_map(|(k, id, len)| header(k, id, len)),
+        ]) {
+            let len = u32::from_be_bytes(h[14..18].try_into().unwrap());
+            match parse_header(&h) {
+                Ok(p) => {
+                    prop_assert!(h[0..4] == MAGIC && h[4] == PROTOCOL_VERSION);
+                    prop_assert!(p.len <= MAX_PAYLOAD);
+                    prop_assert_eq!(p, Header {
+                        kind: h[5],
+                        request_id: u64::from_be_bytes(h[6..14].try_into().unwrap()),
+                        len: len as usize,
+                    });
+                }
+                Err(ProtoError::BadMagic(m)) => prop_assert!(m != MAGIC && m == h[0..4]),
+                Err(ProtoError::BadVersion(v)) => prop_assert!(v != PROTOCOL_VERSION && h[0..4] == MAGIC),
+                Err(ProtoError::Oversize(n)) => prop_assert!(n == len as u64 && n as usize > MAX_PAYLOAD),
+                Err(e) => prop_assert!(false, "unexpected {e}"),
+            }
+        }
+
+        /// A stream of frames arrives in any chunking; the reader yields each frame once and
+        /// then a clean end.
+        #[test]
+        fn prop_frame_reader_any_chunking(
+            frames in vec(frame(), 0..5),
+            sizes in vec(1..64usize, 1..8),
+        ) {
+            let mut wire = BytesMut::new();
+            for f in &frames {
+                f.encode_into(&mut wire).unwrap();
+            }
+            let got = block_on(async {
+                let mut r = FrameReader::new(chunked(wire.to_vec(), sizes));
+                let mut got = Vec::new();
+                while let Some(f) = r.next().await.unwrap() {
+                    got.push(f);
+                }
+                got
+            });
+            prop_assert_eq!(got, frames);
+        }
+
+        /// A header announcing up to 16 MiB with only a few bytes behind it: the stream ends
+        /// as `Truncated`, and the buffer grew with what arrived, not with the announcement.
+        #[test]
+        fn prop_frame_reader_memory_follows_arrival(
+            len in prop_oneof![1..4096u32, Just(MAX_PAYLOAD as u32)],
+            sent in vec(any::<u8>(), 0..4096),
+            sizes in vec(1..2048usize, 1..4),
+        ) {
+            let sent = &sent[..sent.len().min(len as usize - 1)];
+            let mut wire = header(FrameType::Request as u8, 1, len).to_vec();
+            wire.extend_from_slice(sent);
+            let received = wire.len();
+            let (res, cap) = block_on(async {
+                let mut r = FrameReader::new(chunked(wire, sizes));
+                let res = r.next().await;
+                (res, r.buffer_capacity())
+            });
+            prop_assert!(matches!(res, Err(ProtoError::Truncated)), "{:?}", res);
+            prop_assert!(cap <= 2 * (received + READ_CHUNK), "capacity {} for {} bytes", cap, received);
+        }
+
+        /// Over a reader's limit (a server before the handshake): refused from the header
+        /// alone, before a byte of the payload is buffered.
+        #[test]
+        fn prop_frame_reader_limit_refuses_at_the_header(
+            max in 0..=MAX_HANDSHAKE_PAYLOAD,
+            over in prop_oneof![1..64u32, 1..=u32::MAX],
+            sent in vec(any::<u8>(), 0..256),
+            sizes in vec(1..64usize, 1..4),
+        ) {
+            let len = (max as u32).saturating_add(over);
+            let mut wire = header(FrameType::AuthResponse as u8, 0, len).to_vec();
+            wire.extend_from_slice(&sent);
+            let (res, cap) = block_on(async {
+                let mut r = FrameReader::with_max_payload(chunked(wire, sizes), max);
+                let res = r.next().await;
+                (res, r.buffer_capacity())
+            });
+            if len as usize > MAX_PAYLOAD {
+                prop_assert!(matches!(res, Err(ProtoError::Oversize(_))), "{:?}", res);
+            } else {
+                prop_assert!(
+                    matches!(res, Err(ProtoError::OverLimit { len: l, max: m }) if l == len as u64 && m == max),
+                    "{:?}", res
+                );
+            }
+            prop_assert!(cap <= 4 * HEADER_LEN, "capacity {}", cap);
+        }
+
+        #[test]
+        fn prop_read_frame_arbitrary_stream(b in wire_bytes(), sizes in vec(1..32usize, 1..4)) {
+            let res = block_on(async { read_frame(&mut chunked(b.clone(), sizes)).await });
+            match res {
+                Ok(None) => prop_assert!(b.is_empty()),
+                Ok(Some(f)) => prop_assert_eq!(&f.encode().unwrap()[..], &b[..HEADER_LEN + f.payload.len()]),
+                Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn prop_request_roundtrip(op in any::<u8>(), body in vec(any::<u8>(), 0..128)) {
+            let (o, b) = decode_request(encode_request(op, &body)).unwrap();
+            prop_assert_eq!((o, &b[..]), (op, &body[..]));
+        }
+
+        #[test]
+        fn prop_decode_request_arbitrary(b in vec(any::<u8>(), 0..64)) {
+            match decode_request(Bytes::from(b.clone())) {
+                Ok((op, body)) => prop_assert_eq!(encode_request(op, &body), Bytes::from(b)),
+                Err(_) => prop_assert!(b.is_empty()),
+            }
+        }
+
+        #[test]
+        fn prop_reply_roundtrip(
+            status in any::<u16>(),
+            ct in prop_oneof![Just(JSON.to_string()), any::<String>()],
+            body in vec(any::<u8>(), 0..128),
+        ) {
+            let r = RpcReply::new(status, ct, body);
+            let enc = r.encode().unwrap();
+            prop_assert_eq!(RpcReply::decode(enc.clone()).unwrap(), r.clone());
+            // Cut inside the status, the length or the content type: an error, never a
+            // shorter content type.
+            for cut in 0..4 + r.content_type.len() {
+                prop_assert!(RpcReply::decode(enc.slice(..cut)).is_err(), "cut at {}", cut);
+            }
+        }
+
+        /// Arbitrary reply payloads decode or fail; what decodes re-encodes to the same bytes.
+        #[test]
+        fn prop_reply_decode_arbitrary(b in prop_oneof![
+            vec(any::<u8>(), 0..64),
+            (any::<u16>(), 0..40u16, vec(any::<u8>(), 0..48)).prop_map(|(s, l, rest)| {
+                let mut b = s.to_be_bytes().to_vec();
+                b.extend_from_slice(&l.to_be_bytes());
+                b.extend(rest);
+                b
+            }),
+        ]) {
+            if let Ok(r) = RpcReply::decode(Bytes::from(b.clone())) {
+                prop_assert_eq!(r.encode().unwrap(), Bytes::from(b));
+            }
+        }
+    }
+}

@@ -952,3 +952,47 @@ mod tests {
         assert_eq!(w.auth.attempts_left("billing"), 4);
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// What `basic_header` writes parses back, for any password and any username without
+        /// a colon (the first colon ends the username).
+        #[test]
+        fn prop_basic_roundtrip(user in "[^:]{1,24}", password in any::<String>()) {
+            let got = parse_basic(basic_header(&user, &password).as_bytes()).unwrap();
+            prop_assert_eq!(got, Credentials { username: user, password });
+        }
+
+        /// Any header value: 401 or credentials with a non-empty, colon-free username whose
+        /// `user:password` is exactly what the base64 token held.
+        #[test]
+        fn prop_basic_arbitrary(value in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..48),
+            any::<String>().prop_map(String::into_bytes),
+            ("(?i:basic)", "[ \\t]{0,3}", "[A-Za-z0-9+/=]{0,24}", "[ \\t]{0,2}")
+                .prop_map(|(s, a, t, b)| format!("{s} {a}{t}{b}").into_bytes()),
+            ("[ ]{0,2}(?i:basic) ", any::<String>())
+                .prop_map(|(s, raw)| format!("{s}{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(raw)).into_bytes()),
+        ]) {
+            match parse_basic(&value) {
+                Ok(c) => {
+                    prop_assert!(!c.username.is_empty() && !c.username.contains(':'));
+                    let text = std::str::from_utf8(&value).unwrap().trim();
+                    let token = text.split_once(' ').unwrap().1.trim_start();
+                    let engine = base64::engine::GeneralPurpose::new(
+                        &base64::alphabet::STANDARD,
+                        base64::engine::GeneralPurposeConfig::new()
+                            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+                    );
+                    let raw = engine.decode(token).unwrap();
+                    prop_assert_eq!(raw, format!("{}:{}", c.username, c.password).into_bytes());
+                }
+                Err(e) => prop_assert_eq!(e, AuthError::Unauthenticated(MSG_MALFORMED.into())),
+            }
+        }
+    }
+}

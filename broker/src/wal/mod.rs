@@ -579,6 +579,13 @@ fn decode_frame(data: &[u8]) -> Option<(Vec<DurableRecord>, usize)> {
     }
     let first_lsn = u64at(12);
     let count = u32at(20) as usize;
+    // Every record takes at least its header: a count the frame cannot hold is not a valid
+    // frame (and is never trusted for an allocation); nor one whose lsns would wrap.
+    if count > (len - HEADER_LEN) / RECORD_HEADER_LEN
+        || first_lsn.checked_add(count as u64).is_none()
+    {
+        return None;
+    }
     let frame = Bytes::copy_from_slice(&data[..len]);
     let mut out = Vec::with_capacity(count);
     let mut p = HEADER_LEN;
@@ -964,5 +971,146 @@ mod tests {
             Wal::open(dir.path(), opts),
             Err(WalError::Corrupt { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = WalRecord> {
+        (
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>(),
+            proptest::option::of(vec(any::<u8>(), 0..32)),
+            vec(any::<u8>(), 0..128),
+        )
+            .prop_map(|(topic_id, partition, pinned, key, payload)| WalRecord {
+                topic_id,
+                partition,
+                pinned,
+                key: key.map(Bytes::from),
+                payload: Bytes::from(payload),
+            })
+    }
+
+    fn same(a: &WalRecord, b: &WalRecord) -> bool {
+        (a.topic_id, a.partition, a.pinned, &a.key, &a.payload)
+            == (b.topic_id, b.partition, b.pinned, &b.key, &b.payload)
+    }
+
+    /// A frame header with a correct length and CRC in front of `body`, so the record
+    /// parsing sees arbitrary bytes and counts.
+    fn frame_with_body(first_lsn: u64, count: u32, body: &[u8]) -> Vec<u8> {
+        let mut b = MAGIC.to_le_bytes().to_vec();
+        b.extend_from_slice(&((HEADER_LEN + body.len()) as u32).to_le_bytes());
+        b.extend_from_slice(&[0u8; 4]);
+        b.extend_from_slice(&first_lsn.to_le_bytes());
+        b.extend_from_slice(&count.to_le_bytes());
+        b.extend_from_slice(body);
+        let crc = crc32c::crc32c(&b[12..]);
+        b[8..12].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn check_decoded(recs: &[DurableRecord], len: usize, input: &[u8]) {
+        assert!(len >= HEADER_LEN && len <= input.len());
+        assert!(recs.len() <= (len - HEADER_LEN) / RECORD_HEADER_LEN);
+        for w in recs.windows(2) {
+            assert_eq!(w[1].lsn, w[0].lsn + 1);
+        }
+    }
+
+    /// Found by `prop_wal_decode_arbitrary_records_with_valid_crc`: a CRC-valid frame
+    /// claiming 2^32-1 records made the decoder reserve ~300 GB and abort the process; and a
+    /// first lsn near `u64::MAX` wrapped the lsns of the records after it.
+    #[test]
+    fn prop_regression_wal_count_and_lsn_are_checked_against_the_frame() {
+        assert!(decode_frame(&frame_with_body(0, u32::MAX, &[])).is_none());
+        assert!(decode_frame(&frame_with_body(0, 1, &[])).is_none());
+        let mut one = Vec::new();
+        let r = WalRecord {
+            topic_id: 1,
+            partition: 2,
+            pinned: false,
+            key: None,
+            payload: Bytes::from_static(b"p"),
+        };
+        encode_frame(&mut one, 0, [r.clone(), r].iter(), 2);
+        let body = one[HEADER_LEN..].to_vec();
+        assert!(decode_frame(&frame_with_body(u64::MAX - 1, 2, &body)).is_none());
+        let (recs, _) = decode_frame(&frame_with_body(u64::MAX - 2, 2, &body)).unwrap();
+        assert_eq!(recs[1].lsn, u64::MAX - 1);
+    }
+
+    proptest! {
+        #[test]
+        fn prop_wal_frame_roundtrip(
+            first_lsn in 0..=u64::MAX - 64,
+            recs in vec(record(), 0..12),
+            trailing in vec(any::<u8>(), 0..16),
+        ) {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, first_lsn, recs.iter(), recs.len());
+            let frame_len = buf.len();
+            // Bytes after the frame (the next frame, a torn tail) are not part of it.
+            buf.extend_from_slice(&trailing);
+            let (out, len) = decode_frame(&buf).unwrap();
+            prop_assert_eq!(len, frame_len);
+            prop_assert_eq!(out.len(), recs.len());
+            for (i, (d, r)) in out.iter().zip(&recs).enumerate() {
+                prop_assert_eq!(d.lsn, first_lsn + i as u64);
+                prop_assert!(same(&d.record, r));
+            }
+        }
+
+        #[test]
+        fn prop_wal_frame_truncation_and_bit_flips(
+            recs in vec(record(), 1..6),
+            cut in any::<prop::sample::Index>(),
+            at in any::<prop::sample::Index>(),
+            bit in 0..8u8,
+        ) {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, 1, recs.iter(), recs.len());
+            prop_assert!(decode_frame(&buf[..cut.index(buf.len())]).is_none());
+            let at = at.index(buf.len());
+            buf[at] ^= 1 << bit;
+            prop_assert!(decode_frame(&buf).is_none(), "flip of byte {} bit {}", at, bit);
+        }
+
+        #[test]
+        fn prop_wal_decode_arbitrary_bytes(b in vec(any::<u8>(), 0..128)) {
+            if let Some((recs, len)) = decode_frame(&b) {
+                check_decoded(&recs, len, &b);
+            }
+        }
+
+        /// A valid CRC over arbitrary counts and record bytes: the count a frame claims is
+        /// never trusted for an allocation, lsns never wrap, records stay inside the frame.
+        #[test]
+        fn prop_wal_decode_arbitrary_records_with_valid_crc(
+            first_lsn in prop_oneof![0..1000u64, any::<u64>(), Just(u64::MAX)],
+            count in prop_oneof![0..8u32, any::<u32>()],
+            body in prop_oneof![
+                vec(any::<u8>(), 0..96),
+                vec(record(), 0..4).prop_map(|recs| {
+                    let mut b = Vec::new();
+                    encode_frame(&mut b, 0, recs.iter(), recs.len());
+                    b[HEADER_LEN..].to_vec()
+                }),
+            ],
+        ) {
+            let b = frame_with_body(first_lsn, count, &body);
+            if let Some((recs, len)) = decode_frame(&b) {
+                check_decoded(&recs, len, &b);
+                prop_assert_eq!(recs.len() as u64, count as u64);
+                prop_assert!(recs.capacity() <= body.len() / RECORD_HEADER_LEN);
+                prop_assert!(first_lsn.checked_add(count as u64).is_some());
+            }
+        }
     }
 }

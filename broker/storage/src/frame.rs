@@ -336,3 +336,230 @@ mod tests {
         assert!(parse_header(&buf[..10]).is_err());
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::vec;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = NewRecord> {
+        (
+            proptest::option::of(vec(any::<u8>(), 0..48)),
+            vec(any::<u8>(), 0..256),
+        )
+            .prop_map(|(key, payload)| NewRecord {
+                key: key.map(Bytes::from),
+                payload: Bytes::from(payload),
+            })
+    }
+
+    /// A frame header in front of `body` with a correct length and CRC, so that checks past
+    /// the CRC (the record layout) see arbitrary bytes.
+    fn frame_with_body(base: u64, count: u32, flags: u8, body: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
+        b.extend_from_slice(&FRAME_MAGIC);
+        b.extend_from_slice(&((FRAME_HEADER_LEN + body.len()) as u32).to_le_bytes());
+        b.extend_from_slice(&[0u8; 4]);
+        b.extend_from_slice(&[FRAME_VERSION, flags, 0, 0]);
+        b.extend_from_slice(&base.to_le_bytes());
+        b.extend_from_slice(&count.to_le_bytes());
+        b.extend_from_slice(&7u64.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(body);
+        let crc = crc32c::crc32c(&b[12..]);
+        b[8..12].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// A record area and a count for it: length fields that mostly, not always, match the
+    /// bytes behind them, and a count that mostly matches the records.
+    fn loose_records() -> impl Strategy<Value = (u32, Vec<u8>)> {
+        vec(
+            (
+                prop_oneof![Just(NO_KEY), 0..12u32],
+                0..12u32,
+                prop_oneof![3 => Just(0i32), 1 => -3..4i32],
+            ),
+            1..6,
+        )
+        .prop_flat_map(|recs| {
+            let n = recs.len() as u32;
+            let bytes: Vec<_> = recs
+                .into_iter()
+                .map(|(klen, plen, fudge)| {
+                    let want = if klen == NO_KEY { 0 } else { klen } + plen;
+                    let len = (want as i32 + fudge).max(0) as usize;
+                    (Just(klen), Just(plen), vec(any::<u8>(), len))
+                })
+                .collect();
+            (prop_oneof![3 => Just(n), 1 => any::<u32>()], bytes)
+        })
+        .prop_map(|(count, recs)| {
+            let mut b = Vec::new();
+            for (klen, plen, data) in recs {
+                b.extend_from_slice(&klen.to_le_bytes());
+                b.extend_from_slice(&plen.to_le_bytes());
+                b.extend_from_slice(&data);
+            }
+            (count, b)
+        })
+    }
+
+    fn check_header_invariants(h: &FrameHeader) {
+        let len = h.len as usize;
+        assert!((FRAME_HEADER_LEN + RECORD_HEADER_LEN..=MAX_FRAME_LEN).contains(&len));
+        assert!(h.count >= 1);
+        assert!(h.count as usize <= (len - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+        assert!(h.base_offset.checked_add(h.count as u64).is_some());
+    }
+
+    proptest! {
+        #[test]
+        fn prop_frame_roundtrip(
+            base in 0..=u64::MAX - 64,
+            ts in any::<u64>(),
+            attested in any::<u64>(),
+            recs in vec(record(), 1..=FRAME_MAX_RECORDS),
+        ) {
+            let mut buf = vec![0xAA; 3]; // appends after what is there
+            encode_frame(&mut buf, base, ts, attested, &recs);
+            let frame = Bytes::from(buf).slice(3..);
+            let f = DecodedFrame::decode(frame.clone()).unwrap();
+            prop_assert_eq!(f.header.len as usize, frame.len());
+            prop_assert_eq!(f.base_offset(), base);
+            prop_assert_eq!(f.end_offset(), base + recs.len() as u64);
+            prop_assert_eq!(f.header.timestamp_ms, ts);
+            prop_assert_eq!(f.header.attested_committed, attested);
+            for (i, r) in recs.iter().enumerate() {
+                let off = base + i as u64;
+                prop_assert!(f.contains(off));
+                let got = f.record(off);
+                prop_assert_eq!(got.offset, off);
+                prop_assert_eq!(got.timestamp_ms, ts);
+                prop_assert_eq!(&got.key, &r.key);
+                prop_assert_eq!(&got.payload, &r.payload);
+                prop_assert_eq!(f.record_size(off), record_size(r) - RECORD_HEADER_LEN);
+            }
+            prop_assert!(!f.contains(base + recs.len() as u64));
+        }
+
+        #[test]
+        fn prop_frame_parse_header_never_panics(b in vec(any::<u8>(), 0..96)) {
+            if let Ok(h) = parse_header(&b) {
+                check_header_invariants(&h);
+            }
+            let _ = check_frame(&b);
+            let _ = DecodedFrame::decode(Bytes::from(b));
+        }
+
+        /// Headers that pass the magic and version checks, with arbitrary length, count and
+        /// base offset fields.
+        #[test]
+        fn prop_frame_parse_header_fields(
+            len in any::<u32>(),
+            count in any::<u32>(),
+            base in any::<u64>(),
+            rest in vec(any::<u8>(), 0..64),
+        ) {
+            let mut b = frame_with_body(base, count, 0, &rest);
+            b[4..8].copy_from_slice(&len.to_le_bytes());
+            match parse_header(&b) {
+                Ok(h) => {
+                    check_header_invariants(&h);
+                    prop_assert_eq!((h.len, h.count, h.base_offset), (len, count, base));
+                }
+                Err(_) => {
+                    let len = len as usize;
+                    prop_assert!(
+                        len < FRAME_HEADER_LEN + RECORD_HEADER_LEN
+                            || len > MAX_FRAME_LEN
+                            || count == 0
+                            || count as usize > (len - FRAME_HEADER_LEN) / RECORD_HEADER_LEN
+                            || base.checked_add(count as u64).is_none()
+                    );
+                }
+            }
+            // A header announcing up to 16 MiB over a short buffer is refused, not read.
+            prop_assert!(check_frame(&b).is_err() || b.len() == len as usize);
+        }
+
+        /// A correct CRC over an arbitrary record area: the layout checks must hold on their
+        /// own, and the record table allocated is bounded by the frame's bytes.
+        #[test]
+        fn prop_frame_arbitrary_records_with_valid_crc(
+            base in any::<u64>(),
+            (count, body) in prop_oneof![
+                (prop_oneof![1..8u32, any::<u32>()], vec(any::<u8>(), 0..160)),
+                loose_records(),
+            ],
+            flags in prop_oneof![3 => Just(0u8), 1 => any::<u8>()],
+        ) {
+            let b = frame_with_body(base, count, flags, &body);
+            let total = b.len();
+            match DecodedFrame::decode(Bytes::from(b)) {
+                Ok(f) => {
+                    check_header_invariants(&f.header);
+                    prop_assert_eq!(f.header.len as usize, total);
+                    prop_assert!(f.recs.capacity() <= (total - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+                    let mut sum = FRAME_HEADER_LEN;
+                    for off in f.base_offset()..f.end_offset() {
+                        let r = f.record(off);
+                        sum += RECORD_HEADER_LEN
+                            + r.key.as_ref().map_or(0, |k| k.len())
+                            + r.payload.len();
+                    }
+                    prop_assert_eq!(sum, total);
+                }
+                Err(_) => {}
+            }
+        }
+
+        #[test]
+        fn prop_frame_parse_records_never_panics(
+            count in any::<u32>(),
+            b in vec(any::<u8>(), FRAME_HEADER_LEN..FRAME_HEADER_LEN + 128),
+        ) {
+            let mut out = Vec::new();
+            if parse_records(&b, count, Some(&mut out)).is_ok() {
+                prop_assert_eq!(out.len() as u64, count as u64);
+            }
+            prop_assert!(out.len() <= (b.len() - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+            for r in &out {
+                let key_end = r.key_start as usize
+                    + if r.key_len == NO_KEY { 0 } else { r.key_len as usize };
+                prop_assert!(key_end <= b.len());
+                prop_assert!(r.payload_start as usize + r.payload_len as usize <= b.len());
+            }
+        }
+
+        #[test]
+        fn prop_frame_truncation_is_an_error(
+            recs in vec(record(), 1..4),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, 1, 2, 0, &recs);
+            let cut = cut.index(buf.len());
+            prop_assert!(check_frame(&buf[..cut]).is_err());
+            prop_assert!(DecodedFrame::decode(Bytes::copy_from_slice(&buf[..cut])).is_err());
+            // And a frame with bytes after it is not one frame.
+            let mut longer = buf.clone();
+            longer.push(0);
+            prop_assert!(check_frame(&longer).is_err());
+        }
+
+        #[test]
+        fn prop_frame_bit_flip_is_detected(
+            recs in vec(record(), 1..4),
+            at in any::<prop::sample::Index>(),
+            bit in 0..8u8,
+        ) {
+            let mut buf = Vec::new();
+            encode_frame(&mut buf, 5, 6, 4, &recs);
+            let at = at.index(buf.len());
+            buf[at] ^= 1 << bit;
+            prop_assert!(check_frame(&buf).is_err(), "flip of byte {} bit {}", at, bit);
+        }
+    }
+}

@@ -222,3 +222,137 @@ mod tests {
         assert_eq!(lookup(&[], 7, 9), (0, 7));
     }
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::collection::{btree_set, vec};
+    use proptest::prelude::*;
+
+    fn header() -> impl Strategy<Value = IndexHeader> {
+        (
+            any::<bool>(),
+            0..=u64::MAX - u32::MAX as u64,
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        )
+            .prop_map(|(sealed, base_offset, len, data_size, first_ts, max_ts)| {
+                IndexHeader {
+                    sealed,
+                    base_offset,
+                    end_offset: base_offset + len as u64,
+                    data_size,
+                    first_ts,
+                    max_ts,
+                }
+            })
+    }
+
+    /// Strictly increasing entries in both fields, none at 0 (the implicit one).
+    fn entries() -> impl Strategy<Value = Vec<IndexEntry>> {
+        (
+            btree_set(1..=u32::MAX, 0..24),
+            btree_set(1..=u32::MAX, 0..24),
+        )
+            .prop_map(|(r, p)| {
+                r.into_iter()
+                    .zip(p)
+                    .map(|(rel, pos)| IndexEntry { rel, pos })
+                    .collect()
+            })
+    }
+
+    fn check_parsed(p: &ParsedIndex, len: usize) {
+        let body = len - INDEX_HEADER_LEN;
+        assert!(p.entries.len() <= body / INDEX_ENTRY_LEN);
+        assert!(p.entries.capacity() <= body / INDEX_ENTRY_LEN);
+        assert!(p.header.end_offset >= p.header.base_offset);
+        for w in p.entries.windows(2) {
+            assert!(w[0].rel < w[1].rel && w[0].pos < w[1].pos);
+        }
+        if let Some(e) = p.entries.first() {
+            assert!(e.rel > 0 && e.pos > 0);
+        }
+        if p.clean {
+            assert_eq!(p.entries.len() * INDEX_ENTRY_LEN, body);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn prop_index_roundtrip(h in header(), e in entries()) {
+            let img = encode_file(&h, &e);
+            let p = parse_file(&img, h.base_offset).unwrap();
+            prop_assert_eq!(p.header, h);
+            prop_assert_eq!(&p.entries, &e);
+            prop_assert!(p.clean);
+            if h.base_offset > 0 {
+                prop_assert!(parse_file(&img, h.base_offset - 1).is_err());
+            }
+        }
+
+        #[test]
+        fn prop_index_torn_tail_keeps_the_valid_prefix(
+            h in header(),
+            e in entries(),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let img = encode_file(&h, &e);
+            let cut = cut.index(img.len() + 1);
+            match parse_file(&img[..cut], h.base_offset) {
+                Ok(p) => {
+                    prop_assert!(cut >= INDEX_HEADER_LEN);
+                    let whole = (cut - INDEX_HEADER_LEN) / INDEX_ENTRY_LEN;
+                    prop_assert_eq!(&p.entries[..], &e[..whole]);
+                    prop_assert_eq!(p.clean, (cut - INDEX_HEADER_LEN) % INDEX_ENTRY_LEN == 0);
+                }
+                Err(_) => prop_assert!(cut < INDEX_HEADER_LEN),
+            }
+        }
+
+        #[test]
+        fn prop_index_arbitrary_bytes_never_panic(
+            b in vec(any::<u8>(), 0..200),
+            base in any::<u64>(),
+        ) {
+            if let Ok(p) = parse_file(&b, base) {
+                check_parsed(&p, b.len());
+            }
+        }
+
+        /// A valid header followed by arbitrary entry bytes (past the header CRC).
+        #[test]
+        fn prop_index_arbitrary_entries_never_panic(
+            h in header(),
+            body in vec(any::<u8>(), 0..200),
+            flip in proptest::option::of((any::<prop::sample::Index>(), 0..8u8)),
+        ) {
+            let mut img = encode_header(&h).to_vec();
+            img.extend_from_slice(&body);
+            if let Some((at, bit)) = flip {
+                let at = at.index(img.len());
+                img[at] ^= 1 << bit;
+            }
+            if let Ok(p) = parse_file(&img, h.base_offset) {
+                check_parsed(&p, img.len());
+            }
+        }
+
+        #[test]
+        fn prop_index_lookup_matches_a_linear_scan(
+            e in entries(),
+            base in 0..=u64::MAX / 2,
+            delta in prop_oneof![0..64u64, any::<u32>().prop_map(u64::from)],
+        ) {
+            let offset = base + delta;
+            let want = e
+                .iter()
+                .rev()
+                .find(|x| base + x.rel as u64 <= offset)
+                .map_or((0, base), |x| (x.pos as u64, base + x.rel as u64));
+            prop_assert_eq!(lookup(&e, base, offset), want);
+        }
+    }
+}

@@ -383,3 +383,35 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
     drop(w);
     Ok(seg)
 }
+
+#[cfg(test)]
+mod prop_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn prop_parse_base_roundtrip(base in any::<u64>()) {
+            prop_assert_eq!(parse_base(&log_file_name(base), ".log"), Some(base));
+            prop_assert_eq!(parse_base(&index_file_name(base), ".index"), Some(base));
+            prop_assert_eq!(parse_base(&log_file_name(base), ".index"), None);
+        }
+
+        /// Only the exact 20-digit name of a base is accepted: no sign, no short or long
+        /// forms, nothing past `u64::MAX`.
+        #[test]
+        fn prop_parse_base_accepts_only_canonical_names(
+            name in prop_oneof![
+                any::<String>(),
+                "[+-]?[0-9]{18,22}\\.(log|index)",
+                "[0-9 ]{20}\\.log",
+            ],
+        ) {
+            for ext in [".log", ".index"] {
+                if let Some(b) = parse_base(&name, ext) {
+                    prop_assert_eq!(&name, &format!("{b:020}{ext}"));
+                }
+            }
+        }
+    }
+}
