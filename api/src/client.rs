@@ -139,25 +139,34 @@ pub fn normalize_base_url(url: &str) -> Result<String, Error> {
 
 /// The TLS client configuration of `https://` servers: rustls on ring, the system's roots
 /// plus `ca_pem` (at least one usable root, or an error naming what is wrong).
-pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
+/// Adds the certificates of a PEM bundle to `roots` as trust anchors: at least one, each
+/// valid PEM and a usable X.509 CA certificate (the error says which is wrong). Every place
+/// that takes a CA bundle (the CLI, remote-child links, the cluster port) reads it this way.
+pub fn add_ca_pem(roots: &mut rustls::RootCertStore, pem: &[u8]) -> Result<usize, String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not PEM certificates: {e}"))?;
+    if certs.is_empty() {
+        return Err("holds no certificate".into());
+    }
+    let n = certs.len();
+    for c in certs {
+        roots
+            .add(c)
+            .map_err(|e| format!("holds an unusable certificate: {e}"))?;
+    }
+    Ok(n)
+}
+
+pub fn tls_config(ca_pem: Option<&[u8]>) -> Result<rustls::ClientConfig, Error> {
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(c);
     }
     if let Some(pem) = ca_pem {
-        let certs = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| Error::Invalid(format!("CA file: not PEM certificates: {e}")))?;
-        if certs.is_empty() {
-            return Err(Error::Invalid("CA file: no certificate in it".into()));
-        }
-        for c in certs {
-            roots
-                .add(c)
-                .map_err(|e| Error::Invalid(format!("CA file: unusable certificate: {e}")))?;
-        }
+        add_ca_pem(&mut roots, pem).map_err(|e| Error::Invalid(format!("CA file: {e}")))?;
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),

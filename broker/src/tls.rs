@@ -84,15 +84,10 @@ pub fn load_key(what: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsEr
 
 /// A root store of every certificate in a CA file.
 pub fn load_roots(what: &str, path: &Path) -> Result<rustls::RootCertStore, TlsError> {
+    let pem = read(what, path)?;
     let mut roots = rustls::RootCertStore::empty();
-    for c in load_certs(what, path)? {
-        roots.add(c).map_err(|e| {
-            err(format!(
-                "{what} {}: not a CA certificate: {e}",
-                path.display()
-            ))
-        })?;
-    }
+    narad_api::client::add_ca_pem(&mut roots, &pem)
+        .map_err(|e| err(format!("{what} {}: {e}", path.display())))?;
     Ok(roots)
 }
 

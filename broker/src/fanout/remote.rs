@@ -123,21 +123,11 @@ pub fn normalize_url(url: &str) -> Result<String, RemoteConfigError> {
     Ok(url.trim_end_matches('/').to_string())
 }
 
-/// The certificates of a PEM bundle (at least one, each usable as a trust anchor).
-pub fn parse_ca_pem(pem: &str) -> Result<Vec<CertificateDer<'static>>, RemoteConfigError> {
-    let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| RemoteConfigError::Ca(format!("is not valid PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(RemoteConfigError::Ca("holds no certificate".into()));
-    }
+/// The trust anchors of a PEM bundle (at least one certificate, each usable as a CA).
+pub fn parse_ca_pem(pem: &str) -> Result<rustls::RootCertStore, RemoteConfigError> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in &certs {
-        roots
-            .add(c.clone())
-            .map_err(|e| RemoteConfigError::Ca(format!("holds an unusable certificate: {e}")))?;
-    }
-    Ok(certs)
+    narad_api::client::add_ca_pem(&mut roots, pem.as_bytes()).map_err(RemoteConfigError::Ca)?;
+    Ok(roots)
 }
 
 /// The system's trusted roots, loaded once per process.
@@ -422,11 +412,7 @@ impl RemoteClient {
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(system_roots().iter().cloned());
         if let Some(pem) = &endpoint.ca_pem {
-            for c in parse_ca_pem(pem)? {
-                roots
-                    .add(c)
-                    .map_err(|e| RemoteConfigError::Ca(e.to_string()))?;
-            }
+            roots.roots.extend(parse_ca_pem(pem)?.roots);
         }
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
