@@ -2,6 +2,8 @@
 //! child process and checks it against SPEC.md over plain HTTP, exactly as a client sees it.
 //!
 //! Module map (what each owns):
+//! - [`auth_matrix`]: the authorization matrix (every route × every kind of caller, with the
+//!   exact status), its users and topics, shared by the one-node and the cluster test.
 //! - [`server`]: one `narad server start --dev` process (or a secured one,
 //!   [`ServerOpts::secured`]) — binary lookup, port choice, temp data dir, log file,
 //!   start/kill -9/SIGTERM/restart; printing the log tail on failure.
@@ -26,6 +28,7 @@
 //! `try_*` variants return errors for tests that must tolerate a dead server.
 
 pub mod api;
+pub mod auth_matrix;
 pub mod certs;
 pub mod checks;
 pub mod cluster_port;

@@ -8,6 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use narad_tests::auth_matrix::{self, add_user, check_401};
 use narad_tests::*;
 
 const ROOT_PW: &str = "root-Pa55-e7c1";
@@ -26,19 +27,6 @@ async fn secured() -> (Server, Http, Http) {
     (server, anon, root)
 }
 
-/// `POST /v1/users` as `by`; expects `201` and returns the user.
-async fn add_user(by: &Http, name: &str, password: &str, grants: Value) -> Value {
-    let u = by
-        .post_json(
-            "/v1/users",
-            &json!({"username": name, "password": password, "grants": grants}),
-        )
-        .await
-        .expect_json(201);
-    assert_eq!(u["username"], name);
-    u
-}
-
 async fn put_json(http: &Http, path: &str, v: &Value) -> Resp {
     http.request(Method::PUT, path).json(v).send().await
 }
@@ -52,198 +40,23 @@ fn names(list: &Value) -> Vec<String> {
         .collect()
 }
 
-/// Whether the `401` carries what SPEC §3.11 asks for.
-fn check_401(c: &mut Checks, label: &str, r: &Resp) {
-    c.error(label, r, 401);
-    c.check(
-        r.header("www-authenticate") == Some("Basic realm=\"narad\""),
-        || {
-            format!(
-                "{label}: 401 without WWW-Authenticate: Basic realm=\"narad\": {}",
-                r.describe()
-            )
-        },
-    );
-}
-
-/// The callers of the matrix, in column order.
-const CALLERS: [&str; 7] = [
-    "none", "wrong", "nogrant", "granted", "owner", "admin2", "root",
-];
-
-/// One row: a request (path and body may contain `{c}`, replaced by the caller's name) and
-/// the expected status per caller (in [`CALLERS`] order).
-struct Row {
-    method: Method,
-    path: &'static str,
-    body: Option<&'static str>,
-    want: [u16; 7],
-}
-
-fn row(method: Method, path: &'static str, body: Option<&'static str>, want: [u16; 7]) -> Row {
-    Row {
-        method,
-        path,
-        body,
-        want,
-    }
-}
-
 /// Every route × {no credentials, wrong password, user without the grant, with the grant,
-/// owner, non-root admin, root}: the exact SPEC status (§3.3–§3.9, §4.2, §4.3).
+/// owner, non-root admin, root}: the exact SPEC status (§3.3–§3.9, §4.2, §4.3); the table is
+/// [`auth_matrix::rows`], shared with the three-node run in `e2e/tests/security.rs`.
 #[tokio::test]
 async fn route_matrix() {
-    let (server, anon, root) = secured().await;
-    add_user(
-        &root,
-        "nogrant",
-        "pw-nogrant",
-        json!([{"action": "produce", "patterns": ["payments-*"]}]),
-    )
-    .await;
-    add_user(
-        &root,
-        "granted",
-        "pw-granted",
-        json!([
-            {"action": "produce", "patterns": ["orders*"]},
-            {"action": "consume", "patterns": ["orders*"]},
-            {"action": "create", "patterns": ["orders*"]}
-        ]),
-    )
-    .await;
-    add_user(
-        &root,
-        "owner",
-        "pw-owner",
-        json!([{"action": "create", "patterns": ["orders", "orders-del-*"]}]),
-    )
-    .await;
-    add_user(&root, "admin2", "pw-admin2", json!([{"action": "admin"}])).await;
-
-    let clients: Vec<Http> = vec![
-        anon.clone(),
-        anon.as_user("granted", "not-the-password"),
-        anon.as_user("nogrant", "pw-nogrant"),
-        anon.as_user("granted", "pw-granted"),
-        anon.as_user("owner", "pw-owner"),
-        anon.as_user("admin2", "pw-admin2"),
-        root.clone(),
-    ];
-    let owner = &clients[4];
-
-    // `orders`, owned by `owner`, with messages in partition 0; one deletable topic and one
-    // victim user per caller.
-    let rec = owner.create_topic_named("orders").await;
-    assert_eq!(rec["owner"], "owner", "the creator is the owner: {rec}");
-    let rec = owner
-        .create_topic(&json!({"name": "orders-del-x", "owner": "someone-else"}))
-        .await;
-    assert_eq!(rec["owner"], "owner", "a sent owner is ignored: {rec}");
-    for c in CALLERS {
-        owner.create_topic_named(&format!("orders-del-{c}")).await;
-        add_user(&root, &format!("victim-{c}"), "pw-victim", json!([])).await;
-    }
-    for i in 0..10 {
-        root.produce_ok("orders", "partition=0", format!("m{i}"))
-            .await;
-    }
-    root.wait_visible("orders", 0, 10).await;
-
-    use Method as M;
-    #[rustfmt::skip]
-    let rows = [
-        // topics (§3.3)
-        row(M::POST, "/v1/topics", Some(r#"{"name":"orders-new-{c}"}"#), [401, 401, 403, 201, 403, 201, 201]),
-        row(M::POST, "/v1/topics", Some(r#"{"name":"payments-new-{c}"}"#), [401, 401, 403, 403, 403, 201, 201]),
-        row(M::GET, "/v1/topics", None, [401, 401, 200, 200, 200, 200, 200]),
-        row(M::GET, "/v1/topics?limit=1", None, [401, 401, 200, 200, 200, 200, 200]),
-        row(M::GET, "/v1/topics/orders", None, [401, 401, 403, 200, 200, 200, 200]),
-        row(M::GET, "/v1/topics/orders?partition=0", None, [401, 401, 403, 200, 200, 200, 200]),
-        // Missing: 404 only for those whose grants match the name (or admins); names do not leak.
-        row(M::GET, "/v1/topics/orders-missing", None, [401, 401, 403, 404, 403, 404, 404]),
-        row(M::GET, "/v1/topics/zzz-missing", None, [401, 401, 403, 403, 403, 404, 404]),
-        // Manage: 404 for a missing topic first, then 403 for a non-owner.
-        row(M::PATCH, "/v1/topics/orders", Some(r#"{"retention_ms":0}"#), [401, 401, 403, 403, 200, 200, 200]),
-        row(M::PATCH, "/v1/topics/zzz-missing", Some(r#"{"retention_ms":0}"#), [401, 401, 404, 404, 404, 404, 404]),
-        row(M::DELETE, "/v1/topics/orders-del-{c}", None, [401, 401, 403, 403, 204, 204, 204]),
-        row(M::DELETE, "/v1/topics/zzz-missing", None, [401, 401, 404, 404, 404, 404, 404]),
-        // produce (§3.4): the grant first (even for a missing topic), then 404. Owning is not
-        // a produce grant.
-        row(M::POST, "/v1/topics/orders/produce", Some("hello"), [401, 401, 403, 202, 403, 202, 202]),
-        row(M::POST, "/v1/topics/orders-missing/produce", Some("hello"), [401, 401, 403, 404, 403, 404, 404]),
-        row(M::POST, "/v1/topics/orders/produce/batch", Some(r#"{"messages":[{"payload":"x"}]}"#), [401, 401, 403, 202, 403, 202, 202]),
-        // consume, replay, ack, extend, nack, batch ack (§3.5, §3.6): the consume grant.
-        row(M::GET, "/v1/topics/orders/consume?wait=0", None, [401, 401, 403, 200, 403, 200, 200]),
-        row(M::GET, "/v1/topics/orders/consume?partition=0&offset=0", None, [401, 401, 403, 200, 403, 200, 200]),
-        row(M::GET, "/v1/topics/orders-missing/consume", None, [401, 401, 403, 404, 403, 404, 404]),
-        row(M::POST, "/v1/topics/orders/ack?receipt_handle=0:0:1", None, [401, 401, 403, 410, 403, 410, 410]),
-        row(M::POST, "/v1/topics/orders/ack?receipt_handle=0:0:1&extend=true", None, [401, 401, 403, 410, 403, 410, 410]),
-        row(M::POST, "/v1/topics/orders/ack?receipt_handle=0:0:1&extend=0", None, [401, 401, 403, 410, 403, 410, 410]),
-        row(M::POST, "/v1/topics/orders/ack", Some(r#"{"receipt_handles":["0:0:1"]}"#), [401, 401, 403, 200, 403, 200, 200]),
-        row(M::POST, "/v1/topics/orders-missing/ack?receipt_handle=0:0:1", None, [401, 401, 403, 404, 403, 404, 404]),
-        // cluster (§3.9): any authenticated user
-        row(M::GET, "/v1/cluster/members", None, [401, 401, 200, 200, 200, 200, 200]),
-        row(M::GET, "/v1/cluster/moves", None, [401, 401, 200, 200, 200, 200, 200]),
-        // users (§3.8): admin
-        row(M::POST, "/v1/users", Some(r#"{"username":"new-{c}","password":"pw"}"#), [401, 401, 403, 403, 403, 201, 201]),
-        row(M::GET, "/v1/users", None, [401, 401, 403, 403, 403, 200, 200]),
-        row(M::GET, "/v1/users/granted", None, [401, 401, 403, 403, 403, 200, 200]),
-        row(M::GET, "/v1/users/ghost", None, [401, 401, 403, 403, 403, 404, 404]),
-        row(M::PUT, "/v1/users/victim-{c}/grants", Some(r#"{"grants":[{"action":"consume","patterns":["x"]}]}"#), [401, 401, 403, 403, 403, 200, 200]),
-        row(M::PUT, "/v1/users/ghost/grants", Some(r#"{"grants":[]}"#), [401, 401, 403, 403, 403, 404, 404]),
-        row(M::PUT, "/v1/users/victim-{c}/password", Some(r#"{"new_password":"np"}"#), [401, 401, 403, 403, 403, 204, 204]),
-        row(M::PUT, "/v1/users/ghost/password", Some(r#"{"new_password":"np"}"#), [401, 401, 403, 403, 403, 404, 404]),
-        row(M::DELETE, "/v1/users/victim-{c}", None, [401, 401, 403, 403, 403, 204, 204]),
-        row(M::DELETE, "/v1/users/ghost", None, [401, 401, 403, 403, 403, 404, 404]),
-        // routing: unknown route and wrong method still need credentials under /v1
-        row(M::GET, "/v1/nope", None, [401, 401, 404, 404, 404, 404, 404]),
-        row(M::DELETE, "/v1/topics", None, [401, 401, 405, 405, 405, 405, 405]),
-        // probes and metrics never need credentials (§3.10)
-        row(M::GET, "/healthz", None, [200; 7]),
-        row(M::GET, "/readyz", None, [200; 7]),
-        row(M::GET, "/metrics", None, [200; 7]),
-    ];
+    let (server, anon, _root) = secured().await;
+    let clients = auth_matrix::clients(&anon, ROOT_PW);
+    auth_matrix::setup(&clients, &[""]).await;
 
     let mut c = Checks::new("security route matrix");
-    for r in &rows {
-        for (i, caller) in CALLERS.iter().enumerate() {
-            let path = r.path.replace("{c}", caller);
-            let mut req = clients[i].request(r.method.clone(), path.clone());
-            if let Some(b) = r.body {
-                req = req.body(b.replace("{c}", caller).into_bytes());
-            }
-            let resp = req.send().await;
-            let want = r.want[i];
-            let label = format!("{} {path} as {caller}", r.method);
-            match want {
-                401 => check_401(&mut c, &label, &resp),
-                403 | 404 | 405 | 410 => {
-                    c.error(&label, &resp, want);
-                }
-                _ => {
-                    c.status(&label, &resp, want);
-                }
-            }
-        }
+    for r in &auth_matrix::rows() {
+        auth_matrix::check_row(&mut c, r, &clients, "", "").await;
     }
     c.finish();
 
-    // Malformed credentials: 401 with the challenge, never 400 or 500.
     let mut c = Checks::new("malformed credentials");
-    for (label, value) in [
-        ("bearer", "Bearer abc".to_string()),
-        ("not base64", "Basic !!!".to_string()),
-        ("no colon", "Basic YWRtaW4=".to_string()),
-        ("unknown user", basic_auth("ghost", "pw")),
-    ] {
-        let r = anon
-            .request(Method::GET, "/v1/topics")
-            .header("authorization", &value)
-            .send()
-            .await;
-        check_401(&mut c, label, &r);
-    }
+    auth_matrix::check_malformed_credentials(&mut c, &anon, "").await;
     c.finish();
     drop(server);
 }
