@@ -549,3 +549,134 @@ async fn data_files_are_private() {
     assert!(seen > 3, "only {seen} entries under the data dir");
     assert!(data.join("metastore").exists());
 }
+
+/// `(head, body)` of one raw exchange must be the error `status` with the uniform JSON body
+/// (SPEC §3.1); returns the message.
+#[track_caller]
+fn raw_json_error(answer: &(String, Vec<u8>), status: u16) -> String {
+    let (head, body) = answer;
+    let shown = format!("{head}{}", String::from_utf8_lossy(body));
+    assert!(
+        head.starts_with(&format!("http/1.1 {status} ")),
+        "want {status}: {shown}"
+    );
+    assert!(
+        head.contains("content-type: application/json"),
+        "not JSON: {shown}"
+    );
+    let v: Value =
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {shown}"));
+    let m = v.as_object().unwrap_or_else(|| panic!("{shown}"));
+    assert_eq!(m.len(), 1, "{shown}");
+    let msg = m["error"].as_str().unwrap_or_else(|| panic!("{shown}"));
+    assert!(!msg.is_empty(), "{shown}");
+    msg.to_string()
+}
+
+/// Finding 15: what hyper answers by itself for a request head it refuses (bad
+/// `Content-Length`, too many or too large headers, a target too long) used to have an empty
+/// body, and `Transfer-Encoding: gzip, chunked` was read as plain chunked. Now every such
+/// answer carries the JSON error body, an unknown transfer coding is `501`, and a body with a
+/// `Content-Encoding` is `415`: nothing of them is stored.
+#[tokio::test]
+async fn parser_errors_and_unsupported_codings_answer_json() {
+    use narad_tests::http::raw_exchange;
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "codings", "partitions": 3}))
+        .await;
+    let addr = format!("127.0.0.1:{}", server.port());
+    let exchange = |req: Vec<u8>| {
+        let addr = addr.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            raw_exchange(&mut s, &req).await.unwrap()
+        }
+    };
+
+    // hyper's own answers: 400, 431 (too many fields, too many bytes), 414.
+    let bad_length = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&bad_length, 400).contains("Content-Length"));
+    let twice = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nhi".to_vec(),
+    )
+    .await;
+    raw_json_error(&twice, 400);
+    let mut many = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..120 {
+        many.extend_from_slice(format!("X-Field-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert!(raw_json_error(&exchange(many).await, 431).contains("too large"));
+    let mut large = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Large: ".to_vec();
+    large.extend(std::iter::repeat_n(b'a', 600 * 1024));
+    large.extend_from_slice(b"\r\n\r\n");
+    raw_json_error(&exchange(large).await, 431);
+    let long_target = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    raw_json_error(&exchange(long_target.into_bytes()).await, 414);
+    // A last coding other than chunked leaves the body length unknown (RFC 9112 §6.3).
+    let gzip_only = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    raw_json_error(&gzip_only, 400);
+    // After answered requests on the same connection, too.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let ok = raw_exchange(&mut s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(ok.0.starts_with("http/1.1 200 "), "{ok:?}");
+    let after = raw_exchange(
+        &mut s,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    raw_json_error(&after, 400);
+
+    // Codings the server does not decode: refused before anything is stored.
+    let gzip_chunked = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&gzip_chunked, 501).contains("gzip, chunked"));
+    assert!(
+        gzip_chunked.0.contains("connection: close"),
+        "{gzip_chunked:?}"
+    );
+    let two_fields = exchange(
+        b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\nf\r\n{\"name\":\"te-x\"}\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    raw_json_error(&two_fields, 501);
+    http.get(&topic_path("te-x")).await.expect_error(404);
+    let compressed = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&compressed, 415).contains("Content-Encoding"));
+    assert!(
+        compressed.0.contains("accept-encoding: identity"),
+        "{compressed:?}"
+    );
+    // Plain chunked and `identity` are read as before.
+    let plain = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Encoding: identity\r\n\r\n4\r\nkept\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(plain.0.starts_with("http/1.1 202 "), "{plain:?}");
+    http.wait_visible("codings", 0, 1).await;
+    let m = http
+        .consume_msg("codings", "partition=0&offset=0&wait=0")
+        .await;
+    assert_eq!(m.payload_bytes(), b"kept");
+    let stats = http.partition_stats("codings").await;
+    let total: u64 = stats
+        .iter()
+        .map(|p| p["high_watermark"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 1, "a refused body was stored: {stats:?}");
+}
