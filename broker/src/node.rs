@@ -417,6 +417,7 @@ impl Node {
     }
 
     pub fn reject(&self, topic: &Topic, reason: &'static str) {
+        debug_assert!(crate::metrics::REJECT_REASONS.contains(&reason), "{reason}");
         self.metrics
             .produce_rejections
             .get_or_create(&ReasonLabels {
@@ -424,23 +425,30 @@ impl Node {
                 reason,
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
-    pub fn observe_consume_wait(&self, topic: &str, outcome: &'static str, waited: Duration) {
+    pub fn observe_consume_wait(&self, topic: &Topic, outcome: &'static str, waited: Duration) {
+        debug_assert!(
+            crate::metrics::CONSUME_OUTCOMES.contains(&outcome),
+            "{outcome}"
+        );
         self.metrics
             .consume_wait
             .get_or_create(&OutcomeLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
                 outcome,
             })
             .observe(waited.as_secs_f64());
+        self.forget_if_deleted(topic);
     }
-    pub fn consume_empty(&self, topic: &str) {
+    pub fn consume_empty(&self, topic: &Topic) {
         self.metrics
             .consume_empty
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
     pub fn ack_rejected(&self, reason: &'static str) {
         self.metrics
@@ -448,21 +456,35 @@ impl Node {
             .get_or_create(&AckReasonLabels { reason })
             .inc();
     }
-    pub fn count_extend(&self, topic: &str) {
+    pub fn count_extend(&self, topic: &Topic) {
         self.metrics
             .ack_extended
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
-    pub fn count_nack(&self, topic: &str) {
+    pub fn count_nack(&self, topic: &Topic) {
         self.metrics
             .nack
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
+    }
+
+    /// Removes the series of `topic` again if this replica has applied its deletion: a request
+    /// (or a scrape) that was under way while the topic was deleted must not bring back the
+    /// series that `Metrics::forget_topic` removed. A topic this replica has not caught up
+    /// with yet (id at or above `next_topic_id`) is not deleted; a name in use again keeps
+    /// its series (they are the new topic's).
+    fn forget_if_deleted(&self, topic: &Topic) {
+        let view = self.meta.view();
+        if topic.id < view.next_topic_id && !view.topics.contains_key(&topic.name) {
+            self.metrics.forget_topic(&topic.name);
+        }
     }
 
     /// Refreshes the gauges that describe state rather than events.
@@ -486,7 +508,11 @@ impl Node {
             .set(view.members.len() as i64 - alive);
         let mut open = 0;
         let now = now_ms();
-        for rt in self.registry.all() {
+        let runtimes = self.registry.all();
+        for rt in &runtimes {
+            if !view.topics.get(&rt.name).is_some_and(|t| t.id == rt.id) {
+                continue;
+            }
             let mut topic_bytes = 0u64;
             for p in rt.partitions() {
                 open += 1;
@@ -511,6 +537,13 @@ impl Node {
                     topic: rt.name.clone(),
                 })
                 .set(topic_bytes as i64);
+        }
+        // A topic deleted while its gauges were being set: its series go again.
+        let after = self.meta.view();
+        for rt in &runtimes {
+            if rt.id < after.next_topic_id && !after.topics.contains_key(&rt.name) {
+                m.forget_topic(&rt.name);
+            }
         }
         m.open_partition_logs.set(open);
         self.fanout.refresh_gauges();

@@ -680,3 +680,98 @@ async fn parser_errors_and_unsupported_codings_answer_json() {
         .sum();
     assert_eq!(total, 1, "a refused body was stored: {stats:?}");
 }
+
+/// The metric lines of `text` that mention a label value starting with `prefix`.
+fn series_mentioning(text: &str, prefix: &str) -> Vec<String> {
+    let needle = format!("\"{prefix}");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Finding 16 (series): the consume-wait series of a deleted topic (and others: rejections,
+/// the oldest-message age, its child links) stayed in `/metrics` forever. Now a deleted
+/// topic leaves no series that mention it, and a deleted parent takes its links' series.
+#[tokio::test]
+async fn deleted_topics_leave_no_series() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "gone-parent", "partitions": 3}))
+        .await;
+    http.create_topic(&json!({"name": "gone-child", "parent": "gone-parent"}))
+        .await;
+    http.create_topic(&json!({"name": "gone-empty", "partitions": 3}))
+        .await;
+    http.create_topic(
+        &json!({"name": "gone-schema", "partitions": 3, "schema": {"type": "object"}}),
+    )
+    .await;
+    for i in 0..3 {
+        http.produce_ok("gone-parent", "partition=0", format!("m{i}"))
+            .await;
+    }
+    http.wait_visible("gone-parent", 0, 3).await;
+    // Lease, extend and nack on the parent; long-poll hits on the child (fan-out copied).
+    let m = http.consume_msg("gone-parent", "partition=0").await;
+    http.ack("gone-parent", m.handle(), Some("true"))
+        .await
+        .expect(204);
+    http.ack("gone-parent", m.handle(), Some("0"))
+        .await
+        .expect(204);
+    http.consume_msg("gone-child", "wait=5s").await;
+    // No-wait and timed-out consumes of an empty topic; a produce the schema refuses.
+    http.consume_none("gone-empty", "wait=0").await;
+    http.consume_none("gone-empty", "wait=200ms").await;
+    http.produce("gone-schema", "", "42").await.expect(400);
+
+    let before = http.metrics_text().await;
+    for (family, label) in [
+        ("narad_consume_wait_seconds_count", "topic=\"gone-child\""),
+        ("narad_consume_wait_seconds_count", "topic=\"gone-empty\""),
+        ("narad_consume_empty_total", "topic=\"gone-empty\""),
+        ("narad_produce_rejections_total", "topic=\"gone-schema\""),
+        ("narad_ack_extended_total", "topic=\"gone-parent\""),
+        ("narad_nack_total", "topic=\"gone-parent\""),
+        (
+            "narad_oldest_unconsumed_message_age_seconds",
+            "topic=\"gone-parent\"",
+        ),
+        ("narad_fanout_committed_total", "parent=\"gone-parent\""),
+        ("narad_fanout_lag_messages", "parent=\"gone-parent\""),
+    ] {
+        assert!(
+            before
+                .lines()
+                .any(|l| l.starts_with(family) && l.contains(label)),
+            "no {family}{{{label}}} before the deletes:\n{before}"
+        );
+    }
+
+    // The parent goes: its own series and its link's, while the child keeps its own.
+    http.delete(&topic_path("gone-parent")).await.expect(204);
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let left = series_mentioning(&http.metrics_text().await, "gone-parent");
+            anyhow::ensure!(left.is_empty(), "still there:\n{}", left.join("\n"));
+            Ok(())
+        },
+    )
+    .await;
+    for t in ["gone-child", "gone-empty", "gone-schema"] {
+        http.delete(&topic_path(t)).await.expect(204);
+    }
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let left = series_mentioning(&http.metrics_text().await, "gone-");
+            anyhow::ensure!(left.is_empty(), "still there:\n{}", left.join("\n"));
+            Ok(())
+        },
+    )
+    .await;
+}
