@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Default of `topic.max_topics`.
+pub const DEFAULT_MAX_TOPICS: u64 = 10_000;
+
 /// The effective configuration of one `narad server start`.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -117,6 +120,9 @@ pub struct StorageConfig {
 pub struct TopicDefaults {
     pub default_partitions: u32,
     pub max_partitions: u32,
+    /// `topic.max_topics` (ext): the most topics (children included) the cluster holds; a
+    /// create beyond is `409`. Enforced by the metadata leader with its own value.
+    pub max_topics: u64,
     pub default_retention_age_ms: u64,
     pub default_visibility_timeout_ms: u64,
     pub default_max_in_flight_per_partition: u64,
@@ -192,6 +198,7 @@ impl Default for Config {
             topic: TopicDefaults {
                 default_partitions: 3,
                 max_partitions: 108,
+                max_topics: DEFAULT_MAX_TOPICS,
                 default_retention_age_ms: 604_800_000,
                 default_visibility_timeout_ms: 30_000,
                 default_max_in_flight_per_partition: 1024,
@@ -319,6 +326,7 @@ mod file {
     pub struct Topic {
         pub default_partitions: Option<u32>,
         pub max_partitions: Option<u32>,
+        pub max_topics: Option<u64>,
         pub default_retention_age_ms: Option<u64>,
         pub default_visibility_timeout_ms: Option<u64>,
         pub default_max_in_flight_per_partition: Option<u64>,
@@ -564,6 +572,7 @@ impl Config {
             let d = &mut self.topic;
             d.default_partitions = t.default_partitions.unwrap_or(d.default_partitions);
             d.max_partitions = t.max_partitions.unwrap_or(d.max_partitions);
+            d.max_topics = t.max_topics.unwrap_or(d.max_topics);
             d.default_retention_age_ms = t
                 .default_retention_age_ms
                 .unwrap_or(d.default_retention_age_ms);
@@ -676,6 +685,9 @@ impl Config {
         }
         if let Some(v) = get("NARAD_TOPIC_MAX_PARTITIONS") {
             t.max_partitions = parse_num("NARAD_TOPIC_MAX_PARTITIONS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_MAX_TOPICS") {
+            t.max_topics = parse_num("NARAD_TOPIC_MAX_TOPICS", &v)?;
         }
         if let Some(v) = get("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS") {
             t.default_retention_age_ms = parse_num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS", &v)?;
@@ -833,6 +845,9 @@ impl Config {
             }
         }
         let t = &self.topic;
+        if t.max_topics == 0 {
+            return Err(bad("topic.max_topics must be at least 1"));
+        }
         if t.max_partitions < 3 || t.max_partitions > 108 {
             return Err(bad("topic.max_partitions must be between 3 and 108"));
         }
@@ -950,6 +965,27 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn topic_count_limit() {
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(c.topic.max_topics, DEFAULT_MAX_TOPICS);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"topic":{"max_topics":5}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        assert_eq!(load(args.clone(), &[]).unwrap().topic.max_topics, 5);
+        // The environment wins over the file.
+        let c = load(args, &[("NARAD_TOPIC_MAX_TOPICS", "7")]).unwrap();
+        assert_eq!(c.topic.max_topics, 7);
+        for v in ["0", "many", "-1"] {
+            let env = [("NARAD_TOPIC_MAX_TOPICS", v)];
+            assert!(load(ServerArgs::default(), &env).is_err(), "{v}");
+        }
     }
 
     #[test]

@@ -759,6 +759,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.cluster.initial_members.clone(),
         advertise_addr,
         Timing::new(&config.test),
+        config.topic.max_topics,
     ));
     if !clustered {
         meta.write(MetaCommand::RegisterMember {

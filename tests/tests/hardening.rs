@@ -775,3 +775,39 @@ async fn deleted_topics_leave_no_series() {
     )
     .await;
 }
+
+/// Finding 16 (count): nothing bounded the number of topics. `topic.max_topics` does
+/// (children count too); a create beyond it is `409` until a topic is deleted.
+#[tokio::test]
+async fn the_topic_count_is_limited() {
+    let server = Server::start(ServerOpts::default().env("NARAD_TOPIC_MAX_TOPICS", "3")).await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "lim-a"})).await;
+    http.create_topic(&json!({"name": "lim-b", "parent": "lim-a"}))
+        .await;
+    http.create_topic(&json!({"name": "lim-c"})).await;
+    let r = http
+        .post_json("/v1/topics", &json!({"name": "lim-d"}))
+        .await;
+    assert!(
+        r.expect_error(409).contains("topic limit reached"),
+        "{}",
+        r.describe()
+    );
+    http.post_json("/v1/topics", &json!({"name": "lim-e", "parent": "lim-a"}))
+        .await
+        .expect_error(409);
+    // An existing name is still "already exists", not the limit.
+    let r = http
+        .post_json("/v1/topics", &json!({"name": "lim-c"}))
+        .await;
+    assert!(
+        r.expect_error(409).contains("already exists"),
+        "{}",
+        r.describe()
+    );
+    http.delete(&topic_path("lim-c")).await.expect(204);
+    http.create_topic(&json!({"name": "lim-d"})).await;
+    let list = http.get("/v1/topics").await.expect_json(200);
+    assert_eq!(list["topics"].as_array().map(Vec::len), Some(3), "{list}");
+}
