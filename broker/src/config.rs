@@ -69,6 +69,9 @@ pub struct HttpConfig {
     /// `http.tls_{cert,key}_file`: both set → the API serves HTTPS only (SPEC row 29, ext).
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
+    /// `http.metrics_addr` (ext): when set, `/metrics` is served there (plain HTTP, no
+    /// credentials) and no longer on the API listener (`404` there).
+    pub metrics_addr: Option<String>,
 }
 
 impl HttpConfig {
@@ -176,6 +179,7 @@ impl Default for Config {
                 max_consume_wait: Duration::from_secs(10),
                 tls_cert_file: None,
                 tls_key_file: None,
+                metrics_addr: None,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -294,6 +298,7 @@ mod file {
         pub max_consume_wait: Option<String>,
         pub tls_cert_file: Option<String>,
         pub tls_key_file: Option<String>,
+        pub metrics_addr: Option<String>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -495,6 +500,9 @@ impl Config {
             if let Some(v) = h.tls_key_file {
                 self.http.tls_key_file = Some(PathBuf::from(v));
             }
+            if let Some(v) = h.metrics_addr {
+                self.http.metrics_addr = Some(v);
+            }
             for (key, v, slot) in [
                 (
                     "http.read_timeout",
@@ -631,6 +639,9 @@ impl Config {
         let get = |k: &str| env(k).filter(|v| !v.is_empty());
         if let Some(v) = get("NARAD_HTTP_ADDR") {
             self.http.addr = v;
+        }
+        if let Some(v) = get("NARAD_HTTP_METRICS_ADDR") {
+            self.http.metrics_addr = Some(v);
         }
         for (key, slot) in [
             ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
@@ -805,6 +816,16 @@ impl Config {
         }
         if self.cluster.addr.as_deref() == Some(self.http.addr.as_str()) {
             return Err(bad("the API and cluster addresses must differ"));
+        }
+        if let Some(m) = &self.http.metrics_addr {
+            if m.is_empty() {
+                return Err(bad("http.metrics_addr must be host:port (or :port)"));
+            }
+            if *m == self.http.addr || self.cluster.addr.as_deref() == Some(m.as_str()) {
+                return Err(bad(
+                    "http.metrics_addr must differ from the API and cluster addresses",
+                ));
+            }
         }
         let n = self.cluster.peers.len();
         if n == 2 {
@@ -986,6 +1007,32 @@ mod tests {
             let env = [("NARAD_TOPIC_MAX_TOPICS", v)];
             assert!(load(ServerArgs::default(), &env).is_err(), "{v}");
         }
+    }
+
+    #[test]
+    fn metrics_listener_address() {
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(c.http.metrics_addr, None);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"metrics_addr":"127.0.0.1:9090"}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        let c = load(args.clone(), &[]).unwrap();
+        assert_eq!(c.http.metrics_addr.as_deref(), Some("127.0.0.1:9090"));
+        let c = load(args, &[("NARAD_HTTP_METRICS_ADDR", ":9191")]).unwrap();
+        assert_eq!(c.http.metrics_addr.as_deref(), Some(":9191"));
+        // It cannot share the API's or the cluster port's address.
+        let env = [("NARAD_HTTP_METRICS_ADDR", ":7942")];
+        assert!(load(ServerArgs::default(), &env).is_err());
+        let args = ServerArgs {
+            cluster_addr: Some("127.0.0.1:9300".into()),
+            ..Default::default()
+        };
+        let env = [("NARAD_HTTP_METRICS_ADDR", "127.0.0.1:9300")];
+        assert!(load(args, &env).is_err());
     }
 
     #[test]

@@ -591,8 +591,11 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The cluster port (node RPC and Raft).
     pub cluster_addr: SocketAddr,
+    /// The metrics listener (`http.metrics_addr`), when configured.
+    pub metrics_addr: Option<SocketAddr>,
     rpc: crate::rpc::RpcServer,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
     dispatcher: tokio::task::JoinHandle<()>,
 }
 
@@ -613,6 +616,15 @@ impl Running {
         match tokio::time::timeout(grace, self.server).await {
             Ok(r) => r??,
             Err(_) => tracing::warn!("in-flight requests outlived the shutdown grace"),
+        }
+        if let Some(m) = self.metrics_server {
+            // Stopped by the same signal; a scrape in flight gets a moment to finish.
+            if tokio::time::timeout(Duration::from_secs(1), m)
+                .await
+                .is_err()
+            {
+                tracing::debug!("a scrape outlived the shutdown");
+            }
         }
         // Messages prefetched from remote owners go back to them at once.
         crate::api::consume::release_all_kept(&node).await;
@@ -750,6 +762,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("listen on {}", config.http.addr))?;
     let addr = listener.local_addr()?;
+    // The metrics listener, bound now so that a taken port stops the start.
+    let metrics_listener = match &config.http.metrics_addr {
+        Some(a) => Some(
+            TcpListener::bind(listen_addr(a))
+                .await
+                .with_context(|| format!("listen on {a} (http.metrics_addr)"))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
 
     let cluster = Arc::new(Cluster::new(
         node_id.clone(),
@@ -904,6 +929,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         idle: config.http.idle_timeout,
     };
     let https = http_tls.is_some();
+    // Plain HTTP and no credentials, like `/metrics` on the API listener (SPEC §9); the point
+    // is a port that is not the public one.
+    let metrics_server = metrics_listener.map(|l| {
+        let app = crate::api::metrics_router(node.clone());
+        let shutdown = node.shutdown.clone();
+        tokio::spawn(crate::api::server::serve(l, app, timeouts, None, shutdown))
+    });
     let server = tokio::spawn(async move {
         crate::api::server::serve(listener, app, timeouts, http_tls, shutdown).await;
         Ok(())
@@ -911,12 +943,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     node.ready.store(true, Ordering::Release);
     metrics.boot_duration.set(boot.elapsed().as_secs_f64());
     tracing::info!(addr = %addr, cluster_addr = %cluster_addr, node_id = %node.node_id, data_dir = %data_dir.display(), clustered, https, boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
+    if let Some(m) = metrics_addr {
+        tracing::info!(metrics_addr = %m, "metrics listening (plain HTTP, GET /metrics)");
+    }
     Ok(Running {
         node,
         addr,
         cluster_addr,
+        metrics_addr,
         rpc,
         server,
+        metrics_server,
         dispatcher,
     })
 }

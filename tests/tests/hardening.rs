@@ -776,6 +776,43 @@ async fn deleted_topics_leave_no_series() {
     .await;
 }
 
+/// Finding 16 (exposure): `/metrics` names every topic and needs no credentials, on the API
+/// port. With `http.metrics_addr` it is served on a listener of its own (plain HTTP, no
+/// credentials, nothing else there) and answers `404` on the API port.
+#[tokio::test]
+async fn metrics_can_have_a_listener_of_their_own() {
+    let port = server::free_port();
+    let server = Server::start(
+        ServerOpts::secured(ROOT_PW).env("NARAD_HTTP_METRICS_ADDR", format!("127.0.0.1:{port}")),
+    )
+    .await;
+    let root = server.http().as_user("admin", ROOT_PW);
+    root.create_topic(&json!({"name": "hidden-name"})).await;
+    let api = server.http().anonymous();
+    let r = api.get("/metrics").await;
+    assert!(
+        r.expect_error(404).contains("metrics listener"),
+        "{}",
+        r.describe()
+    );
+    root.get("/metrics").await.expect_error(404);
+    let metrics = Http::new(format!("http://127.0.0.1:{port}"));
+    let text = metrics.metrics_text().await;
+    assert!(text.contains("narad_build_info"), "{text}");
+    assert!(text.contains("narad_topics_total 1"), "{text}");
+    // Only /metrics is there: the API is not, and other methods are refused.
+    metrics.get("/v1/topics").await.expect_error(404);
+    metrics.get("/healthz").await.expect_error(404);
+    metrics
+        .request(Method::POST, "/metrics")
+        .send()
+        .await
+        .expect_error(405);
+    // The probes stay on the API port.
+    api.get("/healthz").await.expect(200);
+    api.get("/readyz").await.expect(200);
+}
+
 /// Finding 16 (count): nothing bounded the number of topics. `topic.max_topics` does
 /// (children count too); a create beyond it is `409` until a topic is deleted.
 #[tokio::test]

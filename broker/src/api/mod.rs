@@ -44,9 +44,10 @@ pub const MAX_BODY: usize = 1024 * 1024;
 
 pub type AppState = Arc<Node>;
 
-/// Builds the router with every route of the API.
+/// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
+/// is served by [`metrics_router`] on its own listener and answers `404` here.
 pub fn router(node: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
             "/v1/topics/{topic}",
@@ -82,8 +83,13 @@ pub fn router(node: AppState) -> Router {
             post(system::decommission).delete(system::cancel_decommission),
         )
         .route("/healthz", get(system::healthz))
-        .route("/readyz", get(system::readyz))
-        .route("/metrics", get(system::metrics))
+        .route("/readyz", get(system::readyz));
+    let routes = if node.config.http.metrics_addr.is_some() {
+        routes.route("/metrics", axum::routing::any(metrics_elsewhere))
+    } else {
+        routes.route("/metrics", get(system::metrics))
+    };
+    routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             node.clone(),
@@ -174,6 +180,24 @@ fn unsupported_coding(headers: &axum::http::HeaderMap) -> Option<ApiError> {
         }
     }
     None
+}
+
+/// The router of the metrics listener (`http.metrics_addr`, plain HTTP, no credentials):
+/// `GET /metrics` only; anything else is `404`/`405` with the JSON error body.
+pub fn metrics_router(node: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(system::metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(refuse_codings))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
+        .with_state(node)
+}
+
+/// `/metrics` on the API listener when the metrics have a listener of their own.
+async fn metrics_elsewhere() -> ApiError {
+    ApiError::not_found(
+        "route not found: /metrics is served on the metrics listener (http.metrics_addr)",
+    )
 }
 
 /// `HEAD …/consume`: `405` (`Allow: GET`). A HEAD must not change anything, and a consume
