@@ -150,7 +150,9 @@ impl Cluster {
     /// A topic create (children included) is first held against `topic.max_topics` (`409`
     /// when the metadata already has that many topics). Creates pass one at a time, each
     /// counted against the applied state that holds every create before it, so racing
-    /// creates through any node — followers forward theirs here — never exceed the limit.
+    /// creates through any node — followers forward theirs here — never exceed the limit
+    /// (only creates a previous leader was still committing when leadership moved here can
+    /// be missing from the count, since the new leader may not have applied them yet).
     /// The check is the leader's rather than the state machine's so that the log stays
     /// readable by builds without it (a replica that skipped the check would diverge). A
     /// name that exists already is left to the state machine's `409` (`already exists`).
