@@ -50,6 +50,8 @@ done
   --set security.clusterTLS.enabled=true --set security.clusterTLS.secretName=tls \
   --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls \
   --set-json 'narad.config={"storage":{"idle_log_eviction_ms":600000}}' > /dev/null
+"$HELM" template ci charts/narad --set serviceMonitor.enabled=true --set service.ports.metrics=9090 \
+  --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls > /dev/null
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > /dev/null
 # Rendered manifests are valid Kubernetes objects (offline, strict schemas).
 KV="${KUBERNETES_VALIDATE:-$(command -v kubernetes-validate || true)}"
@@ -61,7 +63,8 @@ r="$(mktemp -d)"
 "$HELM" template ci charts/narad > "$r/narad.yaml"
 "$HELM" template ci charts/narad --set loadBalancer.enabled=true --set ingress.enabled=true \
   --set ingress.host=narad.example.com --set security.clusterTLS.enabled=true \
-  --set security.clusterTLS.secretName=tls --set-json 'narad.config={"a":1}' > "$r/narad-all.yaml"
+  --set security.clusterTLS.secretName=tls --set service.ports.metrics=9090 \
+  --set-json 'narad.config={"a":1}' > "$r/narad-all.yaml"
 "$HELM" template ci charts/narad-operator > "$r/operator.yaml"
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > "$r/operator-ns.yaml"
 "$KV" --strict --quiet -k 1.33.0 "$r"/*.yaml

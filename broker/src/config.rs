@@ -4,6 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Default of `topic.max_topics`.
+pub const DEFAULT_MAX_TOPICS: u64 = 10_000;
+
 /// The effective configuration of one `narad server start`.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -66,6 +69,9 @@ pub struct HttpConfig {
     /// `http.tls_{cert,key}_file`: both set → the API serves HTTPS only (SPEC row 29, ext).
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
+    /// `http.metrics_addr` (ext): when set, `/metrics` is served there (plain HTTP, no
+    /// credentials) and no longer on the API listener (`404` there).
+    pub metrics_addr: Option<String>,
 }
 
 impl HttpConfig {
@@ -117,6 +123,9 @@ pub struct StorageConfig {
 pub struct TopicDefaults {
     pub default_partitions: u32,
     pub max_partitions: u32,
+    /// `topic.max_topics` (ext): the most topics (children included) the cluster holds; a
+    /// create beyond is `409`. Enforced by the metadata leader with its own value.
+    pub max_topics: u64,
     pub default_retention_age_ms: u64,
     pub default_visibility_timeout_ms: u64,
     pub default_max_in_flight_per_partition: u64,
@@ -170,6 +179,7 @@ impl Default for Config {
                 max_consume_wait: Duration::from_secs(10),
                 tls_cert_file: None,
                 tls_key_file: None,
+                metrics_addr: None,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -192,6 +202,7 @@ impl Default for Config {
             topic: TopicDefaults {
                 default_partitions: 3,
                 max_partitions: 108,
+                max_topics: DEFAULT_MAX_TOPICS,
                 default_retention_age_ms: 604_800_000,
                 default_visibility_timeout_ms: 30_000,
                 default_max_in_flight_per_partition: 1024,
@@ -288,6 +299,7 @@ mod file {
         pub max_consume_wait: Option<String>,
         pub tls_cert_file: Option<String>,
         pub tls_key_file: Option<String>,
+        pub metrics_addr: Option<String>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -320,6 +332,7 @@ mod file {
     pub struct Topic {
         pub default_partitions: Option<u32>,
         pub max_partitions: Option<u32>,
+        pub max_topics: Option<u64>,
         pub default_retention_age_ms: Option<u64>,
         pub default_visibility_timeout_ms: Option<u64>,
         pub default_max_in_flight_per_partition: Option<u64>,
@@ -493,6 +506,9 @@ impl Config {
             if let Some(v) = h.tls_key_file {
                 self.http.tls_key_file = Some(PathBuf::from(v));
             }
+            if let Some(v) = h.metrics_addr {
+                self.http.metrics_addr = Some(v);
+            }
             for (key, v, slot) in [
                 (
                     "http.read_timeout",
@@ -570,6 +586,7 @@ impl Config {
             let d = &mut self.topic;
             d.default_partitions = t.default_partitions.unwrap_or(d.default_partitions);
             d.max_partitions = t.max_partitions.unwrap_or(d.max_partitions);
+            d.max_topics = t.max_topics.unwrap_or(d.max_topics);
             d.default_retention_age_ms = t
                 .default_retention_age_ms
                 .unwrap_or(d.default_retention_age_ms);
@@ -634,6 +651,9 @@ impl Config {
         if let Some(v) = get("NARAD_HTTP_ADDR") {
             self.http.addr = v;
         }
+        if let Some(v) = get("NARAD_HTTP_METRICS_ADDR") {
+            self.http.metrics_addr = Some(v);
+        }
         for (key, slot) in [
             ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
             ("NARAD_HTTP_WRITE_TIMEOUT", &mut self.http.write_timeout),
@@ -687,6 +707,9 @@ impl Config {
         }
         if let Some(v) = get("NARAD_TOPIC_MAX_PARTITIONS") {
             t.max_partitions = parse_num("NARAD_TOPIC_MAX_PARTITIONS", &v)?;
+        }
+        if let Some(v) = get("NARAD_TOPIC_MAX_TOPICS") {
+            t.max_topics = parse_num("NARAD_TOPIC_MAX_TOPICS", &v)?;
         }
         if let Some(v) = get("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS") {
             t.default_retention_age_ms = parse_num("NARAD_TOPIC_DEFAULT_RETENTION_AGE_MS", &v)?;
@@ -809,6 +832,16 @@ impl Config {
         if self.cluster.addr.as_deref() == Some(self.http.addr.as_str()) {
             return Err(bad("the API and cluster addresses must differ"));
         }
+        if let Some(m) = &self.http.metrics_addr {
+            if m.is_empty() {
+                return Err(bad("http.metrics_addr must be host:port (or :port)"));
+            }
+            if *m == self.http.addr || self.cluster.addr.as_deref() == Some(m.as_str()) {
+                return Err(bad(
+                    "http.metrics_addr must differ from the API and cluster addresses",
+                ));
+            }
+        }
         let n = self.cluster.peers.len();
         if n == 2 {
             return Err(bad("--peers needs 1 entry or at least 3"));
@@ -848,6 +881,9 @@ impl Config {
             }
         }
         let t = &self.topic;
+        if t.max_topics == 0 {
+            return Err(bad("topic.max_topics must be at least 1"));
+        }
         if t.max_partitions < 3 || t.max_partitions > 108 {
             return Err(bad("topic.max_partitions must be between 3 and 108"));
         }
@@ -999,6 +1035,53 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn topic_count_limit() {
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(c.topic.max_topics, DEFAULT_MAX_TOPICS);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"topic":{"max_topics":5}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        assert_eq!(load(args.clone(), &[]).unwrap().topic.max_topics, 5);
+        // The environment wins over the file.
+        let c = load(args, &[("NARAD_TOPIC_MAX_TOPICS", "7")]).unwrap();
+        assert_eq!(c.topic.max_topics, 7);
+        for v in ["0", "many", "-1"] {
+            let env = [("NARAD_TOPIC_MAX_TOPICS", v)];
+            assert!(load(ServerArgs::default(), &env).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn metrics_listener_address() {
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(c.http.metrics_addr, None);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"metrics_addr":"127.0.0.1:9090"}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        let c = load(args.clone(), &[]).unwrap();
+        assert_eq!(c.http.metrics_addr.as_deref(), Some("127.0.0.1:9090"));
+        let c = load(args, &[("NARAD_HTTP_METRICS_ADDR", ":9191")]).unwrap();
+        assert_eq!(c.http.metrics_addr.as_deref(), Some(":9191"));
+        // It cannot share the API's or the cluster port's address.
+        let env = [("NARAD_HTTP_METRICS_ADDR", ":7942")];
+        assert!(load(ServerArgs::default(), &env).is_err());
+        let args = ServerArgs {
+            cluster_addr: Some("127.0.0.1:9300".into()),
+            ..Default::default()
+        };
+        let env = [("NARAD_HTTP_METRICS_ADDR", "127.0.0.1:9300")];
+        assert!(load(args, &env).is_err());
     }
 
     #[test]

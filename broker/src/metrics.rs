@@ -86,6 +86,16 @@ pub struct FanoutPartitionLabels {
     pub partition: String,
 }
 
+/// Most partitions a topic can have (SPEC §11): the partition label of a topic's series
+/// never goes beyond.
+const MAX_PARTITIONS: u32 = 108;
+
+/// Every `outcome` of `consume_wait_seconds` (SPEC §9); [`Metrics::forget_topic`] removes each.
+pub const CONSUME_OUTCOMES: [&str; 4] = ["hit", "timeout", "no_wait", "cancelled"];
+
+/// Every `reason` of `produce_rejections_total`; [`Metrics::forget_topic`] removes each.
+pub const REJECT_REASONS: [&str; 2] = ["schema", "delayed_child"];
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -539,7 +549,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Drops the series of a deleted topic.
+    /// Drops every series of a deleted topic: each family labelled `topic`, per topic or per
+    /// (topic, partition) for every partition a topic can have. (The fan-out families are
+    /// labelled `parent`/`child` and go with their link: [`Metrics::forget_link`].)
     pub fn forget_topic(&self, topic: &str) {
         let t = TopicLabels {
             topic: topic.to_string(),
@@ -548,8 +560,20 @@ impl Metrics {
         self.ack_extended.remove(&t);
         self.nack.remove(&t);
         self.topic_bytes.remove(&t);
+        for outcome in CONSUME_OUTCOMES {
+            self.consume_wait.remove(&OutcomeLabels {
+                topic: topic.to_string(),
+                outcome,
+            });
+        }
+        for reason in REJECT_REASONS {
+            self.produce_rejections.remove(&ReasonLabels {
+                topic: topic.to_string(),
+                reason,
+            });
+        }
         // Partition families are keyed by (topic, partition): remove up to the max count.
-        for p in 0..108u32 {
+        for p in 0..MAX_PARTITIONS {
             let l = PartitionLabels {
                 topic: topic.to_string(),
                 partition: p.to_string(),
@@ -563,11 +587,13 @@ impl Metrics {
                 &self.corrupt_skipped,
                 &self.retention_bytes_deleted,
                 &self.retention_messages_deleted,
+                &self.flush_bytes,
             ] {
                 f.remove(&l);
             }
             for g in [
                 &self.consumer_lag,
+                &self.oldest_unconsumed_age,
                 &self.inflight,
                 &self.acked_ahead,
                 &self.partition_size,
@@ -577,7 +603,34 @@ impl Metrics {
             }
             self.fsync_duration.remove(&l);
             self.flush_duration.remove(&l);
-            self.flush_bytes.remove(&l);
+        }
+    }
+
+    /// Drops the series of a child link (`parent`, `child`) that is gone: detached, or one of
+    /// its topics deleted (`child` is the link name for a remote link).
+    pub fn forget_link(&self, parent: &str, child: &str) {
+        let l = FanoutLabels {
+            parent: parent.to_string(),
+            child: child.to_string(),
+        };
+        self.fanout.committed.remove(&l);
+        self.fanout.dropped.remove(&l);
+        for reason in crate::fanout::remote::SEND_ERROR_REASONS {
+            self.remote_child_send_errors
+                .remove(&RemoteSendErrorLabels {
+                    parent: parent.to_string(),
+                    child: child.to_string(),
+                    reason,
+                });
+        }
+        for p in 0..MAX_PARTITIONS {
+            let l = FanoutPartitionLabels {
+                parent: parent.to_string(),
+                child: child.to_string(),
+                partition: p.to_string(),
+            };
+            self.fanout.lag.remove(&l);
+            self.fanout.due_lag.remove(&l);
         }
     }
 

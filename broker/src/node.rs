@@ -419,6 +419,7 @@ impl Node {
     }
 
     pub fn reject(&self, topic: &Topic, reason: &'static str) {
+        debug_assert!(crate::metrics::REJECT_REASONS.contains(&reason), "{reason}");
         self.metrics
             .produce_rejections
             .get_or_create(&ReasonLabels {
@@ -426,23 +427,30 @@ impl Node {
                 reason,
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
-    pub fn observe_consume_wait(&self, topic: &str, outcome: &'static str, waited: Duration) {
+    pub fn observe_consume_wait(&self, topic: &Topic, outcome: &'static str, waited: Duration) {
+        debug_assert!(
+            crate::metrics::CONSUME_OUTCOMES.contains(&outcome),
+            "{outcome}"
+        );
         self.metrics
             .consume_wait
             .get_or_create(&OutcomeLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
                 outcome,
             })
             .observe(waited.as_secs_f64());
+        self.forget_if_deleted(topic);
     }
-    pub fn consume_empty(&self, topic: &str) {
+    pub fn consume_empty(&self, topic: &Topic) {
         self.metrics
             .consume_empty
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
     pub fn ack_rejected(&self, reason: &'static str) {
         self.metrics
@@ -450,21 +458,35 @@ impl Node {
             .get_or_create(&AckReasonLabels { reason })
             .inc();
     }
-    pub fn count_extend(&self, topic: &str) {
+    pub fn count_extend(&self, topic: &Topic) {
         self.metrics
             .ack_extended
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
     }
-    pub fn count_nack(&self, topic: &str) {
+    pub fn count_nack(&self, topic: &Topic) {
         self.metrics
             .nack
             .get_or_create(&TopicLabels {
-                topic: topic.to_string(),
+                topic: topic.name.clone(),
             })
             .inc();
+        self.forget_if_deleted(topic);
+    }
+
+    /// Removes the series of `topic` again if this replica has applied its deletion: a request
+    /// (or a scrape) that was under way while the topic was deleted must not bring back the
+    /// series that `Metrics::forget_topic` removed. A topic this replica has not caught up
+    /// with yet (id at or above `next_topic_id`) is not deleted; a name in use again keeps
+    /// its series (they are the new topic's).
+    fn forget_if_deleted(&self, topic: &Topic) {
+        let view = self.meta.view();
+        if topic.id < view.next_topic_id && !view.topics.contains_key(&topic.name) {
+            self.metrics.forget_topic(&topic.name);
+        }
     }
 
     /// Refreshes the gauges that describe state rather than events.
@@ -488,7 +510,11 @@ impl Node {
             .set(view.members.len() as i64 - alive);
         let mut open = 0;
         let now = now_ms();
-        for rt in self.registry.all() {
+        let runtimes = self.registry.all();
+        for rt in &runtimes {
+            if !view.topics.get(&rt.name).is_some_and(|t| t.id == rt.id) {
+                continue;
+            }
             let mut topic_bytes = 0u64;
             for p in rt.partitions() {
                 open += 1;
@@ -513,6 +539,13 @@ impl Node {
                     topic: rt.name.clone(),
                 })
                 .set(topic_bytes as i64);
+        }
+        // A topic deleted while its gauges were being set: its series go again.
+        let after = self.meta.view();
+        for rt in &runtimes {
+            if rt.id < after.next_topic_id && !after.topics.contains_key(&rt.name) {
+                m.forget_topic(&rt.name);
+            }
         }
         m.open_partition_logs.set(open);
         self.fanout.refresh_gauges();
@@ -560,8 +593,11 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The cluster port (node RPC and Raft).
     pub cluster_addr: SocketAddr,
+    /// The metrics listener (`http.metrics_addr`), when configured.
+    pub metrics_addr: Option<SocketAddr>,
     rpc: crate::rpc::RpcServer,
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
+    metrics_server: Option<tokio::task::JoinHandle<()>>,
     dispatcher: tokio::task::JoinHandle<()>,
 }
 
@@ -582,6 +618,15 @@ impl Running {
         match tokio::time::timeout(grace, self.server).await {
             Ok(r) => r??,
             Err(_) => tracing::warn!("in-flight requests outlived the shutdown grace"),
+        }
+        if let Some(m) = self.metrics_server {
+            // Stopped by the same signal; a scrape in flight gets a moment to finish.
+            if tokio::time::timeout(Duration::from_secs(1), m)
+                .await
+                .is_err()
+            {
+                tracing::debug!("a scrape outlived the shutdown");
+            }
         }
         // Messages prefetched from remote owners go back to them at once.
         crate::api::consume::release_all_kept(&node).await;
@@ -719,6 +764,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("listen on {}", config.http.addr))?;
     let addr = listener.local_addr()?;
+    // The metrics listener, bound now so that a taken port stops the start.
+    let metrics_listener = match &config.http.metrics_addr {
+        Some(a) => Some(
+            TcpListener::bind(listen_addr(a))
+                .await
+                .with_context(|| format!("listen on {a} (http.metrics_addr)"))?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
 
     let cluster = Arc::new(Cluster::new(
         node_id.clone(),
@@ -728,6 +786,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.cluster.initial_members.clone(),
         advertise_addr,
         Timing::new(&config.test),
+        config.topic.max_topics,
     ));
     if !clustered {
         meta.write(MetaCommand::RegisterMember {
@@ -890,6 +949,13 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         idle: config.http.idle_timeout,
     };
     let https = http_tls.is_some();
+    // Plain HTTP and no credentials, like `/metrics` on the API listener (SPEC §9); the point
+    // is a port that is not the public one.
+    let metrics_server = metrics_listener.map(|l| {
+        let app = crate::api::metrics_router(node.clone());
+        let shutdown = node.shutdown.clone();
+        tokio::spawn(crate::api::server::serve(l, app, timeouts, None, shutdown))
+    });
     let server = tokio::spawn(async move {
         crate::api::server::serve(listener, app, timeouts, http_tls, shutdown).await;
         Ok(())
@@ -897,12 +963,17 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     node.ready.store(true, Ordering::Release);
     metrics.boot_duration.set(boot.elapsed().as_secs_f64());
     tracing::info!(addr = %addr, cluster_addr = %cluster_addr, node_id = %node.node_id, data_dir = %data_dir.display(), clustered, https, boot_ms = boot.elapsed().as_millis() as u64, "narad listening");
+    if let Some(m) = metrics_addr {
+        tracing::info!(metrics_addr = %m, "metrics listening (plain HTTP, GET /metrics)");
+    }
     Ok(Running {
         node,
         addr,
         cluster_addr,
+        metrics_addr,
         rpc,
         server,
+        metrics_server,
         dispatcher,
     })
 }

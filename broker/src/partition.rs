@@ -721,7 +721,11 @@ impl Registry {
             if let Err(e) = fs::remove_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove a deleted topic's data");
             }
-            self.metrics.forget_topic(&rt.name);
+            // A topic created again under the same name keeps the series (they are its own
+            // now: its partitions' handles are in them).
+            if !topics.contains_key(&rt.name) {
+                self.metrics.forget_topic(&rt.name);
+            }
             tracing::info!(topic = %rt.name, topic_id = rt.id, "topic data removed");
         }
         // Remove leftovers of topics deleted while the node was down.

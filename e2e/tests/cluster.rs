@@ -493,3 +493,58 @@ fn offsets(msgs: &[narad_tests::Msg]) -> Vec<u64> {
     o.sort();
     o
 }
+
+/// `topic.max_topics` holds cluster-wide: creates through every node at once, racing for the
+/// last slots, are counted in metadata-log order on the leader, so exactly the limit gets in
+/// and the rest are `409`, whichever node they came through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_topic_count_limit_holds_across_nodes() {
+    let c = TestCluster::start_with(
+        3,
+        ClusterOpts {
+            env: vec![("NARAD_TOPIC_MAX_TOPICS".into(), "4".into())],
+            ..ClusterOpts::default()
+        },
+    )
+    .await;
+    let mut tasks = Vec::new();
+    for i in 0..12usize {
+        let http = c.http(i % 3);
+        tasks.push(tokio::spawn(async move {
+            http.post_json("/v1/topics", &json!({"name": format!("race-{i}")}))
+                .await
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status {
+            201 => created += 1,
+            409 => assert!(
+                r.expect_error(409).contains("topic limit reached"),
+                "{}",
+                r.describe()
+            ),
+            _ => panic!("{}", r.describe()),
+        }
+    }
+    assert_eq!(created, 4);
+    for i in 0..3 {
+        let list = c.http(i).get("/v1/topics").await.expect_json(200);
+        assert_eq!(list["topics"].as_array().map(Vec::len), Some(4), "{list}");
+    }
+    // A delete through one node frees a slot for a create through another.
+    let list = c.http(0).get("/v1/topics").await.expect_json(200);
+    let first = list["topics"][0]["name"].as_str().unwrap().to_string();
+    c.http(2)
+        .delete(format!("/v1/topics/{first}"))
+        .await
+        .expect(204);
+    c.http(1)
+        .create_topic(&json!({"name": "after-delete"}))
+        .await;
+    c.http(0)
+        .post_json("/v1/topics", &json!({"name": "one-too-many"}))
+        .await
+        .expect_error(409);
+}

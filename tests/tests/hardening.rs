@@ -590,3 +590,302 @@ async fn leased(http: &Http, topic: &str) -> u64 {
     let text = http.metrics_text().await;
     metric_sum_where(&text, "narad_inflight_size", &[("topic", topic)]).unwrap_or(0.0) as u64
 }
+
+/// `(head, body)` of one raw exchange must be the error `status` with the uniform JSON body
+/// (SPEC §3.1); returns the message.
+#[track_caller]
+fn raw_json_error(answer: &(String, Vec<u8>), status: u16) -> String {
+    let (head, body) = answer;
+    let shown = format!("{head}{}", String::from_utf8_lossy(body));
+    assert!(
+        head.starts_with(&format!("http/1.1 {status} ")),
+        "want {status}: {shown}"
+    );
+    assert!(
+        head.contains("content-type: application/json"),
+        "not JSON: {shown}"
+    );
+    let v: Value =
+        serde_json::from_slice(body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {shown}"));
+    let m = v.as_object().unwrap_or_else(|| panic!("{shown}"));
+    assert_eq!(m.len(), 1, "{shown}");
+    let msg = m["error"].as_str().unwrap_or_else(|| panic!("{shown}"));
+    assert!(!msg.is_empty(), "{shown}");
+    msg.to_string()
+}
+
+/// Finding 15: what hyper answers by itself for a request head it refuses (bad
+/// `Content-Length`, too many or too large headers, a target too long) used to have an empty
+/// body, and `Transfer-Encoding: gzip, chunked` was read as plain chunked. Now every such
+/// answer carries the JSON error body, an unknown transfer coding is `501`, and a body with a
+/// `Content-Encoding` is `415`: nothing of them is stored.
+#[tokio::test]
+async fn parser_errors_and_unsupported_codings_answer_json() {
+    use narad_tests::http::raw_exchange;
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "codings", "partitions": 3}))
+        .await;
+    let addr = format!("127.0.0.1:{}", server.port());
+    let exchange = |req: Vec<u8>| {
+        let addr = addr.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+            raw_exchange(&mut s, &req).await.unwrap()
+        }
+    };
+
+    // hyper's own answers: 400, 431 (too many fields, too many bytes), 414.
+    let bad_length = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&bad_length, 400).contains("Content-Length"));
+    let twice = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nhi".to_vec(),
+    )
+    .await;
+    raw_json_error(&twice, 400);
+    let mut many = b"GET /healthz HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..120 {
+        many.extend_from_slice(format!("X-Field-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    assert!(raw_json_error(&exchange(many).await, 431).contains("too large"));
+    let mut large = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Large: ".to_vec();
+    large.extend(std::iter::repeat_n(b'a', 600 * 1024));
+    large.extend_from_slice(b"\r\n\r\n");
+    raw_json_error(&exchange(large).await, 431);
+    let long_target = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "a".repeat(70_000));
+    raw_json_error(&exchange(long_target.into_bytes()).await, 414);
+    // A last coding other than chunked leaves the body length unknown (RFC 9112 §6.3).
+    let gzip_only = exchange(
+        b"POST /v1/topics/codings/produce HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    raw_json_error(&gzip_only, 400);
+    // After answered requests on the same connection, too.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let ok = raw_exchange(&mut s, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(ok.0.starts_with("http/1.1 200 "), "{ok:?}");
+    let after = raw_exchange(
+        &mut s,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    raw_json_error(&after, 400);
+
+    // Codings the server does not decode: refused before anything is stored.
+    let gzip_chunked = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&gzip_chunked, 501).contains("gzip, chunked"));
+    assert!(
+        gzip_chunked.0.contains("connection: close"),
+        "{gzip_chunked:?}"
+    );
+    let two_fields = exchange(
+        b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\nf\r\n{\"name\":\"te-x\"}\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    raw_json_error(&two_fields, 501);
+    http.get(&topic_path("te-x")).await.expect_error(404);
+    let compressed = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&compressed, 415).contains("Content-Encoding"));
+    assert!(
+        compressed.0.contains("accept-encoding: identity"),
+        "{compressed:?}"
+    );
+    // Plain chunked and `identity` are read as before.
+    let plain = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Encoding: identity\r\n\r\n4\r\nkept\r\n0\r\n\r\n".to_vec(),
+    )
+    .await;
+    assert!(plain.0.starts_with("http/1.1 202 "), "{plain:?}");
+    http.wait_visible("codings", 0, 1).await;
+    let m = http
+        .consume_msg("codings", "partition=0&offset=0&wait=0")
+        .await;
+    assert_eq!(m.payload_bytes(), b"kept");
+    let stats = http.partition_stats("codings").await;
+    let total: u64 = stats
+        .iter()
+        .map(|p| p["high_watermark"].as_u64().unwrap())
+        .sum();
+    assert_eq!(total, 1, "a refused body was stored: {stats:?}");
+}
+
+/// The metric lines of `text` that mention a label value starting with `prefix`.
+fn series_mentioning(text: &str, prefix: &str) -> Vec<String> {
+    let needle = format!("\"{prefix}");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && l.contains(&needle))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Finding 16 (series): the consume-wait series of a deleted topic (and others: rejections,
+/// the oldest-message age, its child links) stayed in `/metrics` forever. Now a deleted
+/// topic leaves no series that mention it, and a deleted parent takes its links' series.
+#[tokio::test]
+async fn deleted_topics_leave_no_series() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "gone-parent", "partitions": 3}))
+        .await;
+    http.create_topic(&json!({"name": "gone-child", "parent": "gone-parent"}))
+        .await;
+    http.create_topic(&json!({"name": "gone-empty", "partitions": 3}))
+        .await;
+    http.create_topic(
+        &json!({"name": "gone-schema", "partitions": 3, "schema": {"type": "object"}}),
+    )
+    .await;
+    for i in 0..3 {
+        http.produce_ok("gone-parent", "partition=0", format!("m{i}"))
+            .await;
+    }
+    http.wait_visible("gone-parent", 0, 3).await;
+    // Lease, extend and nack on the parent; long-poll hits on the child (fan-out copied).
+    let m = http.consume_msg("gone-parent", "partition=0").await;
+    http.ack("gone-parent", m.handle(), Some("true"))
+        .await
+        .expect(204);
+    http.ack("gone-parent", m.handle(), Some("0"))
+        .await
+        .expect(204);
+    http.consume_msg("gone-child", "wait=5s").await;
+    // No-wait and timed-out consumes of an empty topic; a produce the schema refuses.
+    http.consume_none("gone-empty", "wait=0").await;
+    http.consume_none("gone-empty", "wait=200ms").await;
+    http.produce("gone-schema", "", "42").await.expect(400);
+
+    let before = http.metrics_text().await;
+    for (family, label) in [
+        ("narad_consume_wait_seconds_count", "topic=\"gone-child\""),
+        ("narad_consume_wait_seconds_count", "topic=\"gone-empty\""),
+        ("narad_consume_empty_total", "topic=\"gone-empty\""),
+        ("narad_produce_rejections_total", "topic=\"gone-schema\""),
+        ("narad_ack_extended_total", "topic=\"gone-parent\""),
+        ("narad_nack_total", "topic=\"gone-parent\""),
+        (
+            "narad_oldest_unconsumed_message_age_seconds",
+            "topic=\"gone-parent\"",
+        ),
+        ("narad_fanout_committed_total", "parent=\"gone-parent\""),
+        ("narad_fanout_lag_messages", "parent=\"gone-parent\""),
+    ] {
+        assert!(
+            before
+                .lines()
+                .any(|l| l.starts_with(family) && l.contains(label)),
+            "no {family}{{{label}}} before the deletes:\n{before}"
+        );
+    }
+
+    // The parent goes: its own series and its link's, while the child keeps its own.
+    http.delete(&topic_path("gone-parent")).await.expect(204);
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let left = series_mentioning(&http.metrics_text().await, "gone-parent");
+            anyhow::ensure!(left.is_empty(), "still there:\n{}", left.join("\n"));
+            Ok(())
+        },
+    )
+    .await;
+    for t in ["gone-child", "gone-empty", "gone-schema"] {
+        http.delete(&topic_path(t)).await.expect(204);
+    }
+    eventually(
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        || async {
+            let left = series_mentioning(&http.metrics_text().await, "gone-");
+            anyhow::ensure!(left.is_empty(), "still there:\n{}", left.join("\n"));
+            Ok(())
+        },
+    )
+    .await;
+}
+
+/// Finding 16 (exposure): `/metrics` names every topic and needs no credentials, on the API
+/// port. With `http.metrics_addr` it is served on a listener of its own (plain HTTP, no
+/// credentials, nothing else there) and answers `404` on the API port.
+#[tokio::test]
+async fn metrics_can_have_a_listener_of_their_own() {
+    let port = server::free_port();
+    let server = Server::start(
+        ServerOpts::secured(ROOT_PW).env("NARAD_HTTP_METRICS_ADDR", format!("127.0.0.1:{port}")),
+    )
+    .await;
+    let root = server.http().as_user("admin", ROOT_PW);
+    root.create_topic(&json!({"name": "hidden-name"})).await;
+    let api = server.http().anonymous();
+    let r = api.get("/metrics").await;
+    assert!(
+        r.expect_error(404).contains("metrics listener"),
+        "{}",
+        r.describe()
+    );
+    root.get("/metrics").await.expect_error(404);
+    let metrics = Http::new(format!("http://127.0.0.1:{port}"));
+    let text = metrics.metrics_text().await;
+    assert!(text.contains("narad_build_info"), "{text}");
+    assert!(text.contains("narad_topics_total 1"), "{text}");
+    // Only /metrics is there: the API is not, and other methods are refused.
+    metrics.get("/v1/topics").await.expect_error(404);
+    metrics.get("/healthz").await.expect_error(404);
+    metrics
+        .request(Method::POST, "/metrics")
+        .send()
+        .await
+        .expect_error(405);
+    // The probes stay on the API port.
+    api.get("/healthz").await.expect(200);
+    api.get("/readyz").await.expect(200);
+}
+
+/// Finding 16 (count): nothing bounded the number of topics. `topic.max_topics` does
+/// (children count too); a create beyond it is `409` until a topic is deleted.
+#[tokio::test]
+async fn the_topic_count_is_limited() {
+    let server = Server::start(ServerOpts::default().env("NARAD_TOPIC_MAX_TOPICS", "3")).await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "lim-a"})).await;
+    http.create_topic(&json!({"name": "lim-b", "parent": "lim-a"}))
+        .await;
+    http.create_topic(&json!({"name": "lim-c"})).await;
+    let r = http
+        .post_json("/v1/topics", &json!({"name": "lim-d"}))
+        .await;
+    assert!(
+        r.expect_error(409).contains("topic limit reached"),
+        "{}",
+        r.describe()
+    );
+    http.post_json("/v1/topics", &json!({"name": "lim-e", "parent": "lim-a"}))
+        .await
+        .expect_error(409);
+    // An existing name is still "already exists", not the limit.
+    let r = http
+        .post_json("/v1/topics", &json!({"name": "lim-c"}))
+        .await;
+    assert!(
+        r.expect_error(409).contains("already exists"),
+        "{}",
+        r.describe()
+    );
+    http.delete(&topic_path("lim-c")).await.expect(204);
+    http.create_topic(&json!({"name": "lim-d"})).await;
+    let list = http.get("/v1/topics").await.expect_json(200);
+    assert_eq!(list["topics"].as_array().map(Vec::len), Some(3), "{list}");
+}

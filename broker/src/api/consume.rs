@@ -504,10 +504,10 @@ pub async fn consume(
         (true, false) if node.is_shutting_down() => "cancelled",
         (true, false) => "timeout",
     };
-    node.observe_consume_wait(&topic.name, outcome, started.elapsed());
+    node.observe_consume_wait(&topic, outcome, started.elapsed());
     match found {
         Found::Nothing => {
-            node.consume_empty(&topic.name);
+            node.consume_empty(&topic);
             Ok(StatusCode::NO_CONTENT.into_response())
         }
         Found::Remote(reply) => Ok(reply_response(reply)),
@@ -682,9 +682,9 @@ fn settle_local(node: &Node, topic: &Topic, handle: &str, how: SettleKind) -> Ap
     match res {
         Ok(()) => {
             match how {
-                SettleKind::Extend => node.count_extend(&topic.name),
+                SettleKind::Extend => node.count_extend(topic),
                 SettleKind::Nack => {
-                    node.count_nack(&topic.name);
+                    node.count_nack(topic);
                     rt.wake_consumers(1);
                 }
                 SettleKind::Ack => {}

@@ -10,6 +10,7 @@
 
 mod children;
 pub mod consume;
+pub mod parse_errors;
 mod produce;
 mod query;
 pub mod server;
@@ -43,9 +44,10 @@ pub const MAX_BODY: usize = 1024 * 1024;
 
 pub type AppState = Arc<Node>;
 
-/// Builds the router with every route of the API.
+/// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
+/// is served by [`metrics_router`] on its own listener and answers `404` here.
 pub fn router(node: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
             "/v1/topics/{topic}",
@@ -81,15 +83,121 @@ pub fn router(node: AppState) -> Router {
             post(system::decommission).delete(system::cancel_decommission),
         )
         .route("/healthz", get(system::healthz))
-        .route("/readyz", get(system::readyz))
-        .route("/metrics", get(system::metrics))
+        .route("/readyz", get(system::readyz));
+    let routes = if node.config.http.metrics_addr.is_some() {
+        routes.route("/metrics", axum::routing::any(metrics_elsewhere))
+    } else {
+        routes.route("/metrics", get(system::metrics))
+    };
+    routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             node.clone(),
             authenticate,
         ))
+        .layer(axum::middleware::from_fn(refuse_codings))
         .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
         .with_state(node)
+}
+
+/// Refuses a request whose body comes in a coding the server does not decode, before
+/// authentication or any handler reads it:
+/// - `Transfer-Encoding` other than exactly `chunked` (RFC 9112 §6.1: a transfer coding the
+///   server does not understand is `501`; `chunked` applied twice is `400`). hyper itself
+///   answers `400` when the last coding is not `chunked`, since the body's length is then
+///   unknown (RFC 9112 §6.3). The connection closes: the body is left unread.
+/// - `Content-Encoding` other than `identity`: `415` with `Accept-Encoding: identity` (RFC 9110
+///   §15.5.16). Payloads are stored as sent, so a compressed body would otherwise be stored
+///   compressed, and a JSON body fail to parse.
+async fn refuse_codings(req: Request, next: Next) -> Response {
+    match unsupported_coding(req.headers()) {
+        Some(e) => {
+            let accept_identity = e.status == StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            let mut r = e.into_response();
+            if accept_identity {
+                r.headers_mut().insert(
+                    header::ACCEPT_ENCODING,
+                    HeaderValue::from_static("identity"),
+                );
+            }
+            r
+        }
+        None => next.run(req).await,
+    }
+}
+
+/// The codings of every `name` field, lower-cased, in order (`None` if one is not text).
+fn codings(headers: &axum::http::HeaderMap, name: header::HeaderName) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for v in headers.get_all(name).iter() {
+        let text = v.to_str().ok()?;
+        out.extend(
+            text.split(',')
+                .map(|c| c.trim().to_ascii_lowercase())
+                .filter(|c| !c.is_empty()),
+        );
+    }
+    Some(out)
+}
+
+/// The error for a request body in a coding this server does not decode (see
+/// [`refuse_codings`]).
+fn unsupported_coding(headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        let te = codings(headers, header::TRANSFER_ENCODING);
+        let refused = match te.as_deref() {
+            Some([only]) if only == "chunked" => None,
+            Some(list) if !list.is_empty() && list.iter().all(|c| c == "chunked") => Some(
+                ApiError::bad_request("Transfer-Encoding applies chunked more than once"),
+            ),
+            Some(list) => Some(ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                format!(
+                    "Transfer-Encoding {:?} is not supported: send the body with Content-Length \
+                     or with Transfer-Encoding: chunked alone",
+                    list.join(", ")
+                ),
+            )),
+            None => Some(ApiError::bad_request("Transfer-Encoding is not valid text")),
+        };
+        if let Some(e) = refused {
+            return Some(ApiError { close: true, ..e });
+        }
+    }
+    if headers.contains_key(header::CONTENT_ENCODING) {
+        match codings(headers, header::CONTENT_ENCODING) {
+            Some(list) if list.iter().all(|c| c == "identity") => {}
+            list => {
+                let shown = list.map_or_else(|| "?".to_string(), |l| l.join(", "));
+                return Some(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    format!(
+                        "Content-Encoding {shown:?} is not supported: send the body \
+                         uncompressed (identity)"
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The router of the metrics listener (`http.metrics_addr`, plain HTTP, no credentials):
+/// `GET /metrics` only; anything else is `404`/`405` with the JSON error body.
+pub fn metrics_router(node: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(system::metrics))
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(refuse_codings))
+        .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
+        .with_state(node)
+}
+
+/// `/metrics` on the API listener when the metrics have a listener of their own.
+async fn metrics_elsewhere() -> ApiError {
+    ApiError::not_found(
+        "route not found: /metrics is served on the metrics listener (http.metrics_addr)",
+    )
 }
 
 /// `HEAD …/consume`: `405` (`Allow: GET`). A HEAD must not change anything, and a consume
@@ -353,4 +461,50 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Name {
 /// The body of a plain `{"error":…}` answer (for the few places that build responses by hand).
 pub fn error_json(message: &str) -> String {
     error_body(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderMap;
+
+    fn with(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                header::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn status(pairs: &[(&str, &str)]) -> Option<u16> {
+        unsupported_coding(&with(pairs)).map(|e| e.status.as_u16())
+    }
+
+    #[test]
+    fn only_plain_chunked_and_identity_bodies_are_read() {
+        assert_eq!(status(&[]), None);
+        assert_eq!(status(&[("transfer-encoding", "chunked")]), None);
+        assert_eq!(status(&[("transfer-encoding", " Chunked ")]), None);
+        assert_eq!(status(&[("content-encoding", "identity")]), None);
+        assert_eq!(status(&[("transfer-encoding", "gzip, chunked")]), Some(501));
+        assert_eq!(
+            status(&[
+                ("transfer-encoding", "gzip"),
+                ("transfer-encoding", "chunked")
+            ]),
+            Some(501)
+        );
+        assert_eq!(
+            status(&[("transfer-encoding", "chunked, chunked")]),
+            Some(400)
+        );
+        assert_eq!(status(&[("transfer-encoding", "")]), Some(501));
+        assert_eq!(status(&[("content-encoding", "gzip")]), Some(415));
+        assert_eq!(status(&[("content-encoding", "identity, br")]), Some(415));
+        let e = unsupported_coding(&with(&[("transfer-encoding", "gzip, chunked")])).unwrap();
+        assert!(e.close, "the body is left unread: the connection closes");
+    }
 }

@@ -11,6 +11,9 @@
 //! - `idle_timeout` bounds how long a connection may wait for its next request (and any read
 //!   that makes no progress at all).
 //! - With TLS, the TLS handshake must finish within `read_timeout`.
+//!
+//! The answers hyper writes by itself for request heads it refuses (`400`, `431`, `414`) get
+//! the API's JSON error body on the way out ([`super::parse_errors`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,6 +35,7 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::parse_errors::{JsonParseErrors, PendingRequests, MAX_HEADERS};
 use crate::tls::ReloadingTls;
 
 /// The timeouts of the API listener.
@@ -143,7 +147,12 @@ async fn connection<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Every request that reaches the service is counted before it can be answered, so that a
+    // response head written with none waiting is recognised as hyper's own.
+    let pending = Arc::new(PendingRequests::default());
+    let arrivals = pending.clone();
     let svc = app.map_request(move |req: hyper::Request<Incoming>| {
+        arrivals.arrived(req.method() == hyper::Method::HEAD);
         req.map(|inner| {
             Body::new(DeadlineBody {
                 inner,
@@ -156,7 +165,11 @@ async fn connection<I>(
         .timer(TokioTimer::new())
         .header_read_timeout(read_timeout)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(io), TowerToHyperService::new(svc));
+        .max_headers(MAX_HEADERS)
+        .serve_connection(
+            TokioIo::new(JsonParseErrors::new(io, pending)),
+            TowerToHyperService::new(svc),
+        );
     if let Err(e) = watcher.watch(conn).await {
         tracing::debug!(error = %e, "connection ended with an error");
     }

@@ -197,7 +197,7 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
             },
         );
     }
-    match node.meta.write_indexed(cmd).await {
+    match node.cluster.leader_write(cmd).await {
         Ok((response, index)) => RpcReply::json(200, &ProposeReply { response, index }),
         Err(e) => meta_error_reply(e),
     }

@@ -29,7 +29,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use axum::http::StatusCode;
 use bytes::Bytes;
-use narad_meta::{Meta, MetaCommand, MetaError, MetaResponse, MetaState, Topic};
+use narad_meta::{ApplyError, Meta, MetaCommand, MetaError, MetaResponse, MetaState, Topic};
 
 use crate::error::{ApiError, ApiResult};
 use crate::rpc::{Opcode, Peers, RpcError, RpcReply};
@@ -97,6 +97,10 @@ pub struct Cluster {
     /// Messages leased on remote owners, kept for this node's next consumes.
     pub prefetch: prefetch::Prefetch,
     by_id: ArcSwap<TopicIndex>,
+    /// `topic.max_topics`: the most topics a create on this node, as metadata leader, admits.
+    max_topics: u64,
+    /// Topic creates this node appends as leader pass one at a time (see [`Cluster::leader_write`]).
+    create_gate: tokio::sync::Mutex<()>,
 }
 
 impl Cluster {
@@ -109,6 +113,7 @@ impl Cluster {
         initial_members: Vec<String>,
         advertise_addr: String,
         timing: Timing,
+        max_topics: u64,
     ) -> Cluster {
         let clustered = !seeds.is_empty();
         let initial_members = if initial_members.is_empty() {
@@ -134,7 +139,45 @@ impl Cluster {
             moves: moves::Tracker::default(),
             prefetch: prefetch::Prefetch::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
+            max_topics,
+            create_gate: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Appends `cmd` to the metadata log on this node, the leader (or a standalone node), and
+    /// returns once it is applied here, with its log index.
+    ///
+    /// A topic create (children included) is first held against `topic.max_topics` (`409`
+    /// when the metadata already has that many topics). Creates pass one at a time, each
+    /// counted against the applied state that holds every create before it, so racing
+    /// creates through any node — followers forward theirs here — never exceed the limit
+    /// (only creates a previous leader was still committing when leadership moved here can
+    /// be missing from the count, since the new leader may not have applied them yet).
+    /// The check is the leader's rather than the state machine's so that the log stays
+    /// readable by builds without it (a replica that skipped the check would diverge). A
+    /// name that exists already is left to the state machine's `409` (`already exists`).
+    pub async fn leader_write(&self, cmd: MetaCommand) -> Result<(MetaResponse, u64), MetaError> {
+        let name = match &cmd {
+            MetaCommand::CreateTopic { name, .. } | MetaCommand::CreateChildTopic { name, .. } => {
+                name
+            }
+            _ => return self.meta.write_indexed(cmd).await,
+        };
+        let _one_at_a_time = self.create_gate.lock().await;
+        let view = self.meta.view();
+        let taken = view.topics.contains_key(name)
+            || view
+                .topic_names_folded
+                .contains_key(&name.to_ascii_lowercase());
+        if !taken && view.topics.len() as u64 >= self.max_topics {
+            return Err(MetaError::Apply(ApplyError::Conflict(format!(
+                "topic limit reached: the cluster holds {} topics and topic.max_topics is {}; \
+                 delete a topic first",
+                view.topics.len(),
+                self.max_topics
+            ))));
+        }
+        self.meta.write_indexed(cmd).await
     }
 
     /// Whether this node is admitted (a voter of an initialized cluster).
@@ -324,7 +367,11 @@ impl Cluster {
     /// own write. No leader, no quorum → `503`.
     pub async fn propose(&self, cmd: MetaCommand) -> ApiResult<MetaResponse> {
         if !self.clustered {
-            return self.meta.write(cmd).await.map_err(ApiError::from);
+            return self
+                .leader_write(cmd)
+                .await
+                .map(|(r, _)| r)
+                .map_err(ApiError::from);
         }
         let op = forward_opcode(&cmd);
         let deadline = tokio::time::Instant::now() + FORWARD_TIMEOUT;
@@ -341,7 +388,7 @@ impl Cluster {
                 continue;
             }
             if self.meta.is_leader() {
-                match self.meta.write(cmd.clone()).await {
+                match self.leader_write(cmd.clone()).await.map(|(r, _)| r) {
                     Err(MetaError::Unavailable(m)) if m.contains("not the metadata leader") => {
                         last = ApiError::from(MetaError::Unavailable(m));
                         continue;

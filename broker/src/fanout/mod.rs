@@ -414,6 +414,11 @@ impl Fanout {
                 0.0
             };
             self.metrics.fanout.due_lag.get_or_create(&l).set(due_lag);
+            if st.detached.load(Ordering::Acquire) {
+                // Its link went while this scrape ran: the cursor removed its series already.
+                self.metrics.fanout.lag.remove(&l);
+                self.metrics.fanout.due_lag.remove(&l);
+            }
         }
     }
 
@@ -758,6 +763,16 @@ impl Fanout {
             let l = st.partition_labels();
             self.metrics.fanout.lag.remove(&l);
             self.metrics.fanout.due_lag.remove(&l);
+            // The link's own series go with its last cursor here, unless a link of the same
+            // names runs again (re-attached: the series are its own).
+            let again = self
+                .cursors
+                .lock()
+                .values()
+                .any(|c| c.parent == st.parent && c.child == st.child);
+            if !again {
+                self.metrics.forget_link(&st.parent, &st.child);
+            }
             tracing::debug!(parent = %st.parent, child = %st.child, partition = st.partition, "fan-out cursor removed");
         } else {
             let stored = self

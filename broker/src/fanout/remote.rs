@@ -225,6 +225,22 @@ pub fn classify(status: u16, batch: bool, retry_after: Option<Duration>) -> Verd
     }
 }
 
+/// Every `reason` of `remote_child_send_errors_total`: [`error_reason`]'s and
+/// [`TransportError::reason`]'s (the series of a link that is gone are removed by these).
+pub const SEND_ERROR_REASONS: [&str; 11] = [
+    "rejected",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "method_not_allowed",
+    "timeout",
+    "conflict",
+    "throttled",
+    "server_error",
+    "unexpected_status",
+    "network",
+];
+
 /// The `reason` label of `remote_child_send_errors_total` for a failed answer.
 pub fn error_reason(status: u16) -> &'static str {
     match status {
@@ -665,6 +681,20 @@ fn push_base64(out: &mut Vec<u8>, input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_send_error_reason_is_listed() {
+        for status in 0..1000u16 {
+            let r = error_reason(status);
+            assert!(SEND_ERROR_REASONS.contains(&r), "{status} → {r}");
+        }
+        for e in [
+            TransportError::Timeout(Duration::from_secs(1)),
+            TransportError::Network(String::new()),
+        ] {
+            assert!(SEND_ERROR_REASONS.contains(&e.reason()), "{e}");
+        }
+    }
 
     fn rec(offset: u64, key: Option<&[u8]>, payload: &[u8]) -> StoredRecord {
         StoredRecord {
