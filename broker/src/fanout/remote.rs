@@ -27,7 +27,6 @@ use hyper_util::rt::TokioExecutor;
 use narad_meta::RemoteEndpoint;
 use narad_storage::StoredRecord;
 use percent_encoding::{percent_encode, utf8_percent_encode, NON_ALPHANUMERIC};
-use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use serde_json::value::RawValue;
 
@@ -681,6 +680,7 @@ fn push_base64(out: &mut Vec<u8>, input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::pem::PemObject;
 
     #[test]
     fn every_send_error_reason_is_listed() {
