@@ -45,11 +45,15 @@ for chart in charts/narad charts/narad-operator; do
   "$HELM" template ci "$chart" --include-crds > /dev/null
 done
 # Variants that switch optional parts on.
+r0="$(mktemp -d)"
 "$HELM" template ci charts/narad --set replicaCount=5 --set loadBalancer.enabled=true \
   --set ingress.enabled=true --set ingress.host=narad.example.com --set serviceMonitor.enabled=true \
   --set security.clusterTLS.enabled=true --set security.clusterTLS.secretName=tls \
   --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls \
-  --set-json 'narad.config={"storage":{"idle_log_eviction_ms":600000}}' > /dev/null
+  --set-json 'remotes.allowedHosts=["narad-dr.example.com","*.corp.example","10.0.0.0/8"]' \
+  --set-json 'narad.config={"storage":{"idle_log_eviction_ms":600000}}' > "$r0/variants.yaml"
+grep -q 'value: "narad-dr.example.com,\*.corp.example,10.0.0.0/8"' "$r0/variants.yaml"
+grep -q 'scheme: HTTPS' "$r0/variants.yaml"
 "$HELM" template ci charts/narad --set serviceMonitor.enabled=true --set service.ports.metrics=9090 \
   --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls > /dev/null
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > /dev/null
@@ -64,6 +68,8 @@ r="$(mktemp -d)"
 "$HELM" template ci charts/narad --set loadBalancer.enabled=true --set ingress.enabled=true \
   --set ingress.host=narad.example.com --set security.clusterTLS.enabled=true \
   --set security.clusterTLS.secretName=tls --set service.ports.metrics=9090 \
+  --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls \
+  --set-json 'remotes.allowedHosts=["*"]' \
   --set-json 'narad.config={"a":1}' > "$r/narad-all.yaml"
 "$HELM" template ci charts/narad-operator > "$r/operator.yaml"
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > "$r/operator-ns.yaml"
@@ -74,6 +80,9 @@ if "$HELM" template ci charts/narad --set initialClusterSize=2 > /dev/null 2>&1;
 fi
 if "$HELM" template ci charts/narad --set replicaCount=2 --set initialClusterSize=1 > /dev/null 2>&1; then
   echo "replicaCount 2 rendered" >&2; exit 1
+fi
+if "$HELM" template ci charts/narad --set-json 'remotes.allowedHosts=["a,b"]' > /dev/null 2>&1; then
+  echo "an allowedHosts entry with a comma rendered" >&2; exit 1
 fi
 if [ -n "${K8S_TESTENV:-}" ]; then
   tenv="$(cd .. && pwd)/shared/k8s-testenv"

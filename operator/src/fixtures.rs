@@ -108,6 +108,8 @@ pub struct BrokerCall {
 pub struct FakeBroker {
     pub url: String,
     calls: Arc<std::sync::Mutex<Vec<BrokerCall>>>,
+    /// TLS handshakes that failed (an HTTPS broker only).
+    handshake_failures: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl FakeBroker {
@@ -119,11 +121,92 @@ impl FakeBroker {
             .fallback(fake_broker)
             .with_state(calls.clone());
         tokio::spawn(async move { axum::serve(l, app).await });
-        FakeBroker { url, calls }
+        FakeBroker {
+            url,
+            calls,
+            handshake_failures: Default::default(),
+        }
+    }
+
+    /// The same broker serving HTTPS only, with the certificate and key of `files` (which
+    /// must name `127.0.0.1`), at `https://127.0.0.1:<port>`.
+    pub async fn start_tls(files: &narad_tests::certs::CertFiles) -> FakeBroker {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs = CertificateDer::pem_file_iter(&files.cert)
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(&files.key).unwrap();
+        let mut cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let handshake_failures = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", tcp.local_addr().unwrap());
+        let listener = TlsListener {
+            tcp,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(cfg)),
+            failures: handshake_failures.clone(),
+        };
+        let app = axum::Router::new()
+            .fallback(fake_broker)
+            .with_state(calls.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        FakeBroker {
+            url,
+            calls,
+            handshake_failures,
+        }
     }
 
     pub fn calls(&self) -> Vec<BrokerCall> {
         self.calls.lock().unwrap().clone()
+    }
+
+    pub fn handshake_failures(&self) -> usize {
+        self.handshake_failures
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// An HTTPS listener for `axum::serve`: connections whose TLS handshake fails are dropped
+/// and counted.
+struct TlsListener {
+    tcp: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    failures: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Ok((tcp, addr)) = self.tcp.accept().await else {
+                continue;
+            };
+            match self.acceptor.accept(tcp).await {
+                Ok(tls) => return (tls, addr),
+                Err(_) => {
+                    self.failures
+                        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.tcp.local_addr()
     }
 }
 
@@ -347,6 +430,14 @@ impl ApiServerVerifier {
         ));
     }
 
+    /// Answers the metadata-only `GET` of Secret `name` with `404`.
+    pub async fn secret_absent(&mut self, name: &str) {
+        let (_, send) = self
+            .expect("GET", &format!("/api/v1/namespaces/default/secrets/{name}"))
+            .await;
+        send.send_response(respond(404, not_found(&format!("secrets \"{name}\""))));
+    }
+
     /// Answers the whole `GET` of a Secret with `data` (stringData-like pairs).
     pub async fn secret(&mut self, meta: serde_json::Value, data: &[(&str, &str)]) {
         use base64::Engine;
@@ -482,13 +573,13 @@ mod credentials {
     use crate::reconcile::{cluster as cluster_rc, topic as topic_rc, user as user_rc, Error};
     use kube::runtime::controller::Action;
 
-    const NC: &str = "/apis/narad.io/v1alpha1/namespaces/default/naradclusters/prod";
-    const TOPIC: &str = "/apis/narad.io/v1alpha1/namespaces/default/topics/orders";
+    pub(super) const NC: &str = "/apis/narad.io/v1alpha1/namespaces/default/naradclusters/prod";
+    pub(super) const TOPIC: &str = "/apis/narad.io/v1alpha1/namespaces/default/topics/orders";
     const USER: &str = "/apis/narad.io/v1alpha1/namespaces/default/users/billing";
 
     /// Runs `reconcile` of `obj` with the context of `ctx` against `scenario`, which gets the
     /// verifier and `obj` as JSON (the answer to its status patch); both must finish.
-    async fn run<K, R, F>(
+    pub(super) async fn run<K, R, F>(
         obj: K,
         (ctx, verifier): (Arc<Context>, ApiServerVerifier),
         reconcile: impl FnOnce(Arc<K>, Arc<Context>) -> R,
@@ -515,7 +606,7 @@ mod credentials {
 
     /// A test context whose operator reaches the brokers at `url` (its trusted
     /// `broker_endpoint` override).
-    fn reaching(url: String) -> (Arc<Context>, ApiServerVerifier) {
+    pub(super) fn reaching(url: String) -> (Arc<Context>, ApiServerVerifier) {
         test_context_with(|c| c.broker_endpoint = Some(url))
     }
 
@@ -544,7 +635,7 @@ mod credentials {
         (broker, nc_body, t, ctx)
     }
 
-    fn finalized_topic(remote: Option<serde_json::Value>) -> Topic {
+    pub(super) fn finalized_topic(remote: Option<serde_json::Value>) -> Topic {
         let mut t = topic();
         t.metadata.finalizers = Some(vec!["narad.io/finalizer".into()]);
         if let Some(r) = remote {
@@ -560,13 +651,13 @@ mod credentials {
 
     /// Asserts that condition `type_` of `status` is `False` for `reason`; returns its message.
     #[track_caller]
-    fn assert_false(status: &serde_json::Value, type_: &str, reason: &str) -> String {
+    pub(super) fn assert_false(status: &serde_json::Value, type_: &str, reason: &str) -> String {
         let (s, r, msg) = condition(status, type_);
         assert_eq!((s.as_str(), r.as_str()), ("False", reason));
         msg
     }
 
-    fn failed_with(r: &Result<Action, Error>, what: &str) {
+    pub(super) fn failed_with(r: &Result<Action, Error>, what: &str) {
         match r {
             Err(Error::Finalizer(e)) => {
                 let msg = format!("{e} {:?}", e);
@@ -757,5 +848,234 @@ mod credentials {
         })
         .await;
         failed_with(&r, "another NaradCluster");
+    }
+}
+
+/// Findings 2 and 3 of issue 12 in the operator: a cluster whose API serves TLS
+/// (`spec.security.apiTLSSecretRef`) is called at `https://`, trusting its API-TLS Secret's
+/// `ca.crt`; a Secret that is missing or unusable, a CA that does not sign the brokers'
+/// certificate and a plain `http://` endpoint are conditions, never a plaintext fallback.
+#[cfg(test)]
+mod api_tls {
+    use super::credentials::{
+        assert_false, failed_with, finalized_topic, reaching, run, NC, TOPIC,
+    };
+    use super::*;
+    use crate::reconcile::{cluster as cluster_rc, topic as topic_rc};
+    use narad_tests::certs::TestCa;
+
+    const API_TLS: &str = "prod-api-tls";
+
+    /// A CA, and an HTTPS fake broker whose certificate it signed (for `127.0.0.1`).
+    async fn https_broker() -> (TestCa, FakeBroker, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("narad-api-ca");
+        let files = ca.issue(dir.path(), "api", &["127.0.0.1"]);
+        let broker = FakeBroker::start_tls(&files).await;
+        (ca, broker, dir)
+    }
+
+    /// Cluster `prod` with API TLS from Secret [`API_TLS`] and `extra` merged into its spec.
+    fn tls_cluster(extra: serde_json::Value) -> NaradCluster {
+        let mut spec = json!({"version": "1", "security": {"apiTLSSecretRef": {"name": API_TLS}}});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        cluster(spec)
+    }
+
+    /// The labelled API-TLS Secret with `ca` as its `ca.crt`.
+    async fn tls_secret(v: &mut ApiServerVerifier, ca: &str) {
+        let m = secret_meta(API_TLS, true, None);
+        v.secret_metadata(m.clone()).await;
+        v.secret(
+            m,
+            &[("tls.crt", "unused"), ("tls.key", "unused"), ("ca.crt", ca)],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn topic_reaches_an_https_broker_trusting_the_secrets_ca() {
+        let (ca, broker, _dir) = https_broker().await;
+        assert!(broker.url.starts_with("https://"));
+        let nc = tls_cluster(json!({"endpoint": broker.url, "allowExternalEndpoint": true}));
+        let nc_body = serde_json::to_value(&nc).unwrap();
+        let ca_pem = ca.pem();
+        let r = run(
+            finalized_topic(None),
+            test_context(),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                // The TLS Secret first: no credentials are read for a broker that cannot
+                // be reached safely.
+                tls_secret(&mut v, &ca_pem).await;
+                let own = secret_meta("prod-narad-security", true, Some("nc-1"));
+                v.secret_metadata(own.clone()).await;
+                v.secret(own, &[("admin-password", "root-pw")]).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                assert_eq!(condition(&st, "Ready").0, "True", "{st}");
+            },
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        let calls = broker.calls();
+        assert!(
+            calls.iter().any(|c| c.path == "/v1/topics/orders"),
+            "{calls:?}"
+        );
+        assert!(
+            calls.iter().all(|c| c.auth.is_some()),
+            "admin credentials, over TLS"
+        );
+        assert_eq!(broker.handshake_failures(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_ca_that_did_not_sign_the_brokers_certificate_is_a_condition() {
+        let (_ca, broker, _dir) = https_broker().await;
+        let other = TestCa::new("someone-else").pem();
+        let nc = tls_cluster(
+            json!({"endpoint": broker.url, "allowExternalEndpoint": true,
+            "security": {"enabled": false, "apiTLSSecretRef": {"name": API_TLS}}}),
+        );
+        let nc_body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            finalized_topic(None),
+            test_context(),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                tls_secret(&mut v, &other).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                let msg = assert_false(&st, "Synced", "BrokerUnreachable");
+                assert!(
+                    msg.to_ascii_lowercase().contains("certificate"),
+                    "the reason is named: {msg}"
+                );
+            },
+        )
+        .await;
+        assert!(r.is_err(), "{r:?}");
+        assert!(broker.calls().is_empty(), "no request got through");
+        // The server counts the refused handshake on its own task.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while broker.handshake_failures() == 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(broker.handshake_failures() > 0);
+    }
+
+    #[tokio::test]
+    async fn a_plain_http_endpoint_is_refused_with_api_tls() {
+        let broker = Untouched::bind();
+        let nc = tls_cluster(json!({"endpoint": broker.url(), "allowExternalEndpoint": true}));
+        let nc_body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            finalized_topic(None),
+            test_context(),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                let msg = assert_false(&st, "Synced", "EndpointNotAllowed");
+                assert!(msg.contains("https"), "{msg}");
+            },
+        )
+        .await;
+        failed_with(&r, "https");
+        // The cluster itself is refused too, before anything is read or applied.
+        let r = run(
+            nc,
+            test_context(),
+            cluster_rc::reconcile,
+            |mut v, body| async move {
+                let st = v.status_patch(NC, body).await;
+                assert_false(&st, "Ready", "EndpointNotAllowed");
+            },
+        )
+        .await;
+        failed_with(&r, "apiTLSSecretRef");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn the_operators_plain_http_override_is_refused_with_api_tls() {
+        let broker = Untouched::bind();
+        let nc_body = serde_json::to_value(tls_cluster(json!({}))).unwrap();
+        let r = run(
+            finalized_topic(None),
+            reaching(broker.url()),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                let msg = assert_false(&st, "Synced", "EndpointNotAllowed");
+                assert!(msg.contains("not https://"), "{msg}");
+            },
+        )
+        .await;
+        failed_with(&r, "https");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn topic_of_a_cluster_whose_tls_secret_is_unlabelled_sends_nothing() {
+        let broker = Untouched::bind();
+        let https = broker.url().replace("http://", "https://");
+        let nc = tls_cluster(json!({"endpoint": https, "allowExternalEndpoint": true}));
+        let nc_body = serde_json::to_value(&nc).unwrap();
+        let r = run(
+            finalized_topic(None),
+            test_context(),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                v.secret_metadata(secret_meta(API_TLS, false, None)).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                assert_false(&st, "Synced", "SecretNotLabelled");
+            },
+        )
+        .await;
+        failed_with(&r, "narad.io/credentials");
+        broker.assert_untouched();
+    }
+
+    #[tokio::test]
+    async fn cluster_with_a_missing_api_tls_secret_applies_nothing() {
+        let nc = tls_cluster(json!({}));
+        let r = run(
+            nc,
+            test_context(),
+            cluster_rc::reconcile,
+            |mut v, body| async move {
+                v.secret_absent(API_TLS).await;
+                // No security Secret, no StatefulSet: only the status.
+                let st = v.status_patch(NC, body).await;
+                let msg = assert_false(&st, "Ready", "SecretNotFound");
+                assert!(msg.contains(API_TLS), "{msg}");
+            },
+        )
+        .await;
+        failed_with(&r, "does not exist");
+    }
+
+    #[tokio::test]
+    async fn cluster_with_an_unusable_ca_applies_nothing() {
+        let nc = tls_cluster(json!({}));
+        let r = run(
+            nc,
+            test_context(),
+            cluster_rc::reconcile,
+            |mut v, body| async move {
+                tls_secret(&mut v, "not a certificate").await;
+                let st = v.status_patch(NC, body).await;
+                let msg = assert_false(&st, "Ready", "TLSSecretInvalid");
+                assert!(msg.contains("ca.crt"), "{msg}");
+            },
+        )
+        .await;
+        failed_with(&r, "ca.crt");
     }
 }

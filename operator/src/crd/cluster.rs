@@ -94,6 +94,9 @@ pub struct NaradClusterSpec {
     /// Authentication of clients and nodes.
     #[serde(default)]
     pub security: SecuritySpec,
+    /// Remote child topics (links to other Narad clusters).
+    #[serde(default, skip_serializing_if = "RemotesSpec::is_empty")]
+    pub remotes: RemotesSpec,
     /// The client Service.
     #[serde(default)]
     pub service: ServiceSpec,
@@ -242,16 +245,35 @@ pub struct SecuritySpec {
     /// `SecretNotAllowed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<SecretRef>,
-    /// Secret with `tls.crt`, `tls.key` and `ca.crt` for mutual TLS on the cluster port,
-    /// mounted into the broker pods. It must exist and carry the label
+    /// Secret with `tls.crt`, `tls.key` and `ca.crt` (what a cert-manager Certificate
+    /// writes) for mutual TLS on the cluster port, mounted into the broker pods at
+    /// /etc/narad-tls/cluster. Every node presents `tls.crt` and accepts only peers whose
+    /// certificates chain to `ca.crt`; peers are reached as
+    /// `<pod>.<name>-narad-headless.<namespace>.svc.<cluster domain>`, so the certificate must
+    /// name that (a wildcard is simplest). It must exist and carry the label
     /// `narad.io/credentials: "true"` (with cert-manager: `secretTemplate.labels` of the
-    /// Certificate); otherwise nothing is applied.
+    /// Certificate); otherwise nothing is applied. The operator reads only its metadata.
     #[serde(
         default,
         rename = "clusterTLSSecretRef",
         skip_serializing_if = "Option::is_none"
     )]
     pub cluster_tls_secret_ref: Option<SecretRef>,
+    /// Secret with `tls.crt`, `tls.key` and `ca.crt` for HTTPS on the client API, mounted
+    /// into the broker pods at /etc/narad-tls/api. The brokers then serve HTTPS only, the
+    /// probes use HTTPS, and the operator calls them at `https://` trusting the Secret's
+    /// `ca.crt` (so the certificate must name the client Service,
+    /// `<name>-narad.<namespace>.svc[.<cluster domain>]`). It must exist, carry the label
+    /// `narad.io/credentials: "true"` and hold all three keys with a `ca.crt` of PEM
+    /// certificates; otherwise nothing is applied and the cluster reports `Ready=False`
+    /// (reason `SecretNotFound`, `SecretNotLabelled` or `TLSSecretInvalid`), and its Topics,
+    /// Users and Grants are not synced. The operator never falls back to plain HTTP.
+    #[serde(
+        default,
+        rename = "apiTLSSecretRef",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub api_tls_secret_ref: Option<SecretRef>,
 }
 
 impl Default for SecuritySpec {
@@ -260,7 +282,29 @@ impl Default for SecuritySpec {
             enabled: true,
             secret_ref: None,
             cluster_tls_secret_ref: None,
+            api_tls_secret_ref: None,
         }
+    }
+}
+
+/// Remote child topics of the brokers (SPEC §5.5).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemotesSpec {
+    /// Hosts a remote child topic may send to (`NARAD_REMOTES_ALLOWED_HOSTS`): host names
+    /// (`queue.example.com`), suffix patterns (`*.example.com`: names below it), IP
+    /// addresses, CIDR ranges (`10.0.0.0/8`) or `*` (any host). When set, every link's host
+    /// must match an entry, admins' included; when empty, only admins may attach remote
+    /// children. Link-local and instance-metadata addresses are never allowed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(inner(regex(pattern = r"^[^,\s]+$")))]
+    pub allowed_hosts: Vec<String>,
+}
+
+impl RemotesSpec {
+    /// Nothing set.
+    pub fn is_empty(&self) -> bool {
+        self.allowed_hosts.is_empty()
     }
 }
 
@@ -422,14 +466,33 @@ impl NaradCluster {
     }
 
     /// Base URL of the cluster's own client Service (`cluster_domain` `None`:
-    /// `<svc>.<ns>.svc`).
+    /// `<svc>.<ns>.svc`): `https://` when the API serves TLS
+    /// ([`SecuritySpec::api_tls_secret_ref`]).
     pub fn service_endpoint(&self, cluster_domain: Option<&str>) -> String {
         let ns = kube::ResourceExt::namespace(self).unwrap_or_else(|| "default".into());
         let host = match cluster_domain {
             Some(d) => format!("{}.{ns}.svc.{d}", self.fullname()),
             None => format!("{}.{ns}.svc", self.fullname()),
         };
-        format!("http://{host}:{}", crate::resources::API_PORT)
+        format!(
+            "{}://{host}:{}",
+            self.api_scheme(),
+            crate::resources::API_PORT
+        )
+    }
+
+    /// Whether the brokers serve the client API over HTTPS (`spec.security.apiTLSSecretRef`).
+    pub fn api_tls(&self) -> bool {
+        self.spec.security.api_tls_secret_ref.is_some()
+    }
+
+    /// `https` with API TLS, else `http`.
+    pub fn api_scheme(&self) -> &'static str {
+        if self.api_tls() {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     /// Whether the operator may send credentials to `spec.endpoint`: an http(s) URL without
@@ -459,6 +522,14 @@ impl NaradCluster {
         }
         if raw.contains('#') || uri.query().is_some() {
             return bad("must not carry a query or fragment");
+        }
+        // The brokers serve HTTPS only: a plain URL would send the admin credentials in the
+        // clear (or to something else), so it is refused rather than tried.
+        if self.api_tls() && scheme.as_deref() != Some("https") {
+            return bad(
+                "must be an https URL: spec.security.apiTLSSecretRef is set, so the brokers \
+                 serve HTTPS only",
+            );
         }
         if self.spec.allow_external_endpoint {
             return Ok(());
@@ -554,6 +625,50 @@ mod tests {
             Some("k8s.example")
         )
         .is_err());
+    }
+
+    #[test]
+    fn api_tls_means_https_only() {
+        let tls = |extra: serde_json::Value| {
+            let mut spec =
+                json!({"version": "1", "security": {"apiTLSSecretRef": {"name": "api-tls"}}});
+            spec.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            cluster(spec)
+        };
+        let nc = tls(json!({}));
+        assert!(nc.api_tls());
+        assert_eq!(
+            nc.service_endpoint(None),
+            "https://prod-narad.default.svc:7942"
+        );
+        assert_eq!(
+            nc.broker_endpoint(Some("cluster.local")),
+            "https://prod-narad.default.svc.cluster.local:7942"
+        );
+        assert_eq!(nc.check_endpoint(None), Ok(()));
+        assert_eq!(
+            tls(json!({"endpoint": "https://prod-narad.default.svc:7942"})).check_endpoint(None),
+            Ok(())
+        );
+        for (e, allow) in [
+            ("http://prod-narad.default.svc:7942", false),
+            ("http://narad.example.com", true),
+        ] {
+            let err = tls(json!({"endpoint": e, "allowExternalEndpoint": allow}))
+                .check_endpoint(None)
+                .unwrap_err();
+            assert!(
+                err.contains("https") && err.contains("apiTLSSecretRef"),
+                "{e}: {err}"
+            );
+        }
+        // Without API TLS the own Service is plain HTTP.
+        assert_eq!(
+            cluster(json!({"version": "1"})).service_endpoint(None),
+            "http://prod-narad.default.svc:7942"
+        );
     }
 
     #[test]

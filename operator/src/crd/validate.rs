@@ -55,7 +55,59 @@ pub fn check_cluster(
         parse_duration_ms(v).map_err(|e| format!("{what}: {e}"))?;
     }
     check_retention(&spec.defaults.retention).map_err(|e| format!("defaults.retention: {e}"))?;
+    for h in &spec.remotes.allowed_hosts {
+        check_allowed_host(h).map_err(|e| format!("remotes.allowedHosts: {e}"))?;
+    }
     Ok(())
+}
+
+/// One `remotes.allowedHosts` entry, as the broker parses `NARAD_REMOTES_ALLOWED_HOSTS`
+/// (a bad entry would stop every broker at start): `*`, `*.<host name>`, an IP address
+/// (IPv6 optionally in brackets), a CIDR range or a host name. No commas or spaces: the
+/// entries are joined with commas.
+pub fn check_allowed_host(raw: &str) -> Result<(), String> {
+    use std::net::IpAddr;
+    let bad = || {
+        Err(format!(
+            "{raw:?} is not a host name, *.<host name>, an IP address, a CIDR range or *"
+        ))
+    };
+    if raw.is_empty() || raw.contains(',') || raw.chars().any(char::is_whitespace) {
+        return bad();
+    }
+    let e = raw.to_ascii_lowercase();
+    let host_name = |s: &str| {
+        let s = s.strip_suffix('.').unwrap_or(s);
+        !s.is_empty()
+            && s.len() <= 253
+            && s.split('.').all(|l| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            })
+    };
+    let ok = if e == "*" {
+        true
+    } else if let Some(rest) = e.strip_prefix("*.") {
+        host_name(rest)
+    } else if let Some((ip, len)) = e.split_once('/') {
+        match (ip.parse::<IpAddr>(), len.parse::<u8>()) {
+            (Ok(IpAddr::V4(_)), Ok(l)) => l <= 32,
+            (Ok(IpAddr::V6(_)), Ok(l)) => l <= 128,
+            _ => false,
+        }
+    } else {
+        let unbracketed = e
+            .strip_prefix('[')
+            .and_then(|r| r.strip_suffix(']'))
+            .unwrap_or(&e);
+        unbracketed.parse::<IpAddr>().is_ok() || host_name(&e)
+    };
+    if ok {
+        Ok(())
+    } else {
+        bad()
+    }
 }
 
 fn check_retention(s: &str) -> Result<u64, String> {
@@ -253,6 +305,47 @@ mod tests {
         small.replicas = 3;
         small.initial_cluster_size = Some(5);
         assert!(check_cluster(&small, None).is_err(), "replicas < initial");
+    }
+
+    #[test]
+    fn allowed_hosts_are_checked_as_the_broker_parses_them() {
+        for ok in [
+            "*",
+            "queue.example.com",
+            "Queue.Example.com.",
+            "*.example.com",
+            "10.0.0.0/8",
+            "192.168.1.7",
+            "fd00::/8",
+            "::1",
+            "[::1]",
+            "narad-dr",
+        ] {
+            assert_eq!(check_allowed_host(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "a,b",
+            "a b",
+            "http://queue.example.com",
+            "queue.example.com:443",
+            "*.",
+            "**.example.com",
+            "10.0.0.0/33",
+            "fd00::/129",
+            "10.0.0.0/x",
+            "under_score.example.com",
+            "a..b",
+        ] {
+            assert!(check_allowed_host(bad).is_err(), "{bad:?}");
+        }
+        let mut s = cluster_spec();
+        s.remotes.allowed_hosts = vec!["*.corp".into(), "https://x".into()];
+        let e = check_cluster(&s, None).unwrap_err();
+        assert!(
+            e.contains("remotes.allowedHosts") && e.contains("https://x"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -490,6 +490,12 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         refuse(api, nc, &prev, r.reason, &r.message).await?;
         return Err(Error::Waiting(r.message));
     }
+    // The API-TLS Secret is mounted too, and its ca.crt is what the operator trusts when it
+    // calls the brokers: one that is missing or unusable stops here, with its reason.
+    if let Some(Err(r)) = secrets::api_tls_secret(ctx, nc).await? {
+        refuse(api, nc, &prev, r.reason, &r.message).await?;
+        return Err(Error::Waiting(r.message));
+    }
     if nc.spec.security.enabled {
         let existing = match secrets::security_secret(ctx, nc).await? {
             Some(Err(r)) => {
@@ -753,6 +759,24 @@ mod tests {
         assert!(crate::crd::is_true(&s.conditions, cond::READY));
         assert!(crate::crd::is_true(&s.conditions, cond::QUORUM_HEALTHY));
         assert!(!crate::crd::is_true(&s.conditions, cond::DEGRADED));
+    }
+
+    #[test]
+    fn status_endpoint_is_https_with_api_tls() {
+        let nc = cluster(json!({"version": "1.4.0",
+            "security": {"apiTLSSecretRef": {"name": "api-tls"}}}));
+        let o = Observed {
+            ready_replicas: 0,
+            sts_replicas: Some(3),
+            members: Err("starting".into()),
+            rolling: false,
+            stalled: None,
+        };
+        let s = cluster_status(&nc, &Default::default(), &o, &t());
+        assert_eq!(
+            s.endpoint.as_deref(),
+            Some("https://prod-narad.default.svc:7942")
+        );
     }
 
     #[test]

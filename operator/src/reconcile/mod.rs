@@ -210,9 +210,11 @@ impl Unreachable {
 
 /// Resolves the broker of cluster `name` in `ns`: the NaradCluster, its endpoint
 /// (`spec.endpoint` if [`NaradCluster::check_endpoint`] allows it, else the operator's
-/// override, else the client Service) and, with security on, the root admin's credentials
-/// from its security Secret (only one [`secrets::check_for_cluster`] allows). A refused
-/// endpoint or Secret is reported before anything is read or sent.
+/// override, else the client Service), with API TLS the CA of its API-TLS Secret (the only
+/// root besides the system's the client trusts; the endpoint must then be `https://`)
+/// and, with security on, the root admin's credentials from its security Secret (only
+/// Secrets [`secrets::check_for_cluster`] allows). A refused endpoint or Secret is
+/// reported before anything is read or sent; there is no fallback to plain HTTP.
 pub async fn broker_for(
     ctx: &Context,
     ns: &str,
@@ -232,6 +234,21 @@ pub async fn broker_for(
         (Some(e), _) => e.clone(),
         (None, Some(e)) => e.clone(),
         (None, None) => nc.broker_endpoint(ctx.cluster_domain.as_deref()),
+    };
+    // `spec.endpoint` was checked above; this catches the operator's own override.
+    if nc.api_tls() && !endpoint.to_ascii_lowercase().starts_with("https://") {
+        return Ok(Err(Unreachable::Refused(
+            "EndpointNotAllowed",
+            format!(
+                "broker endpoint {endpoint:?} is not https://, but \
+                 spec.security.apiTLSSecretRef is set (the brokers serve HTTPS only)"
+            ),
+        )));
+    }
+    let ca = match secrets::api_tls_secret(ctx, &nc).await? {
+        None => None,
+        Some(Ok(ca)) => Some(ca),
+        Some(Err(r)) => return Ok(Err(Unreachable::Refused(r.reason, r.message))),
     };
     let auth = if nc.spec.security.enabled {
         let secret_name = nc.security_secret_name();
@@ -254,7 +271,7 @@ pub async fn broker_for(
     } else {
         None
     };
-    let client = narad_api::Client::new(&endpoint, auth)
+    let client = narad_api::Client::with_ca(&endpoint, auth, ca.as_deref())
         .map_err(|e| Error::Invalid(format!("broker endpoint {endpoint:?}: {e}")))?
         .with_timeout(Duration::from_secs(10));
     Ok(Ok(Broker {

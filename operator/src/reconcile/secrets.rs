@@ -2,8 +2,9 @@
 //!
 //! Resources name Secrets that the operator then hands to a broker (User passwords,
 //! remote-child credentials the broker sends to another cluster, a NaradCluster's admin
-//! password) or mounts into broker pods (security and cluster-TLS Secrets). Whoever may
-//! write such a resource must not thereby reach every Secret of the namespace, so:
+//! password) or mounts into broker pods (security, cluster-TLS and API-TLS Secrets; of the
+//! last the operator also reads `ca.crt`, to trust the brokers' HTTPS). Whoever may write
+//! such a resource must not thereby reach every Secret of the namespace, so:
 //!
 //! - a Secret is used only when it carries [`CREDENTIALS_LABEL`]` = "true"` (the Secret's
 //!   owner consents), except the security Secret the operator created for this very
@@ -57,6 +58,13 @@ impl Refusal {
         Refusal {
             reason: "SecretNotAllowed",
             message: format!("Secret {name} {why}"),
+        }
+    }
+
+    fn invalid_tls(name: &str, why: &str) -> Refusal {
+        Refusal {
+            reason: "TLSSecretInvalid",
+            message: format!("Secret {name} (spec.security.apiTLSSecretRef): {why}"),
         }
     }
 }
@@ -142,8 +150,10 @@ async fn cluster_secret_names(ctx: &Context, ns: &str) -> Result<BTreeSet<String
         .items
         .iter()
         .flat_map(|nc| {
-            let tls = nc.spec.security.cluster_tls_secret_ref.as_ref();
-            std::iter::once(nc.security_secret_name()).chain(tls.map(|r| r.name.clone()))
+            let sec = &nc.spec.security;
+            let tls = [&sec.cluster_tls_secret_ref, &sec.api_tls_secret_ref];
+            std::iter::once(nc.security_secret_name())
+                .chain(tls.into_iter().flatten().map(|r| r.name.clone()))
         })
         .collect())
 }
@@ -219,6 +229,59 @@ pub async fn check_tls_secret(ctx: &Context, nc: &NaradCluster) -> Result<Result
     })
 }
 
+/// The keys of a TLS Secret of cert-manager's shape.
+pub const TLS_CERT_KEY: &str = "tls.crt";
+pub const TLS_KEY_KEY: &str = "tls.key";
+pub const TLS_CA_KEY: &str = "ca.crt";
+
+/// The trust root of the operator's HTTPS calls to the brokers: the `ca.crt` of the
+/// API-TLS Secret, once the Secret holds `tls.crt`, `tls.key` and a `ca.crt` that the
+/// broker client accepts as roots (PEM certificates). Otherwise a `TLSSecretInvalid`
+/// refusal saying what is wrong.
+pub fn api_tls_ca(secret: &Secret) -> Result<Vec<u8>, Refusal> {
+    let name = secret.metadata.name.as_deref().unwrap_or_default();
+    let data = secret.data.clone().unwrap_or_default();
+    let missing: Vec<&str> = [TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY]
+        .into_iter()
+        .filter(|k| data.get(*k).is_none_or(|v| v.0.is_empty()))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Refusal::invalid_tls(
+            name,
+            &format!(
+                "no {} (a TLS Secret needs tls.crt, tls.key and ca.crt; with cert-manager, \
+                 an issuer that writes ca.crt)",
+                missing.join(", ")
+            ),
+        ));
+    }
+    let ca = data[TLS_CA_KEY].0.clone();
+    narad_api::client::tls_config(Some(&ca))
+        .map_err(|e| Refusal::invalid_tls(name, &format!("{TLS_CA_KEY}: {e}")))?;
+    Ok(ca)
+}
+
+/// The CA of `nc`'s API-TLS Secret (`None`: the API serves plain HTTP), if the rules allow
+/// the Secret (as for the cluster's other Secrets) and it is a usable TLS Secret
+/// ([`api_tls_ca`]); a missing Secret is `SecretNotFound`.
+pub async fn api_tls_secret(
+    ctx: &Context,
+    nc: &NaradCluster,
+) -> Result<Option<Result<Vec<u8>, Refusal>>> {
+    let Some(r) = &nc.spec.security.api_tls_secret_ref else {
+        return Ok(None);
+    };
+    let ns = nc.namespace().unwrap_or_else(|| "default".into());
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    Ok(Some(
+        match fetch_checked(&secrets, &r.name, |m| check_for_cluster(m, nc)).await? {
+            None => Err(Refusal::not_found(&r.name)),
+            Some(Err(refusal)) => Err(refusal),
+            Some(Ok(secret)) => api_tls_ca(&secret),
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +335,51 @@ mod tests {
         // Another cluster's generated Secret, labelled as every generated one is.
         let r = check_for_cluster(&meta("s", true, Some(("u-2", true))), &nc).unwrap_err();
         assert_eq!(r.reason, "SecretNotAllowed");
+    }
+
+    fn tls_secret(data: &[(&str, &[u8])]) -> Secret {
+        Secret {
+            metadata: meta("api-tls", true, None),
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn api_tls_ca_is_the_secrets_ca_crt_when_it_is_usable() {
+        let ca = narad_tests::certs::TestCa::new("narad-test-ca").pem();
+        let ok = tls_secret(&[
+            ("tls.crt", b"c"),
+            ("tls.key", b"k"),
+            ("ca.crt", ca.as_bytes()),
+        ]);
+        assert_eq!(api_tls_ca(&ok), Ok(ca.clone().into_bytes()));
+
+        // ca.crt missing (an ACME issuer writes none) or empty.
+        for s in [
+            tls_secret(&[("tls.crt", b"c"), ("tls.key", b"k")]),
+            tls_secret(&[("tls.crt", b"c"), ("tls.key", b"k"), ("ca.crt", b"")]),
+        ] {
+            let r = api_tls_ca(&s).unwrap_err();
+            assert_eq!(r.reason, "TLSSecretInvalid");
+            assert!(r.message.contains("no ca.crt"), "{}", r.message);
+            assert!(r.message.contains("Secret api-tls"), "{}", r.message);
+        }
+        let r = api_tls_ca(&tls_secret(&[("ca.crt", ca.as_bytes())])).unwrap_err();
+        assert!(r.message.contains("no tls.crt, tls.key"), "{}", r.message);
+
+        // A ca.crt that is not PEM certificates, or PEM of something that is no certificate.
+        let garbage = b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydA==\n-----END CERTIFICATE-----\n";
+        for bad in [&b"not a certificate"[..], &garbage[..]] {
+            let s = tls_secret(&[("tls.crt", b"c"), ("tls.key", b"k"), ("ca.crt", bad)]);
+            let r = api_tls_ca(&s).unwrap_err();
+            assert_eq!(r.reason, "TLSSecretInvalid");
+            assert!(r.message.contains("ca.crt: CA file"), "{}", r.message);
+        }
     }
 
     #[test]

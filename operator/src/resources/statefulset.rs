@@ -85,11 +85,20 @@ fn env_secret(name: &str, secret: &str, key: &str, optional: bool) -> EnvVar {
     }
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+/// Where the cluster-TLS Secret is mounted (as the chart does): `tls.crt`, `tls.key`,
+/// `ca.crt`.
+pub const CLUSTER_TLS_DIR: &str = "/etc/narad-tls/cluster";
+/// Where the API-TLS Secret is mounted (as the chart does): `tls.crt`, `tls.key`.
+pub const API_TLS_DIR: &str = "/etc/narad-tls/api";
+
+/// A probe of `path` on the API port, over HTTPS when the API serves TLS (the kubelet does
+/// not verify the certificate).
+fn http_probe(path: &str, period: i32, failures: i32, https: bool) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
             port: IntOrString::String("api".into()),
+            scheme: https.then(|| "HTTPS".into()),
             ..Default::default()
         }),
         period_seconds: Some(period),
@@ -175,13 +184,31 @@ pub fn broker_env(nc: &NaradCluster, cluster_domain: &str) -> Result<Vec<EnvVar>
             true,
         ));
     }
+    // All three or none: the broker refuses a partial set, and one whose files do not load.
     if s.security.cluster_tls_secret_ref.is_some() {
-        for (var, file) in [("CERT", "tls.crt"), ("KEY", "tls.key"), ("CA", "ca.crt")] {
-            e.push(env(
-                &format!("NARAD_CLUSTER_TLS_{var}_FILE"),
-                format!("/etc/narad/tls/{file}"),
-            ));
+        for (var, file) in [
+            ("NARAD_CLUSTER_TLS_CERT_FILE", "tls.crt"),
+            ("NARAD_CLUSTER_TLS_KEY_FILE", "tls.key"),
+            ("NARAD_CLUSTER_TLS_CA_FILE", "ca.crt"),
+        ] {
+            e.push(env(var, format!("{CLUSTER_TLS_DIR}/{file}")));
         }
+    }
+    // Both or none.
+    if s.security.api_tls_secret_ref.is_some() {
+        for (var, file) in [
+            ("NARAD_HTTP_TLS_CERT_FILE", "tls.crt"),
+            ("NARAD_HTTP_TLS_KEY_FILE", "tls.key"),
+        ] {
+            e.push(env(var, format!("{API_TLS_DIR}/{file}")));
+        }
+    }
+    // Unset when empty: the broker then lets only admins attach remote children.
+    if !s.remotes.allowed_hosts.is_empty() {
+        e.push(env(
+            "NARAD_REMOTES_ALLOWED_HOSTS",
+            s.remotes.allowed_hosts.join(","),
+        ));
     }
     Ok(e)
 }
@@ -245,17 +272,27 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
             ..Default::default()
         });
     }
-    if let Some(tls) = &s.security.cluster_tls_secret_ref {
+    // The TLS Secrets in the chart's layout, outside /etc/narad: that is the ConfigMap's
+    // read-only volume, inside which the runtime would have to create the mount point.
+    for (name, dir, secret) in [
+        (
+            "cluster-tls",
+            CLUSTER_TLS_DIR,
+            &s.security.cluster_tls_secret_ref,
+        ),
+        ("api-tls", API_TLS_DIR, &s.security.api_tls_secret_ref),
+    ] {
+        let Some(secret) = secret else { continue };
         mounts.push(VolumeMount {
-            name: "cluster-tls".into(),
-            mount_path: "/etc/narad/tls".into(),
+            name: name.into(),
+            mount_path: dir.into(),
             read_only: Some(true),
             ..Default::default()
         });
         volumes.push(Volume {
-            name: "cluster-tls".into(),
+            name: name.into(),
             secret: Some(SecretVolumeSource {
-                secret_name: Some(tls.name.clone()),
+                secret_name: Some(secret.name.clone()),
                 ..Default::default()
             }),
             ..Default::default()
@@ -283,9 +320,9 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
         ]),
         env: Some(broker_env(nc, &opts.cluster_domain)?),
         resources: Some(s.resources.clone().unwrap_or_else(default_resources)),
-        startup_probe: Some(http_probe("/healthz", 5, 60)),
-        liveness_probe: Some(http_probe("/healthz", 10, 3)),
-        readiness_probe: Some(http_probe("/readyz", 5, 3)),
+        startup_probe: Some(http_probe("/healthz", 5, 60, nc.api_tls())),
+        liveness_probe: Some(http_probe("/healthz", 10, 3, nc.api_tls())),
+        readiness_probe: Some(http_probe("/readyz", 5, 3, nc.api_tls())),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -569,7 +606,7 @@ mod tests {
         let env = env_of(&sts);
         assert_eq!(
             val(&env, "NARAD_CLUSTER_TLS_CA_FILE"),
-            "/etc/narad/tls/ca.crt"
+            "/etc/narad-tls/cluster/ca.crt"
         );
         assert_eq!(
             env["NARAD_CLUSTER_SECRET"]
@@ -587,6 +624,172 @@ mod tests {
             vols[0].secret.as_ref().unwrap().secret_name.as_deref(),
             Some("t")
         );
+    }
+
+    fn pod_of(sts: &StatefulSet) -> PodSpec {
+        sts.spec.as_ref().unwrap().template.spec.clone().unwrap()
+    }
+
+    /// mount path → (volume name, read-only) of the broker container.
+    fn mounts_of(sts: &StatefulSet) -> BTreeMap<String, (String, bool)> {
+        pod_of(sts).containers[0]
+            .volume_mounts
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|m| (m.mount_path, (m.name, m.read_only == Some(true))))
+            .collect()
+    }
+
+    /// volume name → Secret name of the pod's Secret volumes.
+    fn secret_volumes(sts: &StatefulSet) -> BTreeMap<String, String> {
+        pod_of(sts)
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|v| Some((v.name, v.secret?.secret_name?)))
+            .collect()
+    }
+
+    /// The HTTP schemes of the startup, liveness and readiness probes.
+    fn probe_schemes(sts: &StatefulSet) -> Vec<Option<String>> {
+        let c = pod_of(sts).containers[0].clone();
+        [c.startup_probe, c.liveness_probe, c.readiness_probe]
+            .into_iter()
+            .map(|p| p.unwrap().http_get.unwrap().scheme)
+            .collect()
+    }
+
+    const TLS_VARS: [&str; 5] = [
+        "NARAD_CLUSTER_TLS_CERT_FILE",
+        "NARAD_CLUSTER_TLS_KEY_FILE",
+        "NARAD_CLUSTER_TLS_CA_FILE",
+        "NARAD_HTTP_TLS_CERT_FILE",
+        "NARAD_HTTP_TLS_KEY_FILE",
+    ];
+
+    #[test]
+    fn without_tls_nothing_tls_is_set() {
+        let sts = statefulset(&cluster(json!({"version": "1"})), &Default::default()).unwrap();
+        let env = env_of(&sts);
+        for v in TLS_VARS.iter().chain(&["NARAD_REMOTES_ALLOWED_HOSTS"]) {
+            assert!(!env.contains_key(*v), "{v}");
+        }
+        assert!(secret_volumes(&sts).is_empty());
+        assert_eq!(probe_schemes(&sts), vec![None, None, None]);
+    }
+
+    #[test]
+    fn cluster_tls_follows_the_chart_layout() {
+        // With a config file too: its ConfigMap is at /etc/narad, the certificates beside it.
+        let nc = cluster(
+            json!({"version": "1", "config": {"storage": {"codec": "none"}},
+            "security": {"clusterTLSSecretRef": {"name": "narad-cluster-tls"}}}),
+        );
+        let sts = statefulset(&nc, &StatefulSetOptions::default()).unwrap();
+        let env = env_of(&sts);
+        // All three, consistently in the mounted directory (the broker takes all or none).
+        assert_eq!(
+            val(&env, "NARAD_CLUSTER_TLS_CERT_FILE"),
+            "/etc/narad-tls/cluster/tls.crt"
+        );
+        assert_eq!(
+            val(&env, "NARAD_CLUSTER_TLS_KEY_FILE"),
+            "/etc/narad-tls/cluster/tls.key"
+        );
+        assert_eq!(
+            val(&env, "NARAD_CLUSTER_TLS_CA_FILE"),
+            "/etc/narad-tls/cluster/ca.crt"
+        );
+        assert!(!env.contains_key("NARAD_HTTP_TLS_CERT_FILE"));
+        let mounts = mounts_of(&sts);
+        assert_eq!(
+            mounts["/etc/narad-tls/cluster"],
+            ("cluster-tls".to_string(), true)
+        );
+        assert_eq!(mounts["/etc/narad"], ("config".to_string(), true));
+        assert!(
+            !mounts.keys().any(|p| p.starts_with("/etc/narad/")),
+            "nothing mounted inside the ConfigMap volume: {mounts:?}"
+        );
+        assert_eq!(
+            secret_volumes(&sts),
+            BTreeMap::from([("cluster-tls".to_string(), "narad-cluster-tls".to_string())])
+        );
+        // Cluster TLS alone leaves the API, and so the probes, on plain HTTP.
+        assert_eq!(probe_schemes(&sts), vec![None, None, None]);
+    }
+
+    #[test]
+    fn api_tls_mounts_env_and_https_probes() {
+        let nc = cluster(json!({"version": "1",
+            "security": {"apiTLSSecretRef": {"name": "narad-api-tls"}}}));
+        let sts = statefulset(&nc, &StatefulSetOptions::default()).unwrap();
+        let env = env_of(&sts);
+        assert_eq!(
+            val(&env, "NARAD_HTTP_TLS_CERT_FILE"),
+            "/etc/narad-tls/api/tls.crt"
+        );
+        assert_eq!(
+            val(&env, "NARAD_HTTP_TLS_KEY_FILE"),
+            "/etc/narad-tls/api/tls.key"
+        );
+        for v in &TLS_VARS[..3] {
+            assert!(!env.contains_key(*v), "{v}");
+        }
+        assert_eq!(
+            mounts_of(&sts)["/etc/narad-tls/api"],
+            ("api-tls".to_string(), true)
+        );
+        assert_eq!(
+            secret_volumes(&sts),
+            BTreeMap::from([("api-tls".to_string(), "narad-api-tls".to_string())])
+        );
+        let https = Some("HTTPS".to_string());
+        assert_eq!(
+            probe_schemes(&sts),
+            vec![https.clone(), https.clone(), https]
+        );
+        // The probe paths and port are the same as without TLS.
+        let c = pod_of(&sts).containers[0].clone();
+        let get = c.readiness_probe.unwrap().http_get.unwrap();
+        assert_eq!(get.path.as_deref(), Some("/readyz"));
+        assert_eq!(get.port, IntOrString::String("api".into()));
+    }
+
+    #[test]
+    fn both_tls_secrets_get_their_own_volumes() {
+        let nc = cluster(json!({"version": "1", "security": {
+            "clusterTLSSecretRef": {"name": "c"}, "apiTLSSecretRef": {"name": "a"}}}));
+        let sts = statefulset(&nc, &StatefulSetOptions::default()).unwrap();
+        let env = env_of(&sts);
+        for v in TLS_VARS {
+            assert!(env.contains_key(v), "{v}");
+        }
+        assert_eq!(
+            secret_volumes(&sts),
+            BTreeMap::from([
+                ("api-tls".to_string(), "a".to_string()),
+                ("cluster-tls".to_string(), "c".to_string())
+            ])
+        );
+        let mounts = mounts_of(&sts);
+        assert_eq!(mounts["/etc/narad-tls/api"].0, "api-tls");
+        assert_eq!(mounts["/etc/narad-tls/cluster"].0, "cluster-tls");
+    }
+
+    #[test]
+    fn allowed_hosts_env() {
+        let nc = cluster(json!({"version": "1", "remotes": {
+            "allowedHosts": ["narad-dr.example.com", "*.corp.example", "10.0.0.0/8"]}}));
+        let env = env_of(&statefulset(&nc, &StatefulSetOptions::default()).unwrap());
+        assert_eq!(
+            val(&env, "NARAD_REMOTES_ALLOWED_HOSTS"),
+            "narad-dr.example.com,*.corp.example,10.0.0.0/8"
+        );
+        let empty = cluster(json!({"version": "1", "remotes": {"allowedHosts": []}}));
+        let env = env_of(&statefulset(&empty, &StatefulSetOptions::default()).unwrap());
+        assert!(!env.contains_key("NARAD_REMOTES_ALLOWED_HOSTS"));
     }
 
     #[test]
