@@ -889,3 +889,64 @@ async fn the_topic_count_is_limited() {
     let list = http.get("/v1/topics").await.expect_json(200);
     assert_eq!(list["topics"].as_array().map(Vec::len), Some(3), "{list}");
 }
+
+/// Finding 9: a Raft `InstallSnapshot` chunk is written at its offset into a buffer, and a
+/// chunk announcing a 256 MiB offset made a node allocate the gap (+258 MiB). Now a chunk must
+/// follow what was received of that snapshot: a member (the test knows the secret) sending
+/// such a chunk gets a snapshot mismatch, and the node's memory does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_chunk_far_past_the_received_bytes_allocates_nothing() {
+    const SECRET: &str = "a-cluster-secret-of-more-than-32-bytes";
+    let addr = format!("127.0.0.1:{}", server::free_port());
+    let server = Server::start(
+        ServerOpts::secured(ROOT_PW)
+            .env("NARAD_CLUSTER_SECRET", SECRET)
+            .arg("--cluster-addr")
+            .arg(addr.clone()),
+    )
+    .await;
+    let pid = server.pid().unwrap();
+    let mut c = Conn::connect(&addr).await.unwrap();
+    let ok = c.handshake("n-member", SECRET.as_bytes()).await.unwrap();
+    assert_eq!(ok.kind, AUTH_OK, "{ok:?}");
+    let before = cluster_port::rss_bytes(pid);
+    let leader = json!({"term": 1000, "node_id": 999});
+    let chunk = |offset: u64| {
+        json!({"InstallSnapshot": {
+            "vote": {"leader_id": leader, "committed": true},
+            "meta": {
+                "last_log_id": {"leader_id": leader, "index": 5},
+                "last_membership": {"log_id": null, "membership": {"configs": [], "nodes": {}}},
+                "snapshot_id": "far-chunk"
+            },
+            "offset": offset,
+            "data": [1, 2, 3, 4],
+            "done": false
+        }})
+        .to_string()
+    };
+    let raft = 9; // frame type Raft; the answer is RaftReply (10)
+                  // The first chunk of a snapshot starts it; the second claims to sit 256 MiB further on.
+    let mut answers = Vec::new();
+    for (id, offset) in [(1, 0), (2, 256u64 << 20)] {
+        c.send(&cluster_port::encode(raft, id, chunk(offset).as_bytes()))
+            .await
+            .unwrap();
+        let reply = c.next().await.expect("a Raft reply");
+        assert_eq!(reply.kind, 10, "{reply:?}");
+        answers.push(String::from_utf8_lossy(&reply.payload).to_string());
+    }
+    let after = cluster_port::rss_bytes(pid);
+    eprintln!(
+        "RSS before {} MB, after the chunk {} MB",
+        before >> 20,
+        after >> 20
+    );
+    assert!(
+        after < before + (32 << 20),
+        "a far snapshot chunk took RSS from {before} to {after} bytes"
+    );
+    assert!(!answers[0].contains("SnapshotMismatch"), "{answers:?}");
+    assert!(answers[1].contains("SnapshotMismatch"), "{answers:?}");
+    Http::new(server.url()).get("/healthz").await.expect(200);
+}
