@@ -10,6 +10,7 @@ pub mod admin;
 pub mod client;
 pub mod duration;
 pub mod error;
+pub mod hosts;
 pub mod render;
 pub mod types;
 

@@ -35,7 +35,7 @@
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
-pub mod hosts;
+pub use narad_api::hosts;
 pub mod io;
 pub mod remote;
 pub mod route;

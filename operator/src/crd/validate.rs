@@ -66,48 +66,14 @@ pub fn check_cluster(
 /// (IPv6 optionally in brackets), a CIDR range or a host name. No commas or spaces: the
 /// entries are joined with commas.
 pub fn check_allowed_host(raw: &str) -> Result<(), String> {
-    use std::net::IpAddr;
-    let bad = || {
-        Err(format!(
-            "{raw:?} is not a host name, *.<host name>, an IP address, a CIDR range or *"
-        ))
-    };
     if raw.is_empty() || raw.contains(',') || raw.chars().any(char::is_whitespace) {
-        return bad();
+        return Err(format!(
+            "{raw:?} is not a host name, *.<host name>, an IP address, a CIDR range or *"
+        ));
     }
-    let e = raw.to_ascii_lowercase();
-    let host_name = |s: &str| {
-        let s = s.strip_suffix('.').unwrap_or(s);
-        !s.is_empty()
-            && s.len() <= 253
-            && s.split('.').all(|l| {
-                !l.is_empty()
-                    && l.len() <= 63
-                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            })
-    };
-    let ok = if e == "*" {
-        true
-    } else if let Some(rest) = e.strip_prefix("*.") {
-        host_name(rest)
-    } else if let Some((ip, len)) = e.split_once('/') {
-        match (ip.parse::<IpAddr>(), len.parse::<u8>()) {
-            (Ok(IpAddr::V4(_)), Ok(l)) => l <= 32,
-            (Ok(IpAddr::V6(_)), Ok(l)) => l <= 128,
-            _ => false,
-        }
-    } else {
-        let unbracketed = e
-            .strip_prefix('[')
-            .and_then(|r| r.strip_suffix(']'))
-            .unwrap_or(&e);
-        unbracketed.parse::<IpAddr>().is_ok() || host_name(&e)
-    };
-    if ok {
-        Ok(())
-    } else {
-        bad()
-    }
+    narad_api::hosts::HostPolicy::parse([raw])
+        .map(drop)
+        .map_err(|e| e.trim_start_matches("remotes.allowed_hosts: ").to_string())
 }
 
 fn check_retention(s: &str) -> Result<u64, String> {

@@ -1,4 +1,4 @@
-//! Where remote child links may send (SPEC §5.5, issue 12 finding 6): a link POSTs messages,
+//! Where remote child links may send (SPEC §5.5): a link POSTs messages,
 //! with credentials, to a URL a topic owner chose, so the broker must not become a way to
 //! reach what only it can reach.
 //!
@@ -16,6 +16,9 @@
 //!   a suffix pattern (`*.example.com`: any name below it, not the name itself), an IP
 //!   address or a CIDR range (which match URLs written with an IP address), or `*` (any
 //!   host). When it is not set, only admins may attach remote children.
+//!
+//! The broker enforces it (`narad::fanout`); the operator checks `spec.remotes.allowedHosts`
+//! with the same parser, so an entry it accepts never stops a broker at start.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
