@@ -557,12 +557,18 @@ impl Fanout {
         if let Some(c) = self.remote_clients.lock().get(&link.epoch) {
             return Ok(c.clone());
         }
-        use crate::security::sealing::{SealError, SEALED_PREFIX};
-        let password = match (&endpoint.password, &self.cfg.credentials) {
-            (Some(p), Some(key)) => key.open(&link.parent, &link.child, p).map(Some),
-            (Some(p), None) if p.starts_with(SEALED_PREFIX) => Err(SealError::WrongKey),
-            (p, _) => Ok(p.clone()),
-        };
+        let password = endpoint
+            .password
+            .as_deref()
+            .map(|p| {
+                crate::security::sealing::CredentialKey::open_stored(
+                    self.cfg.credentials.as_deref(),
+                    &link.parent,
+                    &link.child,
+                    p,
+                )
+            })
+            .transpose();
         let c = RemoteClient::new(endpoint, &self.cfg.remote_hosts, password)?;
         Ok(self
             .remote_clients

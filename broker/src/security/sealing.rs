@@ -140,6 +140,21 @@ impl CredentialKey {
         format!("{SEALED_PREFIX}{}", B64.encode(out))
     }
 
+    /// Opens a stored password with `key`, this node's key if it seals (`None`: a node that
+    /// seals nothing, which can only use values stored as given).
+    pub fn open_stored(
+        key: Option<&CredentialKey>,
+        parent: &str,
+        link: &str,
+        stored: &str,
+    ) -> Result<String, SealError> {
+        match key {
+            Some(k) => k.open(parent, link, stored),
+            None if stored.starts_with(SEALED_PREFIX) => Err(SealError::WrongKey),
+            None => Ok(stored.to_string()),
+        }
+    }
+
     /// Opens a stored password (one without the sealed prefix is used as it is).
     pub fn open(&self, parent: &str, link: &str, stored: &str) -> Result<String, SealError> {
         let Some(b64) = stored.strip_prefix(SEALED_PREFIX) else {
@@ -194,6 +209,19 @@ mod tests {
         );
         assert_eq!(k.open("orders", "dr", "legacy-pw").unwrap(), "legacy-pw");
         assert_eq!(k.open("o", "d", &k.seal("o", "d", "")).unwrap(), "");
+        // A node without a key uses plain values and cannot open sealed ones.
+        assert_eq!(
+            CredentialKey::open_stored(None, "o", "d", "pw").unwrap(),
+            "pw"
+        );
+        assert_eq!(
+            CredentialKey::open_stored(None, "orders", "dr", &s),
+            Err(SealError::WrongKey)
+        );
+        assert_eq!(
+            CredentialKey::open_stored(Some(&k), "orders", "dr", &s).unwrap(),
+            "s3cret-pw"
+        );
     }
 
     #[test]
