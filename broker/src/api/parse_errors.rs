@@ -38,6 +38,9 @@ use crate::error::error_body;
 /// Most header fields in a request head (hyper's default, set explicitly); more is `431`.
 pub const MAX_HEADERS: usize = 100;
 
+/// Most slices one vectored write passes on (hyper writes a head and a body, or a few chunks).
+const MAX_SLICES: usize = 8;
+
 /// Longest response head the wrapper buffers while following the stream; a longer one (the
 /// API writes none) makes it step aside.
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
@@ -214,25 +217,30 @@ impl<I: AsyncWrite + Unpin> JsonParseErrors<I> {
     ) -> Poll<io::Result<usize>> {
         loop {
             let queued = self.out.len() - self.out_pos;
-            let mut slices = Vec::with_capacity(bufs.len() + 1);
+            // On the stack: this runs for every write of every response. A write may take
+            // fewer slices than offered (the caller writes the rest next).
+            let mut slices = [IoSlice::new(&[]); MAX_SLICES];
+            let mut used = 0;
             if queued > 0 {
-                slices.push(IoSlice::new(&self.out[self.out_pos..]));
+                slices[0] = IoSlice::new(&self.out[self.out_pos..]);
+                used = 1;
             }
             let mut left = limit;
             for b in bufs {
-                if left == 0 {
+                if left == 0 || used == MAX_SLICES {
                     break;
                 }
                 let k = (b.len() as u64).min(left) as usize;
                 if k > 0 {
-                    slices.push(IoSlice::new(&b[..k]));
+                    slices[used] = IoSlice::new(&b[..k]);
+                    used += 1;
                     left -= k as u64;
                 }
             }
-            if slices.is_empty() {
+            if used == 0 {
                 return Poll::Ready(Ok(0));
             }
-            let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices))?;
+            let n = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, &slices[..used]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
