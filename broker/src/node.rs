@@ -663,8 +663,19 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     // reachable without search permission on it).
     {
         use std::os::unix::fs::PermissionsExt;
-        fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700))
-            .with_context(|| format!("restrict data dir {}", data_dir.display()))?;
+        match fs::set_permissions(&data_dir, fs::Permissions::from_mode(0o700)) {
+            Ok(()) => {}
+            // A volume root this process does not own (a Kubernetes PVC: root with the pod's
+            // fsGroup): its mode is the platform's, and what the node creates in it is still
+            // private (umask 077).
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                tracing::warn!(data_dir = %data_dir.display(), error = %e,
+                    "the data dir is not this process's to restrict; the files it creates there are private (0600/0700)");
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("restrict data dir {}", data_dir.display()))
+            }
+        }
     }
     let lock = DirLock::acquire(&data_dir)?;
     let node_id = config.cluster.node_id.clone();
