@@ -5,6 +5,7 @@
 //! - `render`: payload and key rendering (SPEC §2.9);
 //! - `client`: an async client over reqwest;
 //! - `error`: the client's errors (`http <code>: <message>`).
+//! - `retry`: the SDK's retry policy (attempts, full-jitter backoff, Retry-After).
 
 pub mod admin;
 pub mod client;
@@ -12,6 +13,7 @@ pub mod duration;
 pub mod error;
 pub mod hosts;
 pub mod render;
+pub mod retry;
 pub mod types;
 
 pub use admin::*;

@@ -72,6 +72,12 @@ pub struct HttpConfig {
     /// `http.metrics_addr` (ext): when set, `/metrics` is served there (plain HTTP, no
     /// credentials) and no longer on the API listener (`404` there).
     pub metrics_addr: Option<String>,
+    /// `http.advertise_addr` / `NARAD_ADVERTISE_ADDR` / `--advertise-addr` (ext): the API
+    /// address this member reports in `GET /v1/cluster/members` (`host:port` that clients
+    /// and peers can reach, e.g. the pod's stable DNS name). Default: the listen address,
+    /// or, when that names every interface, the host of the cluster advertise address with
+    /// the API port.
+    pub advertise_addr: Option<String>,
 }
 
 impl HttpConfig {
@@ -180,6 +186,7 @@ impl Default for Config {
                 tls_cert_file: None,
                 tls_key_file: None,
                 metrics_addr: None,
+                advertise_addr: None,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -237,6 +244,15 @@ pub struct ServerArgs {
     /// Cluster listen address (default :7943).
     #[arg(long, value_name = "HOST:PORT")]
     pub cluster_addr: Option<String>,
+    /// API port: the API listen address with this port (as Go Narad's `serve --port`).
+    #[arg(long, value_name = "PORT", conflicts_with = "addr")]
+    pub port: Option<u16>,
+    /// Cluster port: the cluster listen address with this port.
+    #[arg(long, value_name = "PORT", conflicts_with = "cluster_addr")]
+    pub cluster_port: Option<u16>,
+    /// The API address this member reports to clients and peers (e.g. its DNS name).
+    #[arg(long, value_name = "HOST:PORT")]
+    pub advertise_addr: Option<String>,
     /// Data directory (default ./data; ~/.narad/data with --dev).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
@@ -261,6 +277,14 @@ pub struct ServerArgs {
     /// The PEM private key of --tls-cert-file.
     #[arg(long, value_name = "FILE")]
     pub tls_key_file: Option<PathBuf>,
+}
+
+/// `addr` (`host:port`, `:port`, `[v6]:port`) with its port replaced by `port`.
+fn with_port(addr: &str, port: u16) -> String {
+    match addr.rsplit_once(':') {
+        Some((host, _)) => format!("{host}:{port}"),
+        None => format!("{addr}:{port}"),
+    }
 }
 
 /// Why a configuration was refused.
@@ -300,6 +324,7 @@ mod file {
         pub tls_cert_file: Option<String>,
         pub tls_key_file: Option<String>,
         pub metrics_addr: Option<String>,
+        pub advertise_addr: Option<String>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -464,6 +489,21 @@ impl Config {
         if let Some(a) = &args.cluster_addr {
             c.cluster.addr = Some(a.clone());
         }
+        if let Some(a) = &args.advertise_addr {
+            c.http.advertise_addr = Some(a.clone());
+        }
+        if let Some(p) = args.port {
+            c.http.addr = with_port(&c.http.addr, p);
+        }
+        if let Some(p) = args.cluster_port {
+            // Unset: on the API's host (loopback with --dev).
+            let addr = c
+                .cluster
+                .addr
+                .clone()
+                .unwrap_or_else(|| c.http.addr.clone());
+            c.cluster.addr = Some(with_port(&addr, p));
+        }
         if let Some(d) = &args.data_dir {
             c.storage.data_dir = d.clone();
         }
@@ -508,6 +548,9 @@ impl Config {
             }
             if let Some(v) = h.metrics_addr {
                 self.http.metrics_addr = Some(v);
+            }
+            if let Some(v) = h.advertise_addr {
+                self.http.advertise_addr = Some(v);
             }
             for (key, v, slot) in [
                 (
@@ -653,6 +696,9 @@ impl Config {
         }
         if let Some(v) = get("NARAD_HTTP_METRICS_ADDR") {
             self.http.metrics_addr = Some(v);
+        }
+        if let Some(v) = get("NARAD_ADVERTISE_ADDR") {
+            self.http.advertise_addr = Some(v);
         }
         for (key, slot) in [
             ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
@@ -831,6 +877,14 @@ impl Config {
         }
         if self.cluster.addr.as_deref() == Some(self.http.addr.as_str()) {
             return Err(bad("the API and cluster addresses must differ"));
+        }
+        if let Some(a) = &self.http.advertise_addr {
+            let port = a.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
+            if !matches!(port, Some((h, Ok(p))) if !h.is_empty() && p != 0) {
+                return Err(bad(
+                    "http.advertise_addr (NARAD_ADVERTISE_ADDR) must be host:port with a host",
+                ));
+            }
         }
         if let Some(m) = &self.http.metrics_addr {
             if m.is_empty() {
@@ -1082,6 +1136,39 @@ mod tests {
         };
         let env = [("NARAD_HTTP_METRICS_ADDR", "127.0.0.1:9300")];
         assert!(load(args, &env).is_err());
+    }
+
+    #[test]
+    fn port_flags_replace_the_port_of_the_listen_addresses() {
+        let args = ServerArgs {
+            port: Some(8080),
+            cluster_port: Some(7946),
+            ..Default::default()
+        };
+        let c = load(args.clone(), &[]).unwrap();
+        assert_eq!(c.http.addr, ":8080");
+        assert_eq!(c.cluster.addr.as_deref(), Some(":7946"));
+        // The host of the configured (or --dev) address stays.
+        let c = load(
+            args.clone(),
+            &[
+                ("NARAD_HTTP_ADDR", "10.0.0.5:1"),
+                ("NARAD_CLUSTER_ADDR", "[::1]:2"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.http.addr, "10.0.0.5:8080");
+        assert_eq!(c.cluster.addr.as_deref(), Some("[::1]:7946"));
+        let dev = ServerArgs {
+            dev: true,
+            port: Some(9000),
+            cluster_port: Some(7946),
+            data_dir: Some(std::env::temp_dir()),
+            ..Default::default()
+        };
+        let c = load(dev, &[]).unwrap();
+        assert_eq!(c.http.addr, "127.0.0.1:9000");
+        assert_eq!(c.cluster.addr.as_deref(), Some("127.0.0.1:7946"));
     }
 
     #[test]

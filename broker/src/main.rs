@@ -32,6 +32,11 @@ enum Cmd {
     Serve(ServerArgs),
     /// Print the version.
     Version,
+    /// Print a shell completion script (e.g. `source <(narad completion bash)`).
+    Completion {
+        /// The shell
+        shell: clap_complete::Shell,
+    },
     #[command(flatten)]
     Client(narad_cli::Command),
 }
@@ -44,8 +49,41 @@ enum ServerCmd {
     Report(narad_cli::ReportArgs),
 }
 
+/// The command line: [`Cli`] plus the connection flags written before the subcommand
+/// (`narad -s URL -u admin topic ls`, as Go Narad's CLI takes them).
+fn command() -> clap::Command {
+    use clap::CommandFactory;
+    Cli::command().args(narad_cli::conn::leading_args())
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::FromArgMatches;
+    let matches = command().get_matches();
+    let parsed = Cli::from_arg_matches(&matches)
+        .and_then(|cli| Ok((cli, narad_cli::ConnArgs::from_arg_matches(&matches)?)));
+    let (cli, leading) = match parsed {
+        Ok(v) => v,
+        Err(e) => e.exit(),
+    };
+    if let Cmd::Completion { shell } = cli.cmd {
+        let mut script = Vec::new();
+        clap_complete::generate(shell, &mut command(), "narad", &mut script);
+        // A closed pipe (`| head`) is the reader's choice, not a failure.
+        let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+        return ExitCode::SUCCESS;
+    }
+    if matches!(
+        cli.cmd,
+        Cmd::Server {
+            cmd: ServerCmd::Start(_)
+        } | Cmd::Serve(_)
+            | Cmd::Version
+    ) && !leading.is_empty()
+    {
+        return fail(&anyhow::anyhow!(
+            "connection flags (-s, -u, -p, --ca-file) apply to client commands, not to this one"
+        ));
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("narad")
@@ -62,12 +100,13 @@ fn main() -> ExitCode {
             | Cmd::Serve(args) => serve(args).await,
             Cmd::Server {
                 cmd: ServerCmd::Report(args),
-            } => narad_cli::server_report(args).await,
+            } => narad_cli::server_report(args, &leading).await,
             Cmd::Version => {
                 println!("narad {}", narad::node::VERSION);
                 Ok(())
             }
-            Cmd::Client(cmd) => narad_cli::run(cmd).await,
+            Cmd::Client(cmd) => narad_cli::run(cmd, &leading).await,
+            Cmd::Completion { .. } => Ok(()),
         }
     });
     match result {

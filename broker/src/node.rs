@@ -799,10 +799,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         Timing::new(&config.test),
         config.topic.max_topics,
     ));
+    let api_addr = api_advertise(
+        config.http.advertise_addr.as_deref(),
+        addr,
+        &cluster.advertise_addr,
+    );
     if !clustered {
         meta.write(MetaCommand::RegisterMember {
             id: node_id.clone(),
-            api_addr: addr.to_string(),
+            api_addr: api_addr.clone(),
             cluster_addr: String::new(),
             version: VERSION.to_string(),
             now_ms: now_ms(),
@@ -939,7 +944,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             .unwrap_or_else(|| VERSION.to_string());
         tokio::spawn(membership::heartbeat(
             cluster.clone(),
-            addr.to_string(),
+            api_addr,
             member_version,
             token.clone(),
         ));
@@ -991,6 +996,30 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
 
 /// An address peers can reach a listener at: its own, unless it listens on every interface
 /// (then this node's id, which is its resolvable host name in a StatefulSet).
+/// The API address this member reports (`http.advertise_addr`): as configured; else the
+/// bound address, unless it names every interface: then the host of the cluster advertise
+/// address (a name peers resolve, e.g. `narad-0.narad-headless:7943`) with the API port.
+fn api_advertise(configured: Option<&str>, bound: SocketAddr, cluster_advertise: &str) -> String {
+    if let Some(a) = configured {
+        return a.to_string();
+    }
+    if !bound.ip().is_unspecified() {
+        return bound.to_string();
+    }
+    match cluster_advertise.rsplit_once(':') {
+        Some((host, _)) if !host.is_empty() && !is_unspecified_host(host) => {
+            format!("{host}:{}", bound.port())
+        }
+        _ => bound.to_string(),
+    }
+}
+
+fn is_unspecified_host(host: &str) -> bool {
+    host.trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified())
+}
+
 fn routable(bound: SocketAddr, node_id: &str) -> String {
     if bound.ip().is_unspecified() {
         format!("{node_id}:{}", bound.port())
@@ -1214,4 +1243,32 @@ fn run_retention(node: &Node) {
     node.metrics
         .retention_run_duration
         .observe(started.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_advertised_api_address_is_routable() {
+        let any: SocketAddr = "0.0.0.0:7942".parse().unwrap();
+        let lo: SocketAddr = "127.0.0.1:7942".parse().unwrap();
+        // Configured wins.
+        assert_eq!(
+            api_advertise(Some("narad-0.narad-headless.ns.svc:7942"), any, "x:7943"),
+            "narad-0.narad-headless.ns.svc:7942"
+        );
+        // A bound address that names one interface is reachable as it is.
+        assert_eq!(api_advertise(None, lo, "narad-0:7943"), "127.0.0.1:7942");
+        // Every interface: the cluster advertise host with the API port.
+        assert_eq!(
+            api_advertise(None, any, "narad-0.narad-headless:7943"),
+            "narad-0.narad-headless:7942"
+        );
+        assert_eq!(api_advertise(None, any, "[fd00::5]:7943"), "[fd00::5]:7942");
+        // Nothing better known.
+        assert_eq!(api_advertise(None, any, "0.0.0.0:7943"), "0.0.0.0:7942");
+        assert_eq!(api_advertise(None, any, "[::]:7943"), "0.0.0.0:7942");
+        assert_eq!(api_advertise(None, any, ""), "0.0.0.0:7942");
+    }
 }

@@ -491,3 +491,290 @@ async fn contexts_add_select_ls_rm() {
     run(&["ctx", "rm", "local"]).await.ok();
     run(&["ctx", "rm", "local"]).await.failed("");
 }
+
+/// The habits of Go Narad's CLI: connection flags before the subcommand, `topics`,
+/// passwords from stdin (the connection's, a new user's), and `completion`.
+#[tokio::test]
+async fn go_cli_habits_leading_flags_topics_alias_password_stdin_and_completion() {
+    let server = Server::start(ServerOpts::secured("cli-admin-pw")).await;
+    let url = server.url();
+    let cli = Cli::new(url.clone());
+    // Connection flags before the subcommand, after it, and mixed (the later one wins).
+    cli.run(
+        &[
+            "-s",
+            &url,
+            "-u",
+            "admin",
+            "-p",
+            "cli-admin-pw",
+            "topic",
+            "add",
+            "lead",
+        ],
+        None,
+        &[],
+    )
+    .await
+    .ok();
+    let ls = cli
+        .run(
+            &[
+                "-s",
+                &url,
+                "-u",
+                "admin",
+                "topics",
+                "ls",
+                "-p",
+                "cli-admin-pw",
+            ],
+            None,
+            &[],
+        )
+        .await
+        .ok();
+    table_row(&ls, "lead");
+    cli.run(
+        &[
+            "-s",
+            &url,
+            "-u",
+            "admin",
+            "-p",
+            "wrong",
+            "topic",
+            "ls",
+            "-p",
+            "cli-admin-pw",
+        ],
+        None,
+        &[],
+    )
+    .await
+    .ok();
+    cli.run(
+        &["-s", &url, "-u", "admin", "-p", "wrong", "topic", "ls"],
+        None,
+        &[],
+    )
+    .await
+    .failed("http 401");
+    // --password-stdin: the first line of stdin, nothing in the process list.
+    cli.run(
+        &[
+            "-s",
+            &url,
+            "-u",
+            "admin",
+            "--password-stdin",
+            "topic",
+            "info",
+            "lead",
+        ],
+        Some(b"cli-admin-pw\n"),
+        &[],
+    )
+    .await
+    .ok();
+    cli.run(
+        &[
+            "user",
+            "add",
+            "bob",
+            "--user-password-stdin",
+            "-g",
+            "consume:lead",
+            "-s",
+            &url,
+            "-u",
+            "admin",
+            "-p",
+            "cli-admin-pw",
+        ],
+        Some(b"bobs-password\n"),
+        &[],
+    )
+    .await
+    .ok();
+    cli.run(
+        &[
+            "topic",
+            "info",
+            "lead",
+            "-s",
+            &url,
+            "-u",
+            "bob",
+            "--password-stdin",
+        ],
+        Some(b"bobs-password\n"),
+        &[],
+    )
+    .await
+    .ok();
+    // One password per stdin.
+    cli.run(
+        &[
+            "user",
+            "add",
+            "eve",
+            "--user-password-stdin",
+            "-s",
+            &url,
+            "-u",
+            "admin",
+            "--password-stdin",
+        ],
+        Some(b"cli-admin-pw\nx\n"),
+        &[],
+    )
+    .await
+    .failed("stdin can carry one password");
+    cli.run(
+        &["topic", "ls", "-s", &url, "-u", "admin", "--password-stdin"],
+        Some(b""),
+        &[],
+    )
+    .await
+    .failed("--password-stdin: stdin held no password");
+    // Leading connection flags are refused where they mean nothing.
+    cli.run(&["-s", &url, "version"], None, &[])
+        .await
+        .failed("connection flags");
+    // Completion scripts for the three shells name the subcommands.
+    for shell in ["bash", "zsh", "fish"] {
+        let out = cli.run(&["completion", shell], None, &[]).await.ok();
+        assert!(
+            out.stdout.contains("topic") && out.stdout.contains("pub"),
+            "{}",
+            out.describe()
+        );
+    }
+    cli.run(&["completion", "tcsh"], None, &[]).await;
+}
+
+/// `narad serve --port/--cluster-port` as Go Narad's `serve` takes them.
+#[tokio::test]
+async fn serve_takes_port_flags() {
+    let (port, cluster_port) = (
+        narad_tests::server::free_port(),
+        narad_tests::server::free_port(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = tokio::process::Command::new(narad_bin())
+        .args([
+            "serve",
+            "--dev",
+            "--port",
+            &port.to_string(),
+            "--cluster-port",
+            &cluster_port.to_string(),
+        ])
+        .args(["--advertise-addr", "narad-0.narad-headless.apps.svc:7942"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let http = Http::new(format!("http://127.0.0.1:{port}"));
+    eventually(
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async {
+            match http.request(Method::GET, "/readyz").try_send().await {
+                Ok(r) if r.status == 200 => Ok(()),
+                other => anyhow::bail!("serve --port: /readyz {:?}", other.map(|r| r.status)),
+            }
+        },
+    )
+    .await;
+    assert!(std::net::TcpStream::connect(("127.0.0.1", cluster_port)).is_ok());
+    // The member reports the advertised API address, not its listen address.
+    let members = http.get("/v1/cluster/members").await.expect_json(200);
+    assert_eq!(
+        members["members"][0]["addr"], "narad-0.narad-headless.apps.svc:7942",
+        "{members}"
+    );
+    child.kill().await.unwrap();
+}
+
+/// `narad pub` retries what the SDK retries (a refused connection, 503 and other 5xx) with
+/// backoff, and honours Retry-After; it does not retry a 4xx.
+#[tokio::test]
+async fn pub_retries_refused_connections_and_503_with_backoff() {
+    use tokio::io::AsyncReadExt;
+    // Nothing listens: four attempts in all, three retries reported, then the failure.
+    let closed = format!("http://127.0.0.1:{}", narad_tests::server::free_port());
+    let cli = Cli::new(closed.clone());
+    let out = cli.client(&["pub", "t", "m"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", out.describe());
+    assert_eq!(
+        out.stderr.matches("retrying in").count(),
+        3,
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stderr
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with("narad: cannot connect"),
+        "{}",
+        out.describe()
+    );
+    let out = cli.client(&["pub", "t", "m", "--retries", "1"]).await;
+    out.failed("cannot connect");
+
+    // A server that answers 503 (Retry-After: 0) twice, then 202; and 404 for topic `nope`.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => got.extend_from_slice(&buf[..k]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got);
+                let answer = if head.contains("/topics/nope/") {
+                    "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"error\":\"topic not found\"}"
+                } else if n < 2 {
+                    "HTTP/1.1 503 Service Unavailable\r\nretry-after: 0\r\ncontent-type: application/json\r\ncontent-length: 18\r\nconnection: close\r\n\r\n{\"error\":\"busy!!\"}"
+                } else {
+                    "HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+                };
+                let _ = s.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let cli = Cli::new(url);
+    let out = cli.client(&["pub", "t", "m"]).await.ok();
+    assert_eq!(
+        out.stderr.matches("retrying in 0 ms").count(),
+        2,
+        "{}",
+        out.describe()
+    );
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let before = seen.load(std::sync::atomic::Ordering::SeqCst);
+    cli.client(&["pub", "nope", "m"]).await.failed("http 404");
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        before + 1,
+        "a 404 is not retried"
+    );
+}

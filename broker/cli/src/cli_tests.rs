@@ -341,13 +341,17 @@ fn user_cluster_ctx() {
                 name,
                 user_password,
                 grants,
+                ..
             },
         ..
     } = c
     else {
         panic!()
     };
-    assert_eq!((name.as_str(), user_password.as_str()), ("billing", "pw"));
+    assert_eq!(
+        (name.as_str(), user_password.as_deref()),
+        ("billing", Some("pw"))
+    );
     assert_eq!(grants.len(), 2);
     assert_eq!(grants[0].patterns, vec!["orders-*", "audit"]);
     assert!(grants[1].patterns.is_empty());
@@ -381,7 +385,7 @@ fn user_cluster_ctx() {
     else {
         panic!()
     };
-    assert_eq!((current.as_deref(), new.as_str()), (Some("a"), "b"));
+    assert_eq!((current.as_deref(), new.as_deref()), (Some("a"), Some("b")));
     assert_eq!(conn.password.as_deref(), Some("a"));
     assert!(parse(&["user", "ls"]).is_ok());
     assert!(parse(&["user", "rm", "bob"]).is_ok());

@@ -24,12 +24,98 @@ pub struct ConnArgs {
     #[arg(long, short = 'u', global = true, help_heading = "Connection")]
     pub user: Option<String>,
     /// Password [env: NARAD_PASS]
-    #[arg(long, short = 'p', global = true, help_heading = "Connection")]
+    #[arg(
+        long,
+        short = 'p',
+        global = true,
+        conflicts_with = "password_stdin",
+        help_heading = "Connection"
+    )]
     pub password: Option<String>,
+    /// Read the password from the first line of stdin (keeps it out of the process list
+    /// and the shell history)
+    #[arg(long, global = true, help_heading = "Connection")]
+    pub password_stdin: bool,
     /// PEM CA certificates that an https server's certificate may chain to, besides the
     /// system's roots [env: NARAD_CA_FILE]
     #[arg(long, global = true, value_name = "FILE", help_heading = "Connection")]
     pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl ConnArgs {
+    /// Whether any connection flag was given.
+    pub fn is_empty(&self) -> bool {
+        self.server.is_none()
+            && self.user.is_none()
+            && self.password.is_none()
+            && !self.password_stdin
+            && self.ca_file.is_none()
+    }
+
+    /// Takes each flag not given here from `leading` (the flags written before the
+    /// subcommand, as in `narad -s URL topic ls`): the flag nearer the end wins.
+    pub fn fill_from(&mut self, leading: &ConnArgs) {
+        if self.password.is_none() && !self.password_stdin {
+            self.password = leading.password.clone();
+            self.password_stdin = leading.password_stdin;
+        }
+        self.server = self.server.take().or_else(|| leading.server.clone());
+        self.user = self.user.take().or_else(|| leading.user.clone());
+        self.ca_file = self.ca_file.take().or_else(|| leading.ca_file.clone());
+    }
+
+    /// Reads the password from `input` when `--password-stdin` is given: its first line,
+    /// without the line end. An empty password is refused.
+    pub fn read_password(&mut self, input: &mut dyn std::io::BufRead) -> anyhow::Result<()> {
+        if !self.password_stdin {
+            return Ok(());
+        }
+        self.password = Some(secret_line(input, "--password-stdin")?);
+        self.password_stdin = false;
+        Ok(())
+    }
+}
+
+/// A secret given on stdin (`flag` names the option that asked for it): the first line,
+/// without its line end; an empty one is refused.
+pub fn secret_line(input: &mut dyn std::io::BufRead, flag: &str) -> anyhow::Result<String> {
+    let mut line = String::new();
+    input
+        .read_line(&mut line)
+        .map_err(|e| anyhow::anyhow!("{flag}: cannot read stdin: {e}"))?;
+    let secret = line.trim_end_matches(['\n', '\r']);
+    if secret.is_empty() {
+        anyhow::bail!("{flag}: stdin held no password");
+    }
+    Ok(secret.to_string())
+}
+
+/// The secret of a `--X` / `--X-stdin` pair: the flag's value, or the first line of stdin.
+/// `conn` refuses the stdin form when the connection password is read from stdin too.
+pub fn flag_or_stdin(
+    value: Option<String>,
+    from_stdin: bool,
+    flag: &str,
+    conn: &ConnArgs,
+) -> anyhow::Result<String> {
+    if !from_stdin {
+        return value.ok_or_else(|| anyhow::anyhow!("--{flag} or --{flag}-stdin is required"));
+    }
+    if conn.password_stdin {
+        anyhow::bail!("stdin can carry one password: --password-stdin and --{flag}-stdin together");
+    }
+    secret_line(&mut std::io::stdin().lock(), &format!("--{flag}-stdin"))
+}
+
+/// The connection flags as arguments of the top-level command (not global): written
+/// before a subcommand, they apply to it (`narad -s URL -u admin topic ls`), as Go Narad's
+/// CLI takes them.
+pub fn leading_args() -> Vec<clap::Arg> {
+    use clap::Args as _;
+    ConnArgs::augment_args(clap::Command::new("connection"))
+        .get_arguments()
+        .map(|a| a.clone().global(false))
+        .collect()
 }
 
 /// Resolved connection settings.
@@ -89,8 +175,12 @@ impl Conn {
     }
 }
 
-/// Resolves the flags against this process's environment and contexts file.
+/// Resolves the flags against this process's environment and contexts file (and stdin,
+/// for `--password-stdin`).
 pub fn resolve_env(args: &ConnArgs) -> anyhow::Result<Conn> {
+    let mut args = args.clone();
+    args.read_password(&mut std::io::stdin().lock())?;
+    let args = &args;
     let env = |k: &str| std::env::var(k).ok();
     // The contexts file matters only for fields not given by flag or environment.
     let need_ctx = [
@@ -175,12 +265,75 @@ mod tests {
             server: Some("http://flag:3".into()),
             user: None,
             password: Some("flagpass".into()),
-            ca_file: None,
+            ..ConnArgs::default()
         };
         let c = resolve(&flags, &env, &ctxs(true));
         assert_eq!(c.server, "http://flag:3");
         assert_eq!(c.user.as_deref(), Some("ctxuser"));
         assert_eq!(c.password.as_deref(), Some("flagpass"));
+    }
+
+    #[test]
+    fn flags_after_the_subcommand_win_over_leading_ones() {
+        let leading = ConnArgs {
+            server: Some("http://lead:1".into()),
+            user: Some("lead".into()),
+            password: Some("leadpass".into()),
+            ..ConnArgs::default()
+        };
+        let mut sub = ConnArgs {
+            user: Some("sub".into()),
+            ..ConnArgs::default()
+        };
+        sub.fill_from(&leading);
+        assert_eq!(sub.server.as_deref(), Some("http://lead:1"));
+        assert_eq!(sub.user.as_deref(), Some("sub"));
+        assert_eq!(sub.password.as_deref(), Some("leadpass"));
+        // --password-stdin after the subcommand replaces a leading --password.
+        let mut sub = ConnArgs {
+            password_stdin: true,
+            ..ConnArgs::default()
+        };
+        sub.fill_from(&leading);
+        assert_eq!(sub.password, None);
+        assert!(sub.password_stdin);
+        assert!(ConnArgs::default().is_empty() && !leading.is_empty());
+    }
+
+    #[test]
+    fn password_stdin_reads_one_line() {
+        let mut a = ConnArgs {
+            password_stdin: true,
+            ..ConnArgs::default()
+        };
+        a.read_password(&mut &b"s3cret\r\nmore\n"[..]).unwrap();
+        assert_eq!(a.password.as_deref(), Some("s3cret"));
+        assert!(!a.password_stdin);
+        for empty in [&b""[..], b"\n"] {
+            let mut a = ConnArgs {
+                password_stdin: true,
+                ..ConnArgs::default()
+            };
+            let e = a.read_password(&mut &empty[..]).unwrap_err();
+            assert!(e.to_string().contains("no password"), "{e}");
+        }
+        // Without the flag stdin is not touched.
+        let mut a = ConnArgs::default();
+        a.read_password(&mut &b"x\n"[..]).unwrap();
+        assert_eq!(a.password, None);
+    }
+
+    #[test]
+    fn leading_args_are_the_connection_flags_not_global() {
+        let names: Vec<String> = leading_args()
+            .iter()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        assert_eq!(
+            names,
+            ["server", "user", "password", "password_stdin", "ca_file"]
+        );
+        assert!(leading_args().iter().all(|a| !a.is_global_set()));
     }
 
     #[test]

@@ -152,6 +152,9 @@ pub enum CtxCmd {
         /// Password
         #[arg(long, short = 'p')]
         password: Option<String>,
+        /// Read the password from the first line of stdin
+        #[arg(long, conflicts_with = "password")]
+        password_stdin: bool,
     },
     /// Select the context used by client commands
     Select {
@@ -176,7 +179,15 @@ pub fn run_at(cmd: CtxCmd, path: &Path, out: &mut dyn Write) -> anyhow::Result<(
             server,
             user,
             password,
+            password_stdin,
         } => {
+            let password = match password_stdin {
+                true => Some(crate::conn::secret_line(
+                    &mut std::io::stdin().lock(),
+                    "--password-stdin",
+                )?),
+                false => password,
+            };
             if name.is_empty() {
                 bail!("context name must not be empty");
             }
@@ -275,6 +286,7 @@ mod tests {
                 server: "narad.example.com:7942/".into(),
                 user: Some("admin".into()),
                 password: Some("s3cret".into()),
+                password_stdin: false,
             },
             &path,
         )
@@ -323,7 +335,8 @@ mod tests {
                 name: "bad".into(),
                 server: "ftp://x".into(),
                 user: None,
-                password: None
+                password: None,
+                password_stdin: false,
             },
             &path
         )

@@ -26,6 +26,7 @@ pub use conn::ConnArgs;
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Manage topics
+    #[command(visible_alias = "topics")]
     Topic {
         #[command(subcommand)]
         cmd: topic::TopicCmd,
@@ -61,8 +62,38 @@ pub enum Command {
     },
 }
 
-/// Runs one client command.
-pub async fn run(cmd: Command) -> anyhow::Result<()> {
+impl Command {
+    /// The connection flags of this command (`ctx` takes none).
+    fn conn_mut(&mut self) -> Option<&mut ConnArgs> {
+        match self {
+            Command::Topic { conn, .. }
+            | Command::User { conn, .. }
+            | Command::Cluster { conn, .. } => Some(conn),
+            Command::Pub(a) => Some(&mut a.conn),
+            Command::Sub(a) => Some(&mut a.conn),
+            Command::Replay(a) => Some(&mut a.conn),
+            Command::Bench(a) => Some(&mut a.conn),
+            Command::Ctx { .. } => None,
+        }
+    }
+}
+
+/// Applies the connection flags written before the subcommand (`leading`, see
+/// [`conn::leading_args`]) to a command's own: refused for a command that takes none.
+pub fn apply_leading(conn: Option<&mut ConnArgs>, leading: &ConnArgs) -> anyhow::Result<()> {
+    match conn {
+        Some(c) => c.fill_from(leading),
+        None if !leading.is_empty() => {
+            anyhow::bail!("connection flags (-s, -u, -p, --ca-file) do not apply to this command")
+        }
+        None => {}
+    }
+    Ok(())
+}
+
+/// Runs one client command; `leading` are the connection flags given before it.
+pub async fn run(mut cmd: Command, leading: &ConnArgs) -> anyhow::Result<()> {
+    apply_leading(cmd.conn_mut(), leading)?;
     match cmd {
         Command::Topic { cmd, conn } => topic::run(cmd, &conn).await,
         Command::Pub(a) => publish::run(a).await,
@@ -76,7 +107,8 @@ pub async fn run(cmd: Command) -> anyhow::Result<()> {
 }
 
 /// Runs `narad server report`.
-pub async fn server_report(args: ReportArgs) -> anyhow::Result<()> {
+pub async fn server_report(mut args: ReportArgs, leading: &ConnArgs) -> anyhow::Result<()> {
+    apply_leading(Some(&mut args.conn), leading)?;
     cluster::report(args).await
 }
 

@@ -10,6 +10,8 @@ use anyhow::{bail, Context as _};
 use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
 
+use narad_api::retry::Retry;
+
 use crate::conn::{connect, ConnArgs};
 
 /// Concurrent requests when publishing many messages.
@@ -37,6 +39,11 @@ pub struct PubArgs {
     /// Pace at this many messages per second
     #[arg(long, value_name = "R")]
     pub rate: Option<f64>,
+    /// Attempts per message in total (1: no retry). A refused connection, a timeout, 408,
+    /// 429 and 5xx are retried with jittered backoff, honouring Retry-After, as the SDK does;
+    /// a retry after an uncertain failure may store the message twice (at-least-once)
+    #[arg(long, default_value_t = 4, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub retries: u32,
     #[command(flatten)]
     pub conn: ConnArgs,
 }
@@ -85,11 +92,21 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let key: Option<Bytes> = a.key.clone().filter(|k| !k.is_empty()).map(Bytes::from);
     let count = a.count;
     let start = Instant::now();
+    let retry = Retry {
+        attempts: a.retries,
+        ..Retry::default()
+    };
 
     if count == 1 {
-        client
-            .produce(&a.topic, payload, key.as_deref(), a.partition)
-            .await?;
+        produce(
+            &client,
+            retry,
+            &a.topic,
+            &payload,
+            key.as_deref(),
+            a.partition,
+        )
+        .await?;
         if std::io::stderr().is_terminal() {
             eprintln!("published 1 message to {}", a.topic);
         }
@@ -135,9 +152,8 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
                     let due = start + Duration::from_secs_f64(i as f64 / r);
                     tokio::time::sleep_until(due.into()).await;
                 }
-                if let Err(e) = client
-                    .produce(&topic, payload.clone(), key.as_deref(), partition)
-                    .await
+                if let Err(e) =
+                    produce(&client, retry, &topic, &payload, key.as_deref(), partition).await
                 {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e);
@@ -175,4 +191,22 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
         n as f64 / secs.max(1e-9)
     );
     Ok(())
+}
+
+/// One produce, retried per `retry`; each retry is reported on stderr.
+async fn produce(
+    client: &narad_api::Client,
+    retry: Retry,
+    topic: &str,
+    payload: &Bytes,
+    key: Option<&[u8]>,
+    partition: Option<u32>,
+) -> Result<(), narad_api::Error> {
+    retry
+        .run(
+            || client.produce(topic, payload.clone(), key, partition),
+            |e, wait| eprintln!("narad: {e}; retrying in {} ms", wait.as_millis()),
+        )
+        .await
+        .map(|_| ())
 }

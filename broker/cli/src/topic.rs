@@ -130,6 +130,9 @@ pub struct AttachArgs {
     /// Password on the remote cluster
     #[arg(long, value_name = "P", requires = "remote_url")]
     pub remote_password: Option<String>,
+    /// Read the password on the remote cluster from the first line of stdin
+    #[arg(long, requires = "remote_url", conflicts_with = "remote_password")]
+    pub remote_password_stdin: bool,
     /// PEM file of an extra CA for the remote's https
     #[arg(long, value_name = "FILE", requires = "remote_url")]
     pub remote_ca: Option<std::path::PathBuf>,
@@ -422,8 +425,14 @@ fn confirm(prompt: &str) -> anyhow::Result<bool> {
 }
 
 /// Runs a `topic` command.
-pub async fn run(cmd: TopicCmd, conn: &ConnArgs) -> anyhow::Result<()> {
+pub async fn run(mut cmd: TopicCmd, conn: &ConnArgs) -> anyhow::Result<()> {
     let client = connect(conn)?;
+    if let TopicCmd::Attach(a) = &mut cmd {
+        if a.remote_password_stdin {
+            let p = crate::conn::flag_or_stdin(None, true, "remote-password", conn)?;
+            a.remote_password = Some(p);
+        }
+    }
     run_with(cmd, &client).await
 }
 

@@ -5,7 +5,7 @@ use std::io::Write;
 use anyhow::bail;
 use narad_api::{CreateUserRequest, Grant, User};
 
-use crate::conn::{connect, ConnArgs};
+use crate::conn::{connect, flag_or_stdin, ConnArgs};
 use crate::output::{utc_ms, Table};
 
 /// `narad user …`
@@ -16,8 +16,15 @@ pub enum UserCmd {
         /// Username
         name: String,
         /// The new user's password
-        #[arg(long, value_name = "P")]
-        user_password: String,
+        #[arg(
+            long,
+            value_name = "P",
+            required_unless_present = "user_password_stdin"
+        )]
+        user_password: Option<String>,
+        /// Read the new user's password from the first line of stdin
+        #[arg(long, conflicts_with = "user_password")]
+        user_password_stdin: bool,
         /// A grant: ACTION:PATTERN[,PATTERN…] (produce, consume, create) or admin; repeatable
         #[arg(long = "grant", short = 'g', value_name = "ACTION:PATTERNS", value_parser = parse_grant)]
         grants: Vec<Grant>,
@@ -42,8 +49,11 @@ pub enum UserCmd {
         #[arg(long, value_name = "P")]
         current: Option<String>,
         /// The new password
-        #[arg(long, value_name = "P")]
-        new: String,
+        #[arg(long, value_name = "P", required_unless_present = "new_stdin")]
+        new: Option<String>,
+        /// Read the new password from the first line of stdin
+        #[arg(long, conflicts_with = "new")]
+        new_stdin: bool,
     },
     /// List users
     Ls {
@@ -131,8 +141,11 @@ pub async fn run(cmd: UserCmd, conn: &ConnArgs) -> anyhow::Result<()> {
         UserCmd::Add {
             name,
             user_password,
+            user_password_stdin,
             grants,
         } => {
+            let user_password =
+                flag_or_stdin(user_password, user_password_stdin, "user-password", conn)?;
             if user_password.is_empty() {
                 bail!("--user-password must not be empty");
             }
@@ -160,7 +173,13 @@ pub async fn run(cmd: UserCmd, conn: &ConnArgs) -> anyhow::Result<()> {
                 format_grants(&u.grants)
             )?;
         }
-        UserCmd::Passwd { name, current, new } => {
+        UserCmd::Passwd {
+            name,
+            current,
+            new,
+            new_stdin,
+        } => {
+            let new = flag_or_stdin(new, new_stdin, "new", conn)?;
             if new.is_empty() {
                 bail!("--new must not be empty");
             }
