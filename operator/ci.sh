@@ -88,6 +88,9 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   tenv="$(cd .. && pwd)/shared/k8s-testenv"
   [ -x "$K8S_TESTENV/bin/kube-apiserver" ] || bash "$tenv/build.sh" "$K8S_TESTENV"
   state="$K8S_TESTENV/run-ci"; rm -rf "$state"
+  # etcd on 127.0.0.1:2379, as ../shared/k8s-node's: one of the two at a time.
+  exec 9>/tmp/k8s.lock
+  flock 9
   bash "$tenv/start.sh" "$K8S_TESTENV/bin" "$state"
   trap 'bash "$tenv/stop.sh" "$state"' EXIT
   export KUBECONFIG="$state/kubeconfig"

@@ -54,7 +54,22 @@ impl Http {
 
     /// A client that also trusts `ca_pem` for `https://` servers.
     pub fn with_ca(base: impl Into<String>, ca_pem: Option<&[u8]>) -> Self {
-        let client = client_builder(ca_pem)
+        Http::from_builder(base, client_builder(ca_pem))
+    }
+
+    /// Like [`Http::with_ca`], with `host` resolved to `addr`: a name the server's
+    /// certificate carries, reached at an address it does not (a Service's ClusterIP).
+    pub fn with_ca_resolving(
+        base: impl Into<String>,
+        ca_pem: &[u8],
+        host: &str,
+        addr: std::net::SocketAddr,
+    ) -> Self {
+        Http::from_builder(base, client_builder(Some(ca_pem)).resolve(host, addr))
+    }
+
+    fn from_builder(base: impl Into<String>, builder: reqwest::ClientBuilder) -> Self {
+        let client = builder
             .no_proxy()
             .http1_only()
             .tcp_nodelay(true)

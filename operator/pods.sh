@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The real-pod test (operator/tests/pods.rs) on ../shared/k8s-node: builds the node into
+# K8S_NODE (once; reused when built), starts it on a fresh state dir, builds the images from
+# the release binaries (no second compile), runs the test, and stops the node again.
+# Usage: operator/pods.sh   (root, a Docker engine; after `cargo build --release --workspace`)
+# K8S_NODE=DIR: where the node is built (default: a new temporary dir).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+node="$(cd .. && pwd)/shared/k8s-node"
+out="${K8S_NODE:-$(mktemp -d)/knode}"
+state="$(mktemp -d)/state"
+version="$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2)"
+
+echo "== k8s-node: build (once) and start [${SECONDS}s]"
+bash "$node/build-node.sh" "$out"
+# Only one node can hold the bridge at a time (and the API server of ../shared/k8s-testenv
+# shares its etcd port): callers that run both serialize on this lock.
+exec 9>/tmp/k8s.lock
+flock 9
+bash "$node/start-node.sh" "$out" "$state"
+trap 'bash "$node/stop-node.sh" "$state" --purge' EXIT
+# shellcheck disable=SC1091
+. "$state/env.sh"
+
+echo "== images from the release binaries [${SECONDS}s]"
+NARAD_IMAGE_BINARIES=host docker/build.sh all "$version"
+# The "new version" of the rolling upgrade: the same binary, reporting another version.
+printf 'FROM narad:%s\nENV NARAD_TEST_KNOBS=true NARAD_TEST_VERSION=%s-next\n' "$version" "$version" |
+  docker build -q -t "narad:$version-next" - >/dev/null
+
+echo "== the real-pod test [${SECONDS}s]"
+NARAD_K8S_NODE_KUBECONFIG="$KUBECONFIG" NARAD_K8S_NODE_VERSION="$version" HELM="$(command -v helm)" \
+  cargo test --release -p narad-operator --test pods -- --nocapture
+echo "operator/pods.sh: passed [${SECONDS}s]"
