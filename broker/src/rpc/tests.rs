@@ -614,7 +614,10 @@ async fn client_reconnects_after_the_server_restarts() {
     srv.shutdown(Duration::from_secs(1)).await;
 
     match c.call(Opcode::Ack, Bytes::new()).await {
-        Err(RpcError::Unreachable(_) | RpcError::Disconnected(_)) => {}
+        // Refused, or queued on the connection the server just closed: never sent.
+        Err(e @ (RpcError::Unreachable(_) | RpcError::NotSent(_))) => {
+            assert!(!e.outcome_unknown())
+        }
         other => panic!("expected the peer to be down, got {other:?}"),
     }
     // Down: connects fail fast (refused, then the back-off).
@@ -636,7 +639,7 @@ async fn client_reconnects_after_the_server_restarts() {
             }
             Err(e) if Instant::now() < deadline => {
                 assert!(
-                    matches!(e, RpcError::Unreachable(_) | RpcError::Disconnected(_)),
+                    matches!(e, RpcError::Unreachable(_) | RpcError::NotSent(_)),
                     "{e:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
