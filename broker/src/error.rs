@@ -3,6 +3,9 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+/// The words every uncertain answer carries ([`ApiError::uncertain`]; SPEC §3.11).
+pub const UNCERTAIN: &str = "the outcome is unknown: the change may still be applied";
+
 /// An error answer: HTTP status, message, optional `Retry-After` seconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -45,6 +48,17 @@ impl ApiError {
             status: StatusCode::SERVICE_UNAVAILABLE,
             message: message.into(),
             retry_after: Some(retry_after),
+            close: false,
+        }
+    }
+    /// `502`: the operation may or may not have been applied (a forwarded request whose
+    /// answer was lost, a metadata write not confirmed in time). The message ends with
+    /// [`UNCERTAIN`], the text clients look for (CLIENT-COMPAT §4.3).
+    pub fn uncertain(message: impl std::fmt::Display) -> Self {
+        ApiError {
+            status: StatusCode::BAD_GATEWAY,
+            message: format!("{message}; {UNCERTAIN}"),
+            retry_after: Some(1),
             close: false,
         }
     }
@@ -107,7 +121,7 @@ impl From<narad_meta::MetaError> for ApiError {
                 ApiError::unavailable(format!("metadata unavailable: {m}"), 1)
             }
             MetaError::Uncertain(m) => {
-                ApiError::unavailable(format!("the change may still be applied: {m}"), 1)
+                ApiError::uncertain(format!("metadata write not confirmed: {m}"))
             }
             MetaError::Storage(m) => ApiError::internal(format!("metadata storage error: {m}")),
         }

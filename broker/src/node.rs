@@ -792,7 +792,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let cluster = Arc::new(Cluster::new(
         node_id.clone(),
         meta.clone(),
-        crate::rpc::Peers::new(node_id.clone(), auth),
+        crate::rpc::Peers::new(node_id.clone(), auth).with_faults(config.test.rpc_faults.clone()),
         config.cluster.peers.clone(),
         config.cluster.initial_members.clone(),
         advertise_addr,

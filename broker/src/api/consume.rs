@@ -300,8 +300,11 @@ async fn probe_remotes(
         let r = match forward_consume(node, owner, &req).await {
             Ok(r) if r.status == 200 => r,
             Ok(_) => continue,
+            // Skipped either way: a probe lost after it was sent may have leased messages on
+            // the owner, which come back when their visibility timeout runs out (no handle
+            // reached anyone), so the consume goes on with the other owners.
             Err(e) => {
-                tracing::debug!(owner = %owner, error = %e.message, "consume probe failed");
+                tracing::debug!(owner = %owner, status = e.status.as_u16(), error = %e.message, "consume probe failed");
                 continue;
             }
         };
@@ -771,7 +774,7 @@ async fn settle_remote(
             }
             out
         }
-        Err(e) => vec![fail(&crate::cluster::rpc_unavailable(owner, &e)); n],
+        Err(e) => vec![fail(&crate::cluster::rpc_error(owner, &e)); n],
     }
 }
 
@@ -789,6 +792,7 @@ async fn settle_remote_one(
     how: SettleKind,
 ) -> AckResult {
     let key = (owner.clone(), topic.id, how);
+    let key_owner = owner.clone();
     let (n, t) = (node.clone(), topic.clone());
     let call = move |handles: Vec<String>| {
         let (n, t, owner) = (n.clone(), t.clone(), owner.clone());
@@ -797,9 +801,16 @@ async fn settle_remote_one(
     node.settles
         .submit(key, handle, call)
         .await
-        .unwrap_or_else(|| AckResult {
-            status: 500,
-            error: Some("the settle call to the owner failed".into()),
+        .unwrap_or_else(|| {
+            // The call ran (and may have settled it) but answered nothing for this handle.
+            let e = ApiError::uncertain(format!(
+                "the settle call to {} gave no answer for this handle",
+                key_owner
+            ));
+            AckResult {
+                status: e.status.as_u16(),
+                error: Some(e.message),
+            }
         })
 }
 

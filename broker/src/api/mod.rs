@@ -11,7 +11,7 @@
 mod children;
 pub mod consume;
 pub mod parse_errors;
-mod produce;
+pub mod produce;
 mod query;
 pub mod server;
 mod system;

@@ -12,10 +12,12 @@ use narad_meta::Topic;
 use serde_json::value::RawValue;
 
 use super::{find_topic, json, read_body, read_json, AppState, Name, Query, MAX_BODY};
-use crate::cluster::Cluster;
+use crate::cluster::wire::{ForwardProduce, ForwardRecord};
+use crate::cluster::{error_reply, reply_error, rpc_error, Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
+use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT};
 use crate::security::{authz, Caller};
 use crate::wal::WalRecord;
 
@@ -77,6 +79,139 @@ async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
         .map_err(|e| ApiError::unavailable(e.to_string(), 1))
 }
 
+/// Whether this node is draining (decommission, SPEC §6.5): it stores no new produce, so its
+/// WAL empties.
+fn draining(node: &Node) -> bool {
+    node.meta
+        .view()
+        .members
+        .get(&node.node_id)
+        .is_some_and(|m| m.draining)
+}
+
+/// The refusal of a draining node that found no other node to store a produce: nothing was
+/// stored, so the text is the one clients read as "safe to resend elsewhere"
+/// (CLIENT-COMPAT §4.2).
+fn decommissioned(node: &Node, why: &str) -> ApiError {
+    ApiError::unavailable(
+        format!(
+            "node {} is being decommissioned and takes no new produce ({why}); retry on another node",
+            node.node_id
+        ),
+        1,
+    )
+}
+
+/// Stores accepted records: in this node's WAL, or, on a draining node, in the WAL of a live
+/// node that is not draining (SPEC §6.5), whose `202` the producer then gets.
+async fn store(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
+    if node.cluster.clustered && draining(node) {
+        forward(node, records).await
+    } else {
+        stage(node, records).await
+    }
+}
+
+/// A draining node's produce: `Produce` to each live, non-draining member in turn (rotated
+/// per call) until one stores it. A target that did not get it (unreachable, an older build,
+/// itself draining or refusing with `503`) passes to the next; one that may have stored it
+/// without answering ends the attempt with the uncertain `502` (a resend may duplicate).
+async fn forward(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
+    let Some(topic_id) = records.first().map(|r| r.topic_id) else {
+        return Ok(());
+    };
+    let body = ForwardProduce {
+        topic_id,
+        records: records
+            .into_iter()
+            .map(|r| ForwardRecord {
+                partition: r.partition,
+                pinned: r.pinned,
+                key: r.key,
+                payload: r.payload,
+            })
+            .collect(),
+    }
+    .encode();
+    let mut targets: Vec<String> = {
+        let view = node.meta.view();
+        let mut t: Vec<String> = view
+            .members
+            .values()
+            .filter(|m| m.id != node.node_id && !m.dead && !m.draining)
+            .map(|m| m.id.clone())
+            .collect();
+        t.sort();
+        t
+    };
+    if targets.len() > 1 {
+        let k = (crate::partition::now_micros() as usize) % targets.len();
+        targets.rotate_left(k);
+    }
+    let mut last = String::from("no live node that is not draining");
+    for target in targets {
+        match node
+            .cluster
+            .rpc_call(&target, Opcode::Produce, body.clone(), COMMIT_TIMEOUT)
+            .await
+        {
+            Ok(r) if r.is_success() => return Ok(()),
+            Ok(r) if r.status == 503 => {
+                last = format!("{target} answered {}", reply_error(&r).message);
+            }
+            Ok(r) => return Err(reply_error(&r)),
+            Err(e) if e.outcome_unknown() => return Err(rpc_error(&target, &e)),
+            Err(e) => last = format!("{target}: {e}"),
+        }
+        tracing::debug!(to = %target, reason = %last, "forwarded produce not taken; trying the next node");
+    }
+    Err(decommissioned(node, &last))
+}
+
+/// `Produce` (1) from a draining node: stores the records in this node's WAL as a produce
+/// received here would be (`202 {"accepted": n}`); `503` when this node drains too, or does
+/// not know the topic yet.
+pub async fn serve_forwarded(node: &Node, body: Bytes) -> RpcReply {
+    let req = match ForwardProduce::decode(body) {
+        Ok(r) => r,
+        Err(e) => return RpcReply::error(400, &e),
+    };
+    let topic = match node.cluster.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return RpcReply::error(404, "topic deleted"),
+        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet"),
+    };
+    if draining(node) {
+        return error_reply(&decommissioned(node, "asked to store a forwarded produce"));
+    }
+    let n = topic.config.partitions;
+    if let Some(r) = req.records.iter().find(|r| r.partition >= n) {
+        return RpcReply::error(
+            400,
+            &format!(
+                "partition {} out of range: {} has {n}",
+                r.partition, topic.name
+            ),
+        );
+    }
+    let accepted = req.records.len();
+    let records = req
+        .records
+        .into_iter()
+        .map(|r| WalRecord {
+            topic_id: topic.id,
+            partition: r.partition,
+            pinned: r.pinned,
+            key: r.key,
+            payload: r.payload,
+        })
+        .collect();
+    match stage(node, records).await {
+        Ok(()) => RpcReply::json(202, &BatchProduceResponse { accepted }),
+        Err(e) => error_reply(&e),
+    }
+}
+
 /// The topic of a produce: the `produce` grant (`403`, whether or not it exists), then
 /// existence (`404`).
 async fn produce_target(
@@ -87,19 +222,6 @@ async fn produce_target(
     let topic = find_topic(node, name).await;
     authz::produce(caller, name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(name))?;
-    // SPEC §6.5: a draining node takes no new produce, so its WAL empties.
-    if node
-        .meta
-        .view()
-        .members
-        .get(&node.node_id)
-        .is_some_and(|m| m.draining)
-    {
-        return Err(ApiError::unavailable(
-            format!("node {} is draining (decommission)", node.node_id),
-            1,
-        ));
-    }
     // SPEC §5.3: a delay child receives only delayed copies of its parent.
     if let Some(link) = node
         .meta
@@ -139,7 +261,7 @@ pub async fn produce(
     validate_schema(&node, &topic, &payload)?;
     let rt = node.runtime(&topic)?;
     let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
-    stage(
+    store(
         &node,
         vec![WalRecord {
             topic_id: topic.id,
@@ -256,7 +378,7 @@ pub async fn produce_batch(
         });
     }
     let accepted = records.len();
-    stage(&node, records).await?;
+    store(&node, records).await?;
     Ok(json(
         StatusCode::ACCEPTED,
         &BatchProduceResponse { accepted },

@@ -93,6 +93,7 @@ impl RpcHandler for NodeRpc {
                     Err(r) => r,
                 },
                 Opcode::JoinCluster => join(&node, &body).await,
+                Opcode::Produce => crate::api::produce::serve_forwarded(&node, body).await,
                 Opcode::CommitProduceBatch => commit(&node, from, body, None).await,
                 Opcode::CommitProduce => commit(&node, from, body, Some(1)).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {

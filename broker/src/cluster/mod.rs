@@ -322,8 +322,9 @@ impl Cluster {
         self.peers.sync(addrs);
     }
 
-    /// Calls `op` on node `id`; transport failures become `503` (the peer is down or cut off;
-    /// SPEC §6.4), replies are returned whatever their status.
+    /// Calls `op` on node `id`; replies are returned whatever their status, transport
+    /// failures become [`rpc_error`]'s answer: `503` when the request never reached the peer
+    /// (it is down or cut off; SPEC §6.4), `502` when the peer may have executed it.
     pub async fn call(
         &self,
         id: &str,
@@ -333,7 +334,7 @@ impl Cluster {
     ) -> ApiResult<RpcReply> {
         self.rpc_call(id, op, body, timeout)
             .await
-            .map_err(|e| rpc_unavailable(id, &e))
+            .map_err(|e| rpc_error(id, &e))
     }
 
     /// Calls `op` on node `id` and returns the transport's own error (e.g.
@@ -413,16 +414,20 @@ impl Cluster {
                 Err(e) => return Err(ApiError::internal(format!("encode command: {e}"))),
             };
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let reply = match self.call(&leader, op, body, left).await {
+            let reply = match self.rpc_call(&leader, op, body, left).await {
                 Ok(r) => r,
+                // The leader may have committed it: sending it again could apply it twice
+                // (or answer `409 already exists` for the caller's own create).
+                Err(e) if e.outcome_unknown() => return Err(rpc_error(&leader, &e)),
                 Err(e) => {
-                    last = e;
+                    last = rpc_error(&leader, &e);
                     continue;
                 }
             };
             if reply.is_success() {
-                let r: ProposeReply = serde_json::from_slice(&reply.body)
-                    .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
+                let r: ProposeReply = serde_json::from_slice(&reply.body).map_err(|e| {
+                    ApiError::uncertain(format!("unreadable answer from the metadata leader: {e}"))
+                })?;
                 if !self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await {
                     tracing::warn!(
                         index = r.index,
@@ -523,9 +528,20 @@ pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
     })
 }
 
-/// `503` for a peer that could not be reached or answered nothing usable.
-pub fn rpc_unavailable(id: &str, e: &RpcError) -> ApiError {
-    ApiError::unavailable(format!("node {id} is unavailable: {e}"), 1)
+/// The HTTP answer for a node-RPC call to `id` that got no reply (SPEC §3.11), the one
+/// place the classification of [`RpcError`] becomes a status:
+///
+/// - the request never left this node (connect refused, handshake failed, no connection,
+///   still queued when the connection closed or the timeout passed): nothing was applied,
+///   `503` + `Retry-After: 1`, safe to retry;
+/// - it was written and no answer came back (connection lost, timeout, unreadable reply):
+///   the owner or leader may have applied it, `502` with [`crate::error::UNCERTAIN`].
+pub fn rpc_error(id: &str, e: &RpcError) -> ApiError {
+    if e.outcome_unknown() {
+        ApiError::uncertain(format!("node {id} did not answer: {e}"))
+    } else {
+        ApiError::unavailable(format!("node {id} is unavailable: {e}"), 1)
+    }
 }
 
 /// The error a non-2xx reply carries (its `{"error": …}` body, else the raw body).
@@ -538,7 +554,10 @@ pub fn reply_error(reply: &RpcReply) -> ApiError {
         .map(|e| e.error)
         .unwrap_or_else(|_| String::from_utf8_lossy(&reply.body).into_owned());
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        || status == StatusCode::TOO_MANY_REQUESTS
+        || status == StatusCode::BAD_GATEWAY
+    {
         ApiError::unavailable(message, 1).with_status(status)
     } else {
         ApiError::new(status, message)
@@ -548,4 +567,74 @@ pub fn reply_error(reply: &RpcReply) -> ApiError {
 /// An `ApiError` as a reply (the same status and `{"error": …}` body).
 pub fn error_reply(e: &ApiError) -> RpcReply {
     RpcReply::error(e.status.as_u16(), &e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_that_never_left_is_503_and_one_that_did_is_502_uncertain() {
+        for e in [
+            RpcError::Unreachable("connect to 127.0.0.1:1: refused".into()),
+            RpcError::NotSent("the connection closed before the request was written".into()),
+            RpcError::Auth("bad proof".into()),
+            RpcError::PeerTooOld { op: 1 },
+        ] {
+            let a = rpc_error("n1", &e);
+            assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{e:?}");
+            assert_eq!(a.retry_after, Some(1));
+            assert!(
+                a.message.starts_with("node n1 is unavailable: "),
+                "{}",
+                a.message
+            );
+            assert!(!a.message.contains("may still be applied"), "{}", a.message);
+        }
+        for e in [
+            RpcError::Timeout,
+            RpcError::Disconnected("connection closed by the peer".into()),
+            RpcError::BadReply("truncated".into()),
+        ] {
+            let a = rpc_error("n1", &e);
+            assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{e:?}");
+            // The text the Go SDK looks for (CLIENT-COMPAT §4.3).
+            assert!(
+                a.message.contains("the change may still be applied"),
+                "{}",
+                a.message
+            );
+            assert!(
+                a.message.contains("the outcome is unknown"),
+                "{}",
+                a.message
+            );
+            assert!(
+                a.message.starts_with("node n1 did not answer: "),
+                "{}",
+                a.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_metadata_write_not_confirmed_is_502_uncertain_and_a_refused_one_503() {
+        let a = ApiError::from(MetaError::Uncertain("not committed within 10 s".into()));
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+        assert!(
+            a.message.contains("the change may still be applied"),
+            "{}",
+            a.message
+        );
+        let a = ApiError::from(MetaError::Unavailable("no metadata leader".into()));
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!a.message.contains("may still be applied"), "{}", a.message);
+    }
+
+    #[test]
+    fn a_relayed_502_keeps_its_status_and_retry_after() {
+        let e = reply_error(&RpcReply::error(502, "x; the change may still be applied"));
+        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(e.retry_after, Some(1));
+    }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::wire::CommitBatch;
-use super::{reply_error, rpc_unavailable, Cluster, TopicLookup};
+use super::{reply_error, rpc_error, Cluster, TopicLookup};
 use crate::partition::Registry;
 use crate::rpc::{BoxFuture, Opcode, RpcError, RpcReply, COMMIT_TIMEOUT};
 use crate::wal::dispatcher::{Route, Router};
@@ -72,7 +72,7 @@ pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Re
             Err(format!("{owner} answered {}", reply_error(&r)))
         }
     };
-    let rpc_err = |e: RpcError| rpc_unavailable(owner, &e).message;
+    let rpc_err = |e: RpcError| rpc_error(owner, &e).message;
     match cluster
         .rpc_call(
             owner,

@@ -317,9 +317,138 @@ impl CommitBatch {
     }
 }
 
+/// `Produce` (1): records a draining node accepted from a producer, handed to a live node to
+/// store in its own ingress WAL (SPEC §6.5); `202` once they are fsynced there. Partitions
+/// are already chosen (and the schema checked) by the sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardProduce {
+    pub topic_id: u64,
+    pub records: Vec<ForwardRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForwardRecord {
+    pub partition: u32,
+    pub pinned: bool,
+    pub key: Option<Bytes>,
+    pub payload: Bytes,
+}
+
+impl ForwardProduce {
+    /// `topic_id u64 | count u32 | count × (partition u32 | pinned u8 | key_len u32 (MAX =
+    /// none) | key | payload_len u32 | payload)`, big-endian.
+    pub fn encode(&self) -> Bytes {
+        let size: usize = 12
+            + self
+                .records
+                .iter()
+                .map(|r| 13 + r.key.as_ref().map_or(0, |k| k.len()) + r.payload.len())
+                .sum::<usize>();
+        let mut buf = BytesMut::with_capacity(size);
+        buf.put_u64(self.topic_id);
+        buf.put_u32(self.records.len() as u32);
+        for r in &self.records {
+            buf.put_u32(r.partition);
+            buf.put_u8(u8::from(r.pinned));
+            match &r.key {
+                Some(k) => {
+                    buf.put_u32(k.len() as u32);
+                    buf.put_slice(k);
+                }
+                None => buf.put_u32(NO_KEY),
+            }
+            buf.put_u32(r.payload.len() as u32);
+            buf.put_slice(&r.payload);
+        }
+        buf.freeze()
+    }
+
+    /// Parses [`ForwardProduce::encode`]'s output (keys and payloads share `buf`).
+    pub fn decode(mut buf: Bytes) -> Result<ForwardProduce, String> {
+        fn need(buf: &Bytes, n: usize, what: &str) -> Result<(), String> {
+            if buf.remaining() < n {
+                Err(format!("forwarded produce truncated in {what}"))
+            } else {
+                Ok(())
+            }
+        }
+        need(&buf, 12, "header")?;
+        let topic_id = buf.get_u64();
+        let count = buf.get_u32() as usize;
+        if count > buf.remaining() / 13 {
+            return Err(format!("forwarded produce claims {count} records"));
+        }
+        let mut records = Vec::with_capacity(count);
+        for _ in 0..count {
+            need(&buf, 9, "record header")?;
+            let partition = buf.get_u32();
+            let pinned = match buf.get_u8() {
+                0 => false,
+                1 => true,
+                b => return Err(format!("bad pinned flag {b}")),
+            };
+            let klen = buf.get_u32();
+            let key = if klen == NO_KEY {
+                None
+            } else {
+                need(&buf, klen as usize, "key")?;
+                Some(buf.split_to(klen as usize))
+            };
+            need(&buf, 4, "payload length")?;
+            let plen = buf.get_u32() as usize;
+            need(&buf, plen, "payload")?;
+            records.push(ForwardRecord {
+                partition,
+                pinned,
+                key,
+                payload: buf.split_to(plen),
+            });
+        }
+        if buf.has_remaining() {
+            return Err(format!(
+                "{} trailing bytes after the records",
+                buf.remaining()
+            ));
+        }
+        Ok(ForwardProduce { topic_id, records })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forward_produce_round_trips_and_refuses_truncation() {
+        let f = ForwardProduce {
+            topic_id: 9,
+            records: vec![
+                ForwardRecord {
+                    partition: 2,
+                    pinned: true,
+                    key: Some(Bytes::from_static(b"k")),
+                    payload: Bytes::from_static(b"{\"a\":1}"),
+                },
+                ForwardRecord {
+                    partition: 0,
+                    pinned: false,
+                    key: None,
+                    payload: Bytes::from_static(b"x"),
+                },
+            ],
+        };
+        let enc = f.encode();
+        assert_eq!(ForwardProduce::decode(enc.clone()).unwrap(), f);
+        for cut in 0..enc.len() {
+            assert!(
+                ForwardProduce::decode(enc.slice(..cut)).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut long = enc.to_vec();
+        long.push(0);
+        assert!(ForwardProduce::decode(Bytes::from(long)).is_err());
+    }
 
     #[test]
     fn commit_batch_round_trips() {

@@ -70,23 +70,38 @@ const WRITE_QUEUE: usize = 1024;
 
 /// Why a call produced no reply. A reply with a 4xx/5xx status is *not* an error: it is
 /// `Ok(RpcReply)` and maps 1:1 to HTTP.
+///
+/// The variants say whether the peer may have acted on the request
+/// ([`RpcError::outcome_unknown`]): `Unreachable`, `NotSent`, `Auth`, `Protocol` and
+/// `PeerTooOld` are failures before the request was written to the connection (the peer never
+/// saw it); `Timeout`, `Disconnected` and `BadReply` come after it was written (the peer may
+/// have executed it). The HTTP answer for each is chosen in one place,
+/// `cluster::rpc_error` (`503` for the first group, `502` for the second).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RpcError {
-    /// Could not connect or complete the handshake, or the connection closed before the
-    /// request was sent: the peer did not get it. Safe to retry or to go elsewhere.
+    /// Could not connect or complete the handshake, no connection within the timeout, or an
+    /// unknown node: the peer did not get the request. Safe to retry or to go elsewhere.
     #[error("peer unreachable: {0}")]
     Unreachable(String),
-    /// No reply within the timeout. The peer may have executed the request.
-    #[error("rpc timed out")]
+    /// Connected, but the request was never written: the connection closed while it was
+    /// queued, or the timeout passed while it waited in the write queue. Safe to retry.
+    #[error("request not sent: {0}")]
+    NotSent(String),
+    /// The request was written; no reply within the timeout. The peer may have executed it.
+    #[error("no reply within the timeout, the request was sent")]
     Timeout,
-    /// The connection broke after the request was sent. The peer may have executed it.
+    /// The connection broke after the request was written. The peer may have executed it.
     #[error("connection lost with the request in flight: {0}")]
     Disconnected(String),
+    /// The request was written and the answer could not be read (a malformed reply). The
+    /// peer may have executed it.
+    #[error("unreadable reply: {0}")]
+    BadReply(String),
     /// The peer refused our handshake (wrong or missing cluster secret).
     #[error("cluster authentication failed: {0}")]
     Auth(String),
-    /// Malformed frames or replies, a frame over 16 MiB, or the peer failed the request
-    /// below the RPC layer (an `Error` frame for it).
+    /// Malformed handshake frames, a request over 16 MiB, or the peer refused to dispatch
+    /// the request below the RPC layer (an `Error` frame for it, e.g. `raft not ready`).
     #[error("rpc protocol error: {0}")]
     Protocol(String),
     /// The peer answered `400 unsupported rpc operation <op>`: it runs an older build. Retry
@@ -96,9 +111,107 @@ pub enum RpcError {
 }
 
 impl RpcError {
-    /// Whether the peer may have executed the request (timeout or lost connection).
+    /// Whether the peer may have executed the request: it was written to the connection and
+    /// no usable reply came back (timeout, lost connection, unreadable reply).
     pub fn outcome_unknown(&self) -> bool {
-        matches!(self, RpcError::Timeout | RpcError::Disconnected(_))
+        matches!(
+            self,
+            RpcError::Timeout | RpcError::Disconnected(_) | RpcError::BadReply(_)
+        )
+    }
+}
+
+/// Where a call got to, so a timeout can tell "never written" from "written, no answer".
+#[derive(Default)]
+struct Progress(std::sync::atomic::AtomicU8);
+
+impl Progress {
+    const CONNECTING: u8 = 0;
+    const QUEUED: u8 = 1;
+    const WRITTEN: u8 = 2;
+
+    fn set(&self, v: u8) {
+        self.0.store(v, Ordering::Release);
+    }
+    fn written(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::WRITTEN
+    }
+    /// The error for a call whose timeout passed at this point.
+    fn timed_out(&self, timeout: Duration) -> RpcError {
+        match self.0.load(Ordering::Acquire) {
+            Self::WRITTEN => RpcError::Timeout,
+            Self::QUEUED => RpcError::NotSent(format!(
+                "still queued for writing after {} ms",
+                timeout.as_millis()
+            )),
+            _ => RpcError::Unreachable(format!("no connection within {} ms", timeout.as_millis())),
+        }
+    }
+}
+
+/// Where a test fault ([`RpcFault`]) breaks the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// Just before the request would be written: it is never sent.
+    BeforeSend,
+    /// The request is written; when the peer's reply arrives it is dropped and the caller
+    /// gets [`RpcError::Disconnected`], as if the connection broke while the reply was on its
+    /// way. The peer has acted on the request by the time the caller hears of the failure.
+    AfterSend,
+}
+
+/// A test-only fault (`NARAD_TEST_RPC_FAULT`, behind `NARAD_TEST_KNOBS`): break the `nth`
+/// request (counted from 1, over every peer of the node) with opcode `op`, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RpcFault {
+    pub point: FaultPoint,
+    pub op: u8,
+    pub nth: u64,
+}
+
+impl RpcFault {
+    /// Parses `before:<op>:<n>` or `after:<op>:<n>`.
+    pub fn parse(s: &str) -> Result<RpcFault, String> {
+        let bad = || format!("expected before:<opcode>:<n> or after:<opcode>:<n>, got {s:?}");
+        let mut it = s.trim().split(':');
+        let (Some(point), Some(op), Some(nth), None) = (it.next(), it.next(), it.next(), it.next())
+        else {
+            return Err(bad());
+        };
+        let point = match point {
+            "before" => FaultPoint::BeforeSend,
+            "after" => FaultPoint::AfterSend,
+            _ => return Err(bad()),
+        };
+        let op = op.parse::<u8>().map_err(|_| bad())?;
+        let nth = nth.parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(bad)?;
+        Ok(RpcFault { point, op, nth })
+    }
+}
+
+/// The faults of one node and how many requests of each opcode its writers have reached.
+#[derive(Debug, Default)]
+struct Faults {
+    plan: Vec<RpcFault>,
+    seen: Mutex<HashMap<u8, u64>>,
+}
+
+impl Faults {
+    /// Counts a request of `op` about to be written; the fault that fires on it, if any.
+    fn on_request(&self, op: u8) -> Option<FaultPoint> {
+        if self.plan.is_empty() {
+            return None;
+        }
+        let n = {
+            let mut seen = self.seen.lock();
+            let n = seen.entry(op).or_insert(0);
+            *n += 1;
+            *n
+        };
+        self.plan
+            .iter()
+            .find(|f| f.op == op && f.nth == n)
+            .map(|f| f.point)
     }
 }
 
@@ -117,6 +230,8 @@ struct ClientInner {
     /// task, not the caller, so a caller giving up (short Raft timeouts) does not abort a
     /// connect that others will use.
     connecting: Arc<tokio::sync::Mutex<()>>,
+    /// Test faults, shared by every client of the node ([`Peers::with_faults`]).
+    faults: Arc<Faults>,
 }
 
 struct State {
@@ -136,6 +251,16 @@ impl PeerClient {
         addr: impl Into<String>,
         auth: impl Into<ClusterAuth>,
     ) -> PeerClient {
+        PeerClient::with_faults(self_id, peer_id, addr, auth, Arc::default())
+    }
+
+    fn with_faults(
+        self_id: impl Into<String>,
+        peer_id: impl Into<String>,
+        addr: impl Into<String>,
+        auth: impl Into<ClusterAuth>,
+        faults: Arc<Faults>,
+    ) -> PeerClient {
         PeerClient {
             inner: Arc::new(ClientInner {
                 self_id: self_id.into(),
@@ -147,6 +272,7 @@ impl PeerClient {
                     last_failure: None,
                 }),
                 connecting: Arc::new(tokio::sync::Mutex::new(())),
+                faults,
             }),
         }
     }
@@ -216,12 +342,15 @@ impl PeerClient {
             )));
         }
         let payload = encode_request(op, &body);
+        let progress = Arc::new(Progress::default());
         let fut = async {
-            let (conn, frame) = self.exchange(FrameType::Request, payload, Some(op)).await?;
+            let (conn, frame) = self
+                .exchange(FrameType::Request, payload, Some(op), &progress)
+                .await?;
             match frame.kind {
                 FrameType::Reply => {
                     let reply = RpcReply::decode(frame.payload)
-                        .map_err(|e| RpcError::Protocol(e.to_string()))?;
+                        .map_err(|e| RpcError::BadReply(e.to_string()))?;
                     if reply.is_unsupported(op) {
                         conn.unsupported.lock().insert(op);
                         return Err(RpcError::PeerTooOld { op });
@@ -231,9 +360,11 @@ impl PeerClient {
                 other => Err(unexpected(other, &frame.payload)),
             }
         };
+        // The future (and its waiter) is gone once `timeout` returns, so a request not
+        // written by then never will be: the writer skips frames nobody waits for.
         tokio::time::timeout(timeout, fut)
             .await
-            .unwrap_or(Err(RpcError::Timeout))
+            .unwrap_or_else(|_| Err(progress.timed_out(timeout)))
     }
 
     /// Tries each `(opcode, body)` in order, moving to the next only on `PeerTooOld`; all
@@ -269,8 +400,11 @@ impl PeerClient {
                 payload.len()
             )));
         }
+        let progress = Arc::new(Progress::default());
         let fut = async {
-            let (_, frame) = self.exchange(FrameType::Raft, payload, None).await?;
+            let (_, frame) = self
+                .exchange(FrameType::Raft, payload, None, &progress)
+                .await?;
             match frame.kind {
                 FrameType::RaftReply => Ok(frame.payload),
                 other => Err(unexpected(other, &frame.payload)),
@@ -278,14 +412,20 @@ impl PeerClient {
         };
         tokio::time::timeout(timeout, fut)
             .await
-            .unwrap_or(Err(RpcError::Timeout))
+            .unwrap_or_else(|_| Err(progress.timed_out(timeout)))
     }
 
     /// Round-trips a `Ping` (connecting if needed); returns the round-trip time.
     pub async fn ping(&self, timeout: Duration) -> Result<Duration, RpcError> {
+        let progress = Arc::new(Progress::default());
         let fut = async {
             let (_, frame) = self
-                .exchange(FrameType::Ping, Bytes::from_static(b"ping"), None)
+                .exchange(
+                    FrameType::Ping,
+                    Bytes::from_static(b"ping"),
+                    None,
+                    &progress,
+                )
                 .await?;
             match frame.kind {
                 FrameType::Pong => Ok(()),
@@ -295,26 +435,30 @@ impl PeerClient {
         let start = Instant::now();
         tokio::time::timeout(timeout, fut)
             .await
-            .unwrap_or(Err(RpcError::Timeout))?;
+            .unwrap_or_else(|_| Err(progress.timed_out(timeout)))?;
         Ok(start.elapsed())
     }
 
-    /// Sends one frame and waits for the frame answering it. Retries once on a fresh
-    /// connection if the current one closed before the frame could be queued.
+    /// Sends one frame and waits for the frame answering it, recording in `progress` how
+    /// far it got. Retries once on a fresh connection if the current one closed before the
+    /// frame could be queued.
     async fn exchange(
         &self,
         kind: FrameType,
         payload: Bytes,
         op: Option<u8>,
+        progress: &Arc<Progress>,
     ) -> Result<(Arc<Conn>, Frame), RpcError> {
         for attempt in 0..2 {
+            progress.set(Progress::CONNECTING);
             let conn = self.connection().await?;
             if let Some(op) = op {
                 if conn.unsupported.lock().contains(&op) {
                     return Err(RpcError::PeerTooOld { op });
                 }
             }
-            match conn.send(kind, payload.clone()).await {
+            progress.set(Progress::QUEUED);
+            match conn.send(kind, payload.clone(), progress.clone()).await {
                 Ok(waiter) => {
                     let frame = waiter.wait().await?;
                     return Ok((conn, frame));
@@ -323,8 +467,8 @@ impl PeerClient {
                 Err(NotSent) => break,
             }
         }
-        Err(RpcError::Unreachable(
-            "connection closed before the request was sent".into(),
+        Err(RpcError::NotSent(
+            "the connection closed before the request could be queued".into(),
         ))
     }
 
@@ -418,21 +562,48 @@ impl Drop for ClientInner {
     }
 }
 
+/// An answer of the wrong kind: an `Error` frame is the peer refusing to dispatch the
+/// request (nothing ran); any other kind is an unreadable answer.
 fn unexpected(kind: FrameType, payload: &[u8]) -> RpcError {
     match kind {
         FrameType::Error => RpcError::Protocol(String::from_utf8_lossy(payload).into_owned()),
-        other => RpcError::Protocol(format!("unexpected {other:?} frame in answer")),
+        other => RpcError::BadReply(format!("unexpected {other:?} frame in answer")),
     }
 }
 
 /// The frame could not be queued: the connection is closed (nothing was sent).
 struct NotSent;
 
-type Waiters = HashMap<u64, oneshot::Sender<Result<Frame, RpcError>>>;
+/// A call waiting for its answer, and how far its frame got.
+struct Pending {
+    tx: oneshot::Sender<Result<Frame, RpcError>>,
+    progress: Arc<Progress>,
+    /// Test fault [`FaultPoint::AfterSend`]: its reply is dropped.
+    lose_reply: bool,
+}
+
+type Waiters = HashMap<u64, Pending>;
+
+/// A frame for the writer. `tracked` frames belong to a registered call ([`Conn::send`]):
+/// the writer marks them written under the waiters' lock, and skips those whose caller has
+/// gone (timed out) or whose connection closed, so "not marked written" means "never sent".
+struct Outgoing {
+    frame: Frame,
+    tracked: bool,
+}
+
+impl Outgoing {
+    fn untracked(frame: Frame) -> Outgoing {
+        Outgoing {
+            frame,
+            tracked: false,
+        }
+    }
+}
 
 /// One authenticated connection and its reader, writer and keepalive tasks.
 struct Conn {
-    tx: mpsc::Sender<Frame>,
+    tx: mpsc::Sender<Outgoing>,
     /// `None` once closed: nothing can register after the close drained it.
     pending: Mutex<Option<Waiters>>,
     next_id: AtomicU64,
@@ -470,7 +641,7 @@ impl Conn {
             last_rx_ms: AtomicU64::new(0),
             born: Instant::now(),
         });
-        tokio::spawn(write_loop(conn.clone(), writer, rx));
+        tokio::spawn(write_loop(conn.clone(), writer, rx, client.faults.clone()));
         tokio::spawn(read_loop(conn.clone(), reader));
         tokio::spawn(keepalive(conn.clone()));
         tracing::debug!(peer = %client.peer_id, %addr, "cluster connection established");
@@ -481,32 +652,66 @@ impl Conn {
         self.closed.is_cancelled()
     }
 
-    /// Fails every waiting call with `reason` and stops the connection's tasks.
+    /// Fails every waiting call and stops the connection's tasks: a call whose frame was
+    /// written gets `reason` (as an outcome-unknown error), one whose frame was not gets
+    /// [`RpcError::NotSent`] (the writer writes nothing once the waiters are taken).
     fn close(&self, reason: RpcError) {
         let waiters = self.pending.lock().take();
         self.closed.cancel();
         for (_, w) in waiters.into_iter().flatten() {
-            let _ = w.send(Err(reason.clone()));
+            let _ = w.tx.send(Err(closed_error(&reason, w.progress.written())));
         }
     }
 
     /// Registers a waiter and queues the frame.
-    async fn send(self: &Arc<Self>, kind: FrameType, payload: Bytes) -> Result<Waiter, NotSent> {
+    async fn send(
+        self: &Arc<Self>,
+        kind: FrameType,
+        payload: Bytes,
+        progress: Arc<Progress>,
+    ) -> Result<Waiter, NotSent> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         match self.pending.lock().as_mut() {
-            Some(p) => p.insert(id, tx),
+            Some(p) => p.insert(
+                id,
+                Pending {
+                    tx,
+                    progress: progress.clone(),
+                    lose_reply: false,
+                },
+            ),
             None => return Err(NotSent),
         };
         let waiter = Waiter {
             conn: self.clone(),
             id,
             rx: Some(rx),
+            progress,
         };
-        if self.tx.send(Frame::new(kind, id, payload)).await.is_err() {
+        let out = Outgoing {
+            frame: Frame::new(kind, id, payload),
+            tracked: true,
+        };
+        if self.tx.send(out).await.is_err() {
             return Err(NotSent);
         }
         Ok(waiter)
+    }
+
+    /// The writer's check before writing a tracked frame: `false` when its caller is gone
+    /// or the connection closed (skip it), else it is marked written.
+    fn mark_written(&self, id: u64, lose_reply: bool) -> Option<bool> {
+        let mut pending = self.pending.lock();
+        let p = pending.as_mut()?;
+        Some(match p.get_mut(&id) {
+            Some(w) => {
+                w.progress.set(Progress::WRITTEN);
+                w.lose_reply = lose_reply;
+                true
+            }
+            None => false,
+        })
     }
 
     fn touch(&self) {
@@ -525,6 +730,7 @@ struct Waiter {
     conn: Arc<Conn>,
     id: u64,
     rx: Option<oneshot::Receiver<Result<Frame, RpcError>>>,
+    progress: Arc<Progress>,
 }
 
 impl Waiter {
@@ -532,8 +738,23 @@ impl Waiter {
         let rx = self.rx.take().expect("waited once");
         match rx.await {
             Ok(r) => r,
-            Err(_) => Err(RpcError::Disconnected("connection closed".into())),
+            Err(_) => Err(closed_error(
+                &RpcError::Disconnected("connection closed".into()),
+                self.progress.written(),
+            )),
         }
+    }
+}
+
+/// What a call learns when its connection closes for `reason`: outcome unknown if its frame
+/// was written, else not sent.
+fn closed_error(reason: &RpcError, written: bool) -> RpcError {
+    match (written, reason) {
+        (true, r) if r.outcome_unknown() => r.clone(),
+        (true, r) => RpcError::Disconnected(r.to_string()),
+        (false, r) => RpcError::NotSent(format!(
+            "the connection closed before the request was written ({r})"
+        )),
     }
 }
 
@@ -608,17 +829,51 @@ async fn client_handshake(
     }
 }
 
-async fn write_loop(conn: Arc<Conn>, mut w: BufWriter<WriteHalf>, mut rx: mpsc::Receiver<Frame>) {
+async fn write_loop(
+    conn: Arc<Conn>,
+    mut w: BufWriter<WriteHalf>,
+    mut rx: mpsc::Receiver<Outgoing>,
+    faults: Arc<Faults>,
+) {
     loop {
-        let frame = tokio::select! {
+        let out = tokio::select! {
             _ = conn.closed.cancelled() => break,
             f = rx.recv() => match f {
                 Some(f) => f,
                 None => break,
             },
         };
-        let mut next = Some(frame);
-        while let Some(f) = next {
+        let mut next = Some(out);
+        while let Some(Outgoing { frame: f, tracked }) = next {
+            next = rx.try_recv().ok();
+            let mut fault = None;
+            if tracked {
+                if f.kind == FrameType::Request {
+                    fault = f.payload.first().and_then(|op| faults.on_request(*op));
+                }
+                if fault == Some(FaultPoint::BeforeSend) {
+                    // Not marked written: its waiter reads NotSent.
+                    tracing::warn!(
+                        request_id = f.request_id,
+                        "test fault: dropping the connection before writing a request"
+                    );
+                    conn.close(RpcError::Disconnected(
+                        "test fault before the request was written".into(),
+                    ));
+                    return;
+                }
+                if fault == Some(FaultPoint::AfterSend) {
+                    tracing::warn!(
+                        request_id = f.request_id,
+                        "test fault: the reply to this request will be dropped"
+                    );
+                }
+                match conn.mark_written(f.request_id, fault == Some(FaultPoint::AfterSend)) {
+                    None => return,
+                    Some(false) => continue,
+                    Some(true) => {}
+                }
+            }
             // Sizes are checked by the callers; an encode failure here is a bug, not I/O.
             let r = match f.encode() {
                 Ok(b) => w.write_all(&b).await,
@@ -631,7 +886,6 @@ async fn write_loop(conn: Arc<Conn>, mut w: BufWriter<WriteHalf>, mut rx: mpsc::
                 conn.close(RpcError::Disconnected(format!("write failed: {e}")));
                 return;
             }
-            next = rx.try_recv().ok();
         }
         if let Err(e) = w.flush().await {
             conn.close(RpcError::Disconnected(format!("write failed: {e}")));
@@ -676,9 +930,11 @@ async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<ReadHalf>) {
                 deliver(&conn, id, Ok(frame));
             }
             FrameType::Ping => {
-                let _ =
-                    conn.tx
-                        .try_send(Frame::new(FrameType::Pong, frame.request_id, frame.payload));
+                let _ = conn.tx.try_send(Outgoing::untracked(Frame::new(
+                    FrameType::Pong,
+                    frame.request_id,
+                    frame.payload,
+                )));
             }
             other => {
                 break RpcError::Protocol(format!("unexpected {other:?} frame from the server"));
@@ -691,7 +947,14 @@ async fn read_loop(conn: Arc<Conn>, mut reader: FrameReader<ReadHalf>) {
 fn deliver(conn: &Conn, id: u64, r: Result<Frame, RpcError>) {
     let waiter = conn.pending.lock().as_mut().and_then(|p| p.remove(&id));
     if let Some(w) = waiter {
-        let _ = w.send(r);
+        let r = if w.lose_reply {
+            Err(RpcError::Disconnected(
+                "test fault: the reply was lost after the request was written".into(),
+            ))
+        } else {
+            r
+        };
+        let _ = w.tx.send(r);
     }
 }
 
@@ -715,9 +978,11 @@ async fn keepalive(conn: Arc<Conn>) {
         }
         if quiet >= PING_INTERVAL {
             // Id 0: no waiter; the Pong only refreshes `last_rx`. A full queue means traffic.
-            let _ = conn
-                .tx
-                .try_send(Frame::new(FrameType::Ping, 0, Bytes::new()));
+            let _ = conn.tx.try_send(Outgoing::untracked(Frame::new(
+                FrameType::Ping,
+                0,
+                Bytes::new(),
+            )));
         }
     }
 }
@@ -727,6 +992,7 @@ pub struct Peers {
     self_id: String,
     auth: ClusterAuth,
     clients: RwLock<HashMap<String, PeerClient>>,
+    faults: Arc<Faults>,
 }
 
 impl Peers {
@@ -735,7 +1001,18 @@ impl Peers {
             self_id: self_id.into(),
             auth: auth.into(),
             clients: RwLock::new(HashMap::new()),
+            faults: Arc::default(),
         }
+    }
+
+    /// The same registry with test faults (`NARAD_TEST_RPC_FAULT`) on every client's
+    /// connections; requests are counted per opcode over all peers.
+    pub fn with_faults(mut self, plan: Vec<RpcFault>) -> Peers {
+        self.faults = Arc::new(Faults {
+            plan,
+            seen: Mutex::default(),
+        });
+        self
     }
 
     /// This node's id (what peers see as `from`).
@@ -757,7 +1034,13 @@ impl Peers {
                 c.clone()
             }
             None => {
-                let c = PeerClient::new(self.self_id.clone(), id, addr, self.auth.clone());
+                let c = PeerClient::with_faults(
+                    self.self_id.clone(),
+                    id,
+                    addr,
+                    self.auth.clone(),
+                    self.faults.clone(),
+                );
                 clients.insert(id.to_owned(), c.clone());
                 c
             }

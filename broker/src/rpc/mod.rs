@@ -15,8 +15,9 @@
 //!
 //! A reply carries an HTTP status that the forwarding node returns to its own client 1:1; a
 //! non-2xx reply is `Ok(RpcReply)`, not an error. `RpcError` is for everything below that:
-//! `Unreachable` (not delivered: safe to retry or go elsewhere), `Timeout` and `Disconnected`
-//! (delivered, outcome unknown), `Auth`, `Protocol`, and `PeerTooOld { op }` (the peer
+//! `Unreachable` and `NotSent` (never written to the connection: safe to retry or go
+//! elsewhere), `Timeout`, `Disconnected` and `BadReply` (written, outcome unknown:
+//! [`RpcError::outcome_unknown`]), `Auth`, `Protocol`, and `PeerTooOld { op }` (the peer
 //! answered `400 unsupported rpc operation <op>`: retry elsewhere, later, or with an older
 //! opcode — see [`PeerClient::call_with_fallback`]). This is what keeps mixed-version rolling
 //! upgrades safe.
@@ -35,7 +36,9 @@ use std::future::Future;
 use std::pin::Pin;
 
 pub use auth::ClusterSecret;
-pub use client::{PeerClient, Peers, RpcError, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
+pub use client::{
+    FaultPoint, PeerClient, Peers, RpcError, RpcFault, COMMIT_TIMEOUT, DEFAULT_TIMEOUT,
+};
 pub use proto::{Opcode, RpcReply};
 pub use raft_net::{MetaRaftHandler, RpcRaftTransport};
 pub use server::{handler_fn, Caller, RaftHandler, RpcHandler, RpcServer, ServerStats};

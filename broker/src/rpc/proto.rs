@@ -341,7 +341,8 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
 #[repr(u8)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Opcode {
-    /// Produce one message through the receiving node (a forwarded `POST …/produce`).
+    /// Store produced records in the receiving node's ingress WAL: a draining node's produce,
+    /// handed to a live node (SPEC §6.5; `cluster::wire::ForwardProduce`).
     Produce = 1,
     /// Consume from partitions the receiving node owns (forwarded or probing consume).
     Consume = 2,

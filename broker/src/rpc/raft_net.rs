@@ -52,7 +52,7 @@ impl RpcRaftTransport {
 
 fn transport_error(e: RpcError) -> TransportError {
     match e {
-        RpcError::Unreachable(m) => TransportError::Unreachable(m),
+        RpcError::Unreachable(m) | RpcError::NotSent(m) => TransportError::Unreachable(m),
         RpcError::Auth(m) => TransportError::Unreachable(format!("authentication failed: {m}")),
         RpcError::Timeout => TransportError::Timeout,
         other => TransportError::Network(other.to_string()),

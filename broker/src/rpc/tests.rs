@@ -479,12 +479,130 @@ async fn a_request_times_out_and_the_connection_stays_usable() {
     let r = lost
         .call_timeout(Opcode::Ack, Bytes::new(), Duration::from_millis(300))
         .await;
-    assert!(
-        matches!(r, Err(RpcError::Timeout | RpcError::Unreachable(_))),
-        "{r:?}"
-    );
+    // It never connected, so nothing was sent: a certain failure, not a timeout.
+    match r {
+        Err(e @ RpcError::Unreachable(_)) => assert!(!e.outcome_unknown()),
+        other => panic!("{other:?}"),
+    }
     assert!(start.elapsed() < Duration::from_secs(2));
     srv.shutdown(Duration::from_millis(100)).await;
+}
+
+/// Counts the calls a handler ran, per opcode; answers `204`.
+fn counting(seen: Arc<Mutex<Vec<u8>>>) -> Arc<dyn RpcHandler> {
+    handler_fn(move |_from, op, _body| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().push(op);
+            RpcReply::new(204, "application/json", Bytes::new())
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_reply_lost_after_the_request_was_written_is_outcome_unknown() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let srv = serve("srv", counting(seen.clone())).await;
+    let peers =
+        Peers::new("cli", secret()).with_faults(vec![RpcFault::parse("after:3:2").unwrap()]);
+    peers.upsert("srv", &srv.local_addr().to_string());
+    // The first Ack is answered; other opcodes do not count towards the fault.
+    let call = |op: Opcode| peers.call("srv", op, Bytes::new(), DEFAULT_TIMEOUT);
+    assert_eq!(call(Opcode::Ack).await.unwrap().status, 204);
+    assert_eq!(call(Opcode::Nack).await.unwrap().status, 204);
+    // The second is written and its reply lost: the peer ran it (before the caller hears
+    // of the failure), the caller cannot know.
+    match call(Opcode::Ack).await {
+        Err(e @ RpcError::Disconnected(_)) => assert!(e.outcome_unknown(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(seen.lock().iter().filter(|op| **op == 3).count(), 2);
+    // The fault fires once.
+    assert_eq!(call(Opcode::Ack).await.unwrap().status, 204);
+    assert_eq!(seen.lock().iter().filter(|op| **op == 3).count(), 3);
+    srv.shutdown(Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn a_connection_lost_before_the_request_was_written_is_not_sent() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let srv = serve("srv", counting(seen.clone())).await;
+    let peers =
+        Peers::new("cli", secret()).with_faults(vec![RpcFault::parse("before:31:1").unwrap()]);
+    peers.upsert("srv", &srv.local_addr().to_string());
+    let call = |op: Opcode| peers.call("srv", op, Bytes::new(), DEFAULT_TIMEOUT);
+    match call(Opcode::AckBatch).await {
+        Err(e @ RpcError::NotSent(_)) => assert!(!e.outcome_unknown(), "{e}"),
+        other => panic!("{other:?}"),
+    }
+    // Nothing reached the peer: the next call (a new connection) is the first it runs.
+    assert_eq!(call(Opcode::AckBatch).await.unwrap().status, 204);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(*seen.lock(), vec![31]);
+    srv.shutdown(Duration::from_millis(100)).await;
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_with_requests_in_flight_leaves_their_outcome_unknown() {
+    let srv = serve("srv", echo()).await;
+    let c = client_of(&srv);
+    let slow = tokio::spawn({
+        let c = c.clone();
+        async move { c.call(Opcode::AckBatch, Bytes::from_static(b"5000")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    srv.shutdown(Duration::from_millis(50)).await;
+    let e = slow.await.unwrap().unwrap_err();
+    assert!(e.outcome_unknown(), "{e:?}");
+    // Down now: a refused connect is certain.
+    let e = c.call(Opcode::AckBatch, Bytes::new()).await.unwrap_err();
+    assert!(!e.outcome_unknown(), "{e:?}");
+}
+
+#[test]
+fn which_failures_leave_the_outcome_unknown() {
+    let certain = [
+        RpcError::Unreachable("refused".into()),
+        RpcError::NotSent("queued".into()),
+        RpcError::Auth("bad secret".into()),
+        RpcError::Protocol("raft not ready".into()),
+        RpcError::PeerTooOld { op: 31 },
+    ];
+    let unknown = [
+        RpcError::Timeout,
+        RpcError::Disconnected("reset".into()),
+        RpcError::BadReply("garbage".into()),
+    ];
+    assert!(certain.iter().all(|e| !e.outcome_unknown()));
+    assert!(unknown.iter().all(|e| e.outcome_unknown()));
+}
+
+#[test]
+fn fault_specs_parse() {
+    assert_eq!(
+        RpcFault::parse(" after:31:2").unwrap(),
+        RpcFault {
+            point: FaultPoint::AfterSend,
+            op: 31,
+            nth: 2
+        }
+    );
+    assert_eq!(
+        RpcFault::parse("before:2:1").unwrap().point,
+        FaultPoint::BeforeSend
+    );
+    for bad in [
+        "",
+        "after",
+        "after:31",
+        "later:31:1",
+        "after:x:1",
+        "after:31:0",
+        "after:31:1:2",
+        "after:300:1",
+    ] {
+        assert!(RpcFault::parse(bad).is_err(), "{bad}");
+    }
 }
 
 #[tokio::test]
@@ -496,7 +614,10 @@ async fn client_reconnects_after_the_server_restarts() {
     srv.shutdown(Duration::from_secs(1)).await;
 
     match c.call(Opcode::Ack, Bytes::new()).await {
-        Err(RpcError::Unreachable(_) | RpcError::Disconnected(_)) => {}
+        // Refused, or queued on the connection the server just closed: never sent.
+        Err(e @ (RpcError::Unreachable(_) | RpcError::NotSent(_))) => {
+            assert!(!e.outcome_unknown())
+        }
         other => panic!("expected the peer to be down, got {other:?}"),
     }
     // Down: connects fail fast (refused, then the back-off).
@@ -518,7 +639,7 @@ async fn client_reconnects_after_the_server_restarts() {
             }
             Err(e) if Instant::now() < deadline => {
                 assert!(
-                    matches!(e, RpcError::Unreachable(_) | RpcError::Disconnected(_)),
+                    matches!(e, RpcError::Unreachable(_) | RpcError::NotSent(_)),
                     "{e:?}"
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
