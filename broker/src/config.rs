@@ -29,7 +29,7 @@ pub const TEST_KNOBS_SWITCH: &str = "NARAD_TEST_KNOBS";
 
 /// Every `NARAD_TEST_*` variable the broker reads. Each bends a timing or an identity for a
 /// test and is not part of the SPEC's user surface.
-pub const TEST_KNOB_VARS: [&str; 8] = [
+pub const TEST_KNOB_VARS: [&str; 9] = [
     "NARAD_TEST_CLOCK_OFFSET_MS",
     "NARAD_TEST_IDLE_LOG_EVICTION_MS",
     "NARAD_TEST_HEARTBEAT_MS",
@@ -38,6 +38,7 @@ pub const TEST_KNOB_VARS: [&str; 8] = [
     "NARAD_TEST_MOVE_HANDOFF_PAUSE_MS",
     "NARAD_TEST_RPC_UNSUPPORTED",
     "NARAD_TEST_VERSION",
+    "NARAD_TEST_HOLD_DRAINED_VOTERS",
 ];
 
 /// Test-only knobs, read from `NARAD_TEST_*` only when [`TEST_KNOBS_SWITCH`] is `true`.
@@ -55,6 +56,9 @@ pub struct TestKnobs {
     pub rpc_unsupported: Vec<u8>,
     /// The version this member reports in its heartbeats (rolling-upgrade tests).
     pub version: Option<String>,
+    /// The leader's controller keeps a drained member that is alive among the voters (it
+    /// still checks its WAL), so a test can kill it between drained and removed.
+    pub hold_drained_voters: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -812,6 +816,9 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
         t.version = get("NARAD_TEST_VERSION");
+        if let Some(v) = get("NARAD_TEST_HOLD_DRAINED_VOTERS") {
+            t.hold_drained_voters = parse_bool("NARAD_TEST_HOLD_DRAINED_VOTERS", &v)?;
+        }
         Ok(())
     }
 
@@ -1155,10 +1162,10 @@ mod tests {
     #[test]
     fn test_knobs_need_the_switch() {
         for k in TEST_KNOB_VARS {
-            let v = if k == "NARAD_TEST_VERSION" {
-                "9.9.9"
-            } else {
-                "5"
+            let v = match k {
+                "NARAD_TEST_VERSION" => "9.9.9",
+                "NARAD_TEST_HOLD_DRAINED_VOTERS" => "true",
+                _ => "5",
             };
             let e = load(ServerArgs::default(), &[(k, v)]).unwrap_err();
             assert!(e.to_string().contains(k), "{e}");

@@ -1,6 +1,7 @@
 //! The composition root: builds a node from its `Config`, starts its tasks, serves HTTP,
 //! and shuts down in order (stop taking requests, let in-flight ones finish, flush).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,8 @@ pub struct Node {
     pub cluster: Arc<Cluster>,
     /// Single settles forwarded to the same owner (topic, kind) share one `AckBatch` call.
     pub settles: Arc<crate::api::consume::SettleCoalescer>,
+    /// The leader's reasons why drained members are not removed yet (empty elsewhere).
+    decommission_reasons: parking_lot::Mutex<BTreeMap<String, String>>,
     ready: AtomicBool,
     /// `/readyz` answered ready once.
     was_ready: AtomicBool,
@@ -400,6 +403,17 @@ impl Node {
         } else {
             "root admin not seeded yet"
         }
+    }
+
+    /// Why drained member `id` is not removed yet, when this node leads and knows.
+    pub fn decommission_reason(&self, id: &str) -> Option<String> {
+        self.decommission_reasons.lock().get(id).cloned()
+    }
+
+    /// The leader's controller publishes why drained members stay (see
+    /// `cluster::controller::decommission_step`).
+    pub fn set_decommission_reasons(&self, reasons: BTreeMap<String, String>) {
+        *self.decommission_reasons.lock() = reasons;
     }
 
     /// Proposes a metadata change (through the Raft leader) and returns what it applied.
@@ -896,6 +910,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             crate::api::consume::MAX_BATCH as usize,
             SETTLE_CALLS_IN_FLIGHT,
         ),
+        decommission_reasons: Default::default(),
         ready: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
