@@ -390,6 +390,37 @@ impl Node {
         ready
     }
 
+    /// Why a ready node takes itself out of service (`/readyz` 503, liveness unaffected):
+    /// it is draining (it takes no new produce, SPEC §6.5) or no longer a member (it left
+    /// the voters or its member record is gone). `None`: in service, or standalone.
+    pub fn out_of_service(&self) -> Option<String> {
+        if !self.cluster.clustered || !self.cluster.registered() {
+            return None;
+        }
+        match self.meta.view().members.get(&self.node_id) {
+            None => {
+                return Some(format!(
+                    "node {} is not a member of the cluster",
+                    self.node_id
+                ))
+            }
+            Some(m) if m.draining => {
+                return Some(format!(
+                    "node {} is draining (decommission): it takes no new produce",
+                    self.node_id
+                ))
+            }
+            Some(_) => {}
+        }
+        if !self.meta.voters().iter().any(|(id, _)| *id == self.node_id) {
+            return Some(format!(
+                "node {} is no longer a member of the cluster (not a voter)",
+                self.node_id
+            ));
+        }
+        None
+    }
+
     /// Why `/readyz` is not ready (for its error body).
     pub fn not_ready_reason(&self) -> &'static str {
         if !self.startup_done() {

@@ -41,6 +41,9 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
         };
         return ApiError::unavailable(why, 1).into_response();
     }
+    if let Some(why) = node.out_of_service() {
+        return ApiError::unavailable(why, 1).into_response();
+    }
     json(
         StatusCode::OK,
         &StatusBody {
