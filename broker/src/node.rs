@@ -75,6 +75,9 @@ pub struct Node {
     /// The leader's reasons why drained members are not removed yet (empty elsewhere).
     decommission_reasons: parking_lot::Mutex<BTreeMap<String, String>>,
     ready: AtomicBool,
+    /// SIGTERM arrived: `/readyz` fails while the node still serves for
+    /// `http.shutdown_delay`, before the graceful shutdown.
+    stopping: AtomicBool,
     /// `/readyz` answered ready once.
     was_ready: AtomicBool,
     shutdown: CancellationToken,
@@ -459,6 +462,11 @@ impl Node {
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
     }
+    /// Whether the node is on its way out: `/readyz` fails, though it may still serve
+    /// (`http.shutdown_delay`).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire) || self.is_shutting_down()
+    }
     pub fn shutdown_signal(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.shutdown.cancelled()
     }
@@ -649,8 +657,22 @@ pub struct Running {
 impl Running {
     /// Graceful shutdown: refuse new work, give in-flight requests the grace period, let the
     /// dispatcher drain (bounded), persist frontiers and the WAL checkpoint.
+    ///
+    /// With `http.shutdown_delay`, `/readyz` fails at once and the node keeps serving
+    /// everything (produce, consume, settle) for that long first, so a load balancer that
+    /// still routes to it (kube-proxy after a pod deletion) gets answers, not refused
+    /// connections, until it has taken the node out.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let node = self.node.clone();
+        node.stopping.store(true, Ordering::Release);
+        let delay = node.config.http.shutdown_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_ms = delay.as_millis() as u64,
+                "stopping: /readyz fails; serving on until the shutdown delay ends"
+            );
+            tokio::time::sleep(delay).await;
+        }
         tracing::info!("shutting down");
         node.shutdown.cancel();
         for rt in node.registry.all() {
@@ -943,6 +965,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         ),
         decommission_reasons: Default::default(),
         ready: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
         data_dir: data_dir.clone(),

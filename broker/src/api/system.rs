@@ -28,7 +28,7 @@ pub async fn healthz(State(node): State<AppState>) -> Response {
 }
 
 pub async fn readyz(State(node): State<AppState>) -> Response {
-    if node.is_shutting_down() {
+    if node.is_stopping() {
         return ApiError::unavailable("shutting down", 1).into_response();
     }
     if !node.is_ready() {
