@@ -49,6 +49,11 @@ const FANOUT_IO_THREADS: usize = 2;
 /// Forwarded single settles in flight per (owner, topic, kind); more wait and go together.
 const SETTLE_CALLS_IN_FLIGHT: usize = 2;
 
+/// The most a node waits for a metadata index it was asked to apply, and the most a topic
+/// change waits for the other live members to apply it (then the lagging ones catch up on
+/// demand).
+pub const MEMBER_CATCH_UP: Duration = Duration::from_secs(2);
+
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -148,6 +153,91 @@ impl Node {
         })
     }
 
+    /// Topic `id` as this node knows it; a topic id it has not seen yet (newer than its
+    /// view) makes it catch up with the leader first (a read index: the leader confirms its
+    /// leadership and says how far its state goes) and open its partitions, so a request
+    /// that raced a create is answered from the created topic, not refused (SPEC §3.3).
+    pub async fn topic_by_id_current(&self, id: u64) -> crate::cluster::TopicLookup {
+        let found = self.cluster.topic_by_id(id);
+        if !matches!(found, crate::cluster::TopicLookup::Unknown) || !self.cluster.clustered {
+            return found;
+        }
+        if let Err(e) = self.cluster.read_current(None).await {
+            tracing::debug!(topic_id = id, error = %e.message, "catch-up read failed");
+        }
+        if let Err(e) = self.apply_topics() {
+            tracing::warn!(error = %e.message, "applying metadata to local partitions failed");
+        }
+        self.cluster.topic_by_id(id)
+    }
+
+    /// Waits (at most [`MEMBER_CATCH_UP`]) until this node has applied metadata `index`, then
+    /// opens what it applied.
+    pub async fn catch_up_to(&self, index: u64) {
+        if !self.meta.wait_applied(index, MEMBER_CATCH_UP).await {
+            tracing::debug!(
+                index,
+                applied = self.meta.applied_index(),
+                "metadata not applied in time"
+            );
+        }
+        if let Err(e) = self.apply_topics() {
+            tracing::warn!(error = %e.message, "applying metadata to local partitions failed");
+        }
+    }
+
+    /// After a topic change this node proposed (create, alter, delete, child attach): waits
+    /// until every other live member has applied it and opened its partitions, so a client
+    /// that goes to any node next sees the change (SPEC §3.3). Bounded by
+    /// [`MEMBER_CATCH_UP`]: a member that is dead (or does not answer in time) is not waited
+    /// for; it catches up with the leader when a request needs the topic
+    /// ([`Node::topic_by_id_current`], the catch-up before a `404`).
+    pub async fn await_members_applied(&self, topic: &Topic) {
+        if !self.cluster.clustered {
+            return;
+        }
+        let index = self.meta.applied_index();
+        let view = self.meta.view();
+        let others: Vec<String> = view
+            .members
+            .values()
+            .filter(|m| !m.dead && m.id != self.node_id)
+            .map(|m| m.id.clone())
+            .collect();
+        let started = Instant::now();
+        let calls = others.iter().map(|id| {
+            let body = serde_json::to_vec(&crate::cluster::wire::StatsRequest {
+                topic_id: topic.id,
+                topic: topic.name.clone(),
+                partitions: Vec::new(),
+                min_index: Some(index),
+            })
+            .expect("invariant: a stats request serialises");
+            async move {
+                let r = self
+                    .cluster
+                    .call(
+                        id,
+                        crate::rpc::Opcode::TopicPartitionStats,
+                        bytes::Bytes::from(body),
+                        MEMBER_CATCH_UP + Duration::from_millis(500),
+                    )
+                    .await;
+                if let Err(e) = r {
+                    tracing::debug!(member = %id, index, error = %e.message, "member did not confirm a topic change");
+                }
+            }
+        });
+        futures::future::join_all(calls).await;
+        tracing::debug!(
+            topic = %topic.name,
+            index,
+            members = others.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "members applied a topic change"
+        );
+    }
+
     /// Reconciles the local partitions with the metadata.
     pub fn apply_topics(&self) -> ApiResult<()> {
         let view = self.meta.view();
@@ -202,6 +292,11 @@ impl Node {
     pub async fn topic_stats(&self, topic: &Topic, partitions: &[u32]) -> Vec<PartitionStats> {
         let mut by_owner: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
         let mut out: Vec<PartitionStats> = Vec::with_capacity(partitions.len());
+        // Partitions this node owns but has not opened yet (the metadata background task
+        // lags the apply): open them now rather than report them unavailable.
+        if self.registry.topic(topic.id).is_none() {
+            let _ = self.runtime(topic);
+        }
         for &p in partitions {
             match crate::cluster::Cluster::owner(topic, p) {
                 Some(o) if o != self.node_id => by_owner.entry(o.to_string()).or_default().push(p),
@@ -230,6 +325,7 @@ impl Node {
                     topic_id: topic.id,
                     topic: topic.name.clone(),
                     partitions: ps.clone(),
+                    min_index: None,
                 })
                 .expect("invariant: a stats request serialises");
                 match self
