@@ -29,7 +29,7 @@ pub const TEST_KNOBS_SWITCH: &str = "NARAD_TEST_KNOBS";
 
 /// Every `NARAD_TEST_*` variable the broker reads. Each bends a timing or an identity for a
 /// test and is not part of the SPEC's user surface.
-pub const TEST_KNOB_VARS: [&str; 9] = [
+pub const TEST_KNOB_VARS: [&str; 10] = [
     "NARAD_TEST_CLOCK_OFFSET_MS",
     "NARAD_TEST_IDLE_LOG_EVICTION_MS",
     "NARAD_TEST_HEARTBEAT_MS",
@@ -39,6 +39,7 @@ pub const TEST_KNOB_VARS: [&str; 9] = [
     "NARAD_TEST_RPC_UNSUPPORTED",
     "NARAD_TEST_VERSION",
     "NARAD_TEST_RPC_FAULT",
+    "NARAD_TEST_HOLD_DRAINED_VOTERS",
 ];
 
 /// Test-only knobs, read from `NARAD_TEST_*` only when [`TEST_KNOBS_SWITCH`] is `true`.
@@ -59,6 +60,9 @@ pub struct TestKnobs {
     /// Node-RPC connections this node breaks at chosen requests (`before:<op>:<n>` or
     /// `after:<op>:<n>`, comma-separated): certain and uncertain forwarding failures.
     pub rpc_faults: Vec<crate::rpc::RpcFault>,
+    /// The leader's controller keeps a drained member that is alive among the voters (it
+    /// still checks its WAL), so a test can kill it between drained and removed.
+    pub hold_drained_voters: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -69,6 +73,10 @@ pub struct HttpConfig {
     pub write_timeout: Duration,
     pub idle_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// `http.shutdown_delay` (ext, default 0): after SIGTERM the node fails `/readyz` at
+    /// once but keeps serving everything this long (so load balancers stop routing to it
+    /// first), then shuts down gracefully.
+    pub shutdown_delay: Duration,
     pub max_consume_wait: Duration,
     /// `http.tls_{cert,key}_file`: both set → the API serves HTTPS only (SPEC row 29, ext).
     pub tls_cert_file: Option<PathBuf>,
@@ -186,6 +194,7 @@ impl Default for Config {
                 write_timeout: Duration::from_secs(30),
                 idle_timeout: Duration::from_secs(60),
                 shutdown_grace: Duration::from_secs(10),
+                shutdown_delay: Duration::ZERO,
                 max_consume_wait: Duration::from_secs(10),
                 tls_cert_file: None,
                 tls_key_file: None,
@@ -324,6 +333,7 @@ mod file {
         pub write_timeout: Option<String>,
         pub idle_timeout: Option<String>,
         pub shutdown_grace: Option<String>,
+        pub shutdown_delay: Option<String>,
         pub max_consume_wait: Option<String>,
         pub tls_cert_file: Option<String>,
         pub tls_key_file: Option<String>,
@@ -578,6 +588,11 @@ impl Config {
                     &mut self.http.shutdown_grace,
                 ),
                 (
+                    "http.shutdown_delay",
+                    h.shutdown_delay,
+                    &mut self.http.shutdown_delay,
+                ),
+                (
                     "http.max_consume_wait",
                     h.max_consume_wait,
                     &mut self.http.max_consume_wait,
@@ -709,6 +724,7 @@ impl Config {
             ("NARAD_HTTP_WRITE_TIMEOUT", &mut self.http.write_timeout),
             ("NARAD_HTTP_IDLE_TIMEOUT", &mut self.http.idle_timeout),
             ("NARAD_HTTP_SHUTDOWN_GRACE", &mut self.http.shutdown_grace),
+            ("NARAD_HTTP_SHUTDOWN_DELAY", &mut self.http.shutdown_delay),
             (
                 "NARAD_HTTP_MAX_CONSUME_WAIT",
                 &mut self.http.max_consume_wait,
@@ -871,6 +887,9 @@ impl Config {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        if let Some(v) = get("NARAD_TEST_HOLD_DRAINED_VOTERS") {
+            t.hold_drained_voters = parse_bool("NARAD_TEST_HOLD_DRAINED_VOTERS", &v)?;
+        }
         Ok(())
     }
 
@@ -1008,6 +1027,29 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::load(&args, &move |k: &str| env.get(k).cloned())
+    }
+
+    #[test]
+    fn shutdown_delay_from_file_and_env() {
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(c.http.shutdown_delay, Duration::ZERO);
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"shutdown_delay":"2s"}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        let c = load(args.clone(), &[]).unwrap();
+        assert_eq!(c.http.shutdown_delay, Duration::from_secs(2));
+        let c = load(args, &[("NARAD_HTTP_SHUTDOWN_DELAY", "5s")]).unwrap();
+        assert_eq!(c.http.shutdown_delay, Duration::from_secs(5));
+        let e = load(
+            ServerArgs::default(),
+            &[("NARAD_HTTP_SHUTDOWN_DELAY", "soon")],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("NARAD_HTTP_SHUTDOWN_DELAY"), "{e}");
     }
 
     #[test]
@@ -1258,6 +1300,7 @@ mod tests {
             let v = match k {
                 "NARAD_TEST_VERSION" => "9.9.9",
                 "NARAD_TEST_RPC_FAULT" => "after:31:1",
+                "NARAD_TEST_HOLD_DRAINED_VOTERS" => "true",
                 _ => "5",
             };
             let e = load(ServerArgs::default(), &[(k, v)]).unwrap_err();

@@ -1,6 +1,7 @@
 //! The composition root: builds a node from its `Config`, starts its tasks, serves HTTP,
 //! and shuts down in order (stop taking requests, let in-flight ones finish, flush).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,6 +49,11 @@ const FANOUT_IO_THREADS: usize = 2;
 /// Forwarded single settles in flight per (owner, topic, kind); more wait and go together.
 const SETTLE_CALLS_IN_FLIGHT: usize = 2;
 
+/// The most a node waits for a metadata index it was asked to apply, and the most a topic
+/// change waits for the other live members to apply it (then the lagging ones catch up on
+/// demand).
+pub const MEMBER_CATCH_UP: Duration = Duration::from_secs(2);
+
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -71,7 +77,12 @@ pub struct Node {
     pub cluster: Arc<Cluster>,
     /// Single settles forwarded to the same owner (topic, kind) share one `AckBatch` call.
     pub settles: Arc<crate::api::consume::SettleCoalescer>,
+    /// The leader's reasons why drained members are not removed yet (empty elsewhere).
+    decommission_reasons: parking_lot::Mutex<BTreeMap<String, String>>,
     ready: AtomicBool,
+    /// SIGTERM arrived: `/readyz` fails while the node still serves for
+    /// `http.shutdown_delay`, before the graceful shutdown.
+    stopping: AtomicBool,
     /// `/readyz` answered ready once.
     was_ready: AtomicBool,
     shutdown: CancellationToken,
@@ -142,6 +153,91 @@ impl Node {
         })
     }
 
+    /// Topic `id` as this node knows it; a topic id it has not seen yet (newer than its
+    /// view) makes it catch up with the leader first (a read index: the leader confirms its
+    /// leadership and says how far its state goes) and open its partitions, so a request
+    /// that raced a create is answered from the created topic, not refused (SPEC §3.3).
+    pub async fn topic_by_id_current(&self, id: u64) -> crate::cluster::TopicLookup {
+        let found = self.cluster.topic_by_id(id);
+        if !matches!(found, crate::cluster::TopicLookup::Unknown) || !self.cluster.clustered {
+            return found;
+        }
+        if let Err(e) = self.cluster.read_current(None).await {
+            tracing::debug!(topic_id = id, error = %e.message, "catch-up read failed");
+        }
+        if let Err(e) = self.apply_topics() {
+            tracing::warn!(error = %e.message, "applying metadata to local partitions failed");
+        }
+        self.cluster.topic_by_id(id)
+    }
+
+    /// Waits (at most [`MEMBER_CATCH_UP`]) until this node has applied metadata `index`, then
+    /// opens what it applied.
+    pub async fn catch_up_to(&self, index: u64) {
+        if !self.meta.wait_applied(index, MEMBER_CATCH_UP).await {
+            tracing::debug!(
+                index,
+                applied = self.meta.applied_index(),
+                "metadata not applied in time"
+            );
+        }
+        if let Err(e) = self.apply_topics() {
+            tracing::warn!(error = %e.message, "applying metadata to local partitions failed");
+        }
+    }
+
+    /// After a topic change this node proposed (create, alter, delete, child attach): waits
+    /// until every other live member has applied it and opened its partitions, so a client
+    /// that goes to any node next sees the change (SPEC §3.3). Bounded by
+    /// [`MEMBER_CATCH_UP`]: a member that is dead (or does not answer in time) is not waited
+    /// for; it catches up with the leader when a request needs the topic
+    /// ([`Node::topic_by_id_current`], the catch-up before a `404`).
+    pub async fn await_members_applied(&self, topic: &Topic) {
+        if !self.cluster.clustered {
+            return;
+        }
+        let index = self.meta.applied_index();
+        let view = self.meta.view();
+        let others: Vec<String> = view
+            .members
+            .values()
+            .filter(|m| !m.dead && m.id != self.node_id)
+            .map(|m| m.id.clone())
+            .collect();
+        let started = Instant::now();
+        let calls = others.iter().map(|id| {
+            let body = serde_json::to_vec(&crate::cluster::wire::StatsRequest {
+                topic_id: topic.id,
+                topic: topic.name.clone(),
+                partitions: Vec::new(),
+                min_index: Some(index),
+            })
+            .expect("invariant: a stats request serialises");
+            async move {
+                let r = self
+                    .cluster
+                    .call(
+                        id,
+                        crate::rpc::Opcode::TopicPartitionStats,
+                        bytes::Bytes::from(body),
+                        MEMBER_CATCH_UP + Duration::from_millis(500),
+                    )
+                    .await;
+                if let Err(e) = r {
+                    tracing::debug!(member = %id, index, error = %e.message, "member did not confirm a topic change");
+                }
+            }
+        });
+        futures::future::join_all(calls).await;
+        tracing::debug!(
+            topic = %topic.name,
+            index,
+            members = others.len(),
+            took_us = started.elapsed().as_micros() as u64,
+            "members applied a topic change"
+        );
+    }
+
     /// Reconciles the local partitions with the metadata.
     pub fn apply_topics(&self) -> ApiResult<()> {
         let view = self.meta.view();
@@ -196,6 +292,11 @@ impl Node {
     pub async fn topic_stats(&self, topic: &Topic, partitions: &[u32]) -> Vec<PartitionStats> {
         let mut by_owner: std::collections::BTreeMap<String, Vec<u32>> = Default::default();
         let mut out: Vec<PartitionStats> = Vec::with_capacity(partitions.len());
+        // Partitions this node owns but has not opened yet (the metadata background task
+        // lags the apply): open them now rather than report them unavailable.
+        if self.registry.topic(topic.id).is_none() {
+            let _ = self.runtime(topic);
+        }
         for &p in partitions {
             match crate::cluster::Cluster::owner(topic, p) {
                 Some(o) if o != self.node_id => by_owner.entry(o.to_string()).or_default().push(p),
@@ -224,6 +325,7 @@ impl Node {
                     topic_id: topic.id,
                     topic: topic.name.clone(),
                     partitions: ps.clone(),
+                    min_index: None,
                 })
                 .expect("invariant: a stats request serialises");
                 match self
@@ -387,6 +489,37 @@ impl Node {
         ready
     }
 
+    /// Why a ready node takes itself out of service (`/readyz` 503, liveness unaffected):
+    /// it is draining (it takes no new produce, SPEC §6.5) or no longer a member (it left
+    /// the voters or its member record is gone). `None`: in service, or standalone.
+    pub fn out_of_service(&self) -> Option<String> {
+        if !self.cluster.clustered || !self.cluster.registered() {
+            return None;
+        }
+        match self.meta.view().members.get(&self.node_id) {
+            None => {
+                return Some(format!(
+                    "node {} is not a member of the cluster",
+                    self.node_id
+                ))
+            }
+            Some(m) if m.draining => {
+                return Some(format!(
+                    "node {} is draining (decommission): it takes no new produce",
+                    self.node_id
+                ))
+            }
+            Some(_) => {}
+        }
+        if !self.meta.voters().iter().any(|(id, _)| *id == self.node_id) {
+            return Some(format!(
+                "node {} is no longer a member of the cluster (not a voter)",
+                self.node_id
+            ));
+        }
+        None
+    }
+
     /// Why `/readyz` is not ready (for its error body).
     pub fn not_ready_reason(&self) -> &'static str {
         if !self.startup_done() {
@@ -402,6 +535,17 @@ impl Node {
         }
     }
 
+    /// Why drained member `id` is not removed yet, when this node leads and knows.
+    pub fn decommission_reason(&self, id: &str) -> Option<String> {
+        self.decommission_reasons.lock().get(id).cloned()
+    }
+
+    /// The leader's controller publishes why drained members stay (see
+    /// `cluster::controller::decommission_step`).
+    pub fn set_decommission_reasons(&self, reasons: BTreeMap<String, String>) {
+        *self.decommission_reasons.lock() = reasons;
+    }
+
     /// Proposes a metadata change (through the Raft leader) and returns what it applied.
     pub async fn propose(&self, cmd: MetaCommand) -> ApiResult<MetaResponse> {
         self.cluster.propose(cmd).await
@@ -413,6 +557,11 @@ impl Node {
     }
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+    /// Whether the node is on its way out: `/readyz` fails, though it may still serve
+    /// (`http.shutdown_delay`).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire) || self.is_shutting_down()
     }
     pub fn shutdown_signal(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.shutdown.cancelled()
@@ -604,8 +753,22 @@ pub struct Running {
 impl Running {
     /// Graceful shutdown: refuse new work, give in-flight requests the grace period, let the
     /// dispatcher drain (bounded), persist frontiers and the WAL checkpoint.
+    ///
+    /// With `http.shutdown_delay`, `/readyz` fails at once and the node keeps serving
+    /// everything (produce, consume, settle) for that long first, so a load balancer that
+    /// still routes to it (kube-proxy after a pod deletion) gets answers, not refused
+    /// connections, until it has taken the node out.
     pub async fn shutdown(self) -> anyhow::Result<()> {
         let node = self.node.clone();
+        node.stopping.store(true, Ordering::Release);
+        let delay = node.config.http.shutdown_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_ms = delay.as_millis() as u64,
+                "stopping: /readyz fails; serving on until the shutdown delay ends"
+            );
+            tokio::time::sleep(delay).await;
+        }
         tracing::info!("shutting down");
         node.shutdown.cancel();
         for rt in node.registry.all() {
@@ -901,7 +1064,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             crate::api::consume::MAX_BATCH as usize,
             SETTLE_CALLS_IN_FLIGHT,
         ),
+        decommission_reasons: Default::default(),
         ready: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
         shutdown: CancellationToken::new(),
         data_dir: data_dir.clone(),

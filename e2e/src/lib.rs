@@ -45,6 +45,22 @@ pub struct TestCluster {
     pub nodes: Vec<Node>,
     pub peers: String,
     extra_env: Vec<(String, String)>,
+    /// The root admin's credentials when security is on (`NARAD_SECURITY_ENABLED=true` with
+    /// `NARAD_ADMIN_PASSWORD`): the helpers that read the cluster view send them.
+    admin: Option<(String, String)>,
+}
+
+/// The root admin's (username, password) that `env` seeds, when it turns security on.
+fn admin_credentials(env: &[(String, String)]) -> Option<(String, String)> {
+    let get = |k: &str| {
+        env.iter()
+            .rev()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    let secured = get("NARAD_SECURITY_ENABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let password = get("NARAD_ADMIN_PASSWORD").filter(|p| !p.is_empty())?;
+    secured.then(|| ("admin".to_string(), password.to_string()))
 }
 
 /// Options for [`TestCluster::start_with`].
@@ -152,6 +168,7 @@ impl TestCluster {
         let c = TestCluster {
             nodes,
             peers,
+            admin: admin_credentials(&opts.env),
             extra_env: opts.env,
         };
         for i in 0..c.nodes.len() {
@@ -189,8 +206,18 @@ impl TestCluster {
         i
     }
 
+    /// A client of node `i` that sends no credentials.
     pub fn http(&self, i: usize) -> Http {
         self.nodes[i].http()
+    }
+
+    /// A client of node `i` that sends the root admin's credentials when security is on
+    /// (no credentials otherwise): what the cluster-view helpers use.
+    pub fn admin_http(&self, i: usize) -> Http {
+        match &self.admin {
+            Some((user, password)) => self.http(i).as_user(user, password),
+            None => self.http(i),
+        }
     }
 
     pub fn url(&self, i: usize) -> String {
@@ -231,7 +258,7 @@ impl TestCluster {
     /// `GET /v1/cluster/members` as seen by node `i`.
     pub async fn members(&self, i: usize) -> Vec<Value> {
         let v = self
-            .http(i)
+            .admin_http(i)
             .get("/v1/cluster/members")
             .await
             .expect_json(200);
@@ -242,7 +269,7 @@ impl TestCluster {
     /// `200` within 3 s (it may be down or restarting).
     pub async fn list_or_empty(&self, via: usize, path: &str, field: &str) -> Vec<Value> {
         match self
-            .http(via)
+            .admin_http(via)
             .request(narad_tests::Method::GET, path)
             .timeout(Duration::from_secs(3))
             .try_send()
@@ -274,7 +301,7 @@ impl TestCluster {
 
     /// Waits until node `via` sees member `id` with `status`.
     pub async fn wait_status(&self, via: usize, id: &str, status: &str) {
-        let http = self.http(via);
+        let http = self.admin_http(via);
         let (id, status) = (id.to_string(), status.to_string());
         eventually(READY_TIMEOUT, Duration::from_millis(100), || {
             let (http, id, status) = (http.clone(), id.clone(), status.clone());
@@ -299,7 +326,7 @@ impl TestCluster {
     /// The owner of every partition of `topic` as node `via` reports it.
     pub async fn owners(&self, via: usize, topic: &str) -> Vec<String> {
         let v = self
-            .http(via)
+            .admin_http(via)
             .get(format!("/v1/topics/{topic}"))
             .await
             .expect_json(200);

@@ -49,6 +49,11 @@ async fn users_and_grants_apply_on_every_node_at_once() {
         a.get("/v1/users").await.expect(200);
     }
     admin[0].create_topic(&json!({"name": "orders-eu"})).await;
+    // The cluster-view helpers send the admin's credentials on a secured cluster.
+    assert_eq!(c.members(1).await.len(), 3);
+    assert!(c.leader(2).await.is_some());
+    assert!(!c.owners(0, "orders-eu").await.is_empty());
+    c.wait_status(1, "n2", "alive").await;
     admin[0]
         .post_json(
             "/v1/users",

@@ -171,3 +171,58 @@ async fn sigterm_drains_in_flight_requests_and_exits_zero() {
         Err(e) => panic!("the in-flight long poll was cut off instead of answered: {e:?}"),
     }
 }
+
+/// Issue 14 bug 7: with `http.shutdown_delay`, SIGTERM fails `/readyz` at once (so a load
+/// balancer takes the node out) while the node keeps serving everything for the delay:
+/// produce, consume, settle and `/healthz` (liveness) still work; then it shuts down
+/// gracefully and exits. Without the delay the listener would stop right away.
+#[tokio::test]
+async fn shutdown_delay_fails_readiness_first_and_keeps_serving() {
+    const DELAY: Duration = Duration::from_secs(4);
+    let mut server =
+        Server::start(ServerOpts::default().env("NARAD_HTTP_SHUTDOWN_DELAY", "4s")).await;
+    let http = Http::new(server.url());
+    http.create_topic_named("late").await;
+    http.produce_ok("late", "", "before").await;
+    http.wait_total_visible("late", 1).await;
+    let t = tokio::time::Instant::now();
+    server.terminate();
+    // Not ready at once, with a reason.
+    eventually(
+        Duration::from_secs(2),
+        Duration::from_millis(10),
+        || async {
+            let r = http.get("/readyz").await;
+            anyhow::ensure!(r.status == 503, "/readyz after SIGTERM: {}", r.describe());
+            anyhow::ensure!(r.text().contains("shutting down"), "{}", r.describe());
+            Ok(())
+        },
+    )
+    .await;
+    // Still serving: liveness, produce, consume, ack.
+    assert_eq!(
+        http.get("/healthz").await.expect_json(200),
+        json!({"status": "ok"})
+    );
+    http.produce_ok("late", "", "during the delay").await;
+    http.wait_total_visible("late", 2).await;
+    let m = http.consume_msg("late", "wait=0").await;
+    http.ack_ok("late", m.handle()).await;
+    assert!(
+        t.elapsed() < DELAY,
+        "the checks took the whole delay ({:?}); the test proves nothing",
+        t.elapsed()
+    );
+    assert!(server.is_running(), "exited before the delay ended");
+    // Then the graceful shutdown, and the process exits.
+    let status = server
+        .wait_exit(DELAY + SHUTDOWN_GRACE + EXIT_SLACK)
+        .await
+        .unwrap_or_else(|| panic!("narad still running {:?} after SIGTERM", t.elapsed()));
+    assert!(status.success(), "exit status after SIGTERM: {status}");
+    assert!(
+        t.elapsed() >= DELAY,
+        "exited after {:?}, before the delay",
+        t.elapsed()
+    );
+}

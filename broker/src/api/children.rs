@@ -97,6 +97,7 @@ pub async fn attach(
     };
     node.apply_topics()?;
     node.fanout.sync().await;
+    node.await_members_applied(&topic).await;
     audit::event(
         "topic.attach",
         caller.actor(),

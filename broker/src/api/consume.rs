@@ -525,7 +525,7 @@ pub async fn consume(
 /// A consume, pinned consume or replay forwarded by another node: served from this node's
 /// own partitions only (never forwarded again); the reply is the HTTP answer.
 pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply {
-    let topic = match node.cluster.topic_by_id(req.topic_id) {
+    let topic = match node.topic_by_id_current(req.topic_id).await {
         TopicLookup::Known(t) => t,
         TopicLookup::Deleted => {
             return error_reply(&ApiError::topic_not_found(&req.topic));

@@ -3,7 +3,7 @@
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{MemberInfo, MemberList, MoveInfo, MoveList, StatusBody};
+use narad_api::{MemberInfo, MoveInfo, MoveList, StatusBody};
 use narad_meta::MetaCommand;
 
 use super::{json, AppState};
@@ -28,7 +28,7 @@ pub async fn healthz(State(node): State<AppState>) -> Response {
 }
 
 pub async fn readyz(State(node): State<AppState>) -> Response {
-    if node.is_shutting_down() {
+    if node.is_stopping() {
         return ApiError::unavailable("shutting down", 1).into_response();
     }
     if !node.is_ready() {
@@ -39,6 +39,9 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
             }
             other => format!("starting: {other}"),
         };
+        return ApiError::unavailable(why, 1).into_response();
+    }
+    if let Some(why) = node.out_of_service() {
         return ApiError::unavailable(why, 1).into_response();
     }
     json(
@@ -59,6 +62,21 @@ pub async fn metrics(State(node): State<AppState>) -> Response {
     resp
 }
 
+/// A `GET /v1/cluster/members` element: the shared [`MemberInfo`] plus, on the metadata
+/// leader, why a drained member is not removed yet (`decommission_reason`, ext).
+#[derive(serde::Serialize)]
+struct MemberOut {
+    #[serde(flatten)]
+    info: MemberInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decommission_reason: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct MemberListOut {
+    members: Vec<MemberOut>,
+}
+
 pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
     let view = node.meta.view();
@@ -66,32 +84,35 @@ pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<
     let members = view
         .members
         .values()
-        .map(|m| MemberInfo {
-            id: m.id.clone(),
-            addr: m.api_addr.clone(),
-            status: if m.dead {
-                "dead".into()
-            } else {
-                "alive".into()
+        .map(|m| MemberOut {
+            decommission_reason: node.decommission_reason(&m.id),
+            info: MemberInfo {
+                id: m.id.clone(),
+                addr: m.api_addr.clone(),
+                status: if m.dead {
+                    "dead".into()
+                } else {
+                    "alive".into()
+                },
+                draining: m.draining,
+                owned_partitions: view
+                    .topics
+                    .values()
+                    .flat_map(|t| t.assignments.iter())
+                    .filter(|a| a.owner.as_deref() == Some(m.id.as_str()))
+                    .count() as u64,
+                outbound_moves: view
+                    .topics
+                    .values()
+                    .flat_map(|t| t.assignments.iter())
+                    .filter(|a| a.owner.as_deref() == Some(m.id.as_str()) && a.target.is_some())
+                    .count() as u64,
+                leader: leader.as_deref() == Some(m.id.as_str()),
+                version: m.version.clone(),
             },
-            draining: m.draining,
-            owned_partitions: view
-                .topics
-                .values()
-                .flat_map(|t| t.assignments.iter())
-                .filter(|a| a.owner.as_deref() == Some(m.id.as_str()))
-                .count() as u64,
-            outbound_moves: view
-                .topics
-                .values()
-                .flat_map(|t| t.assignments.iter())
-                .filter(|a| a.owner.as_deref() == Some(m.id.as_str()) && a.target.is_some())
-                .count() as u64,
-            leader: leader.as_deref() == Some(m.id.as_str()),
-            version: m.version.clone(),
         })
         .collect();
-    Ok(json(StatusCode::OK, &MemberList { members }))
+    Ok(json(StatusCode::OK, &MemberListOut { members }))
 }
 
 pub async fn moves(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {

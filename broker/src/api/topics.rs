@@ -225,6 +225,7 @@ pub async fn create(
     };
     node.apply_topics()?;
     node.fanout.sync().await;
+    node.await_members_applied(&topic).await;
     audit::event("topic.create", caller.actor(), &topic.name);
     if let Some(parent) = &req.parent {
         audit::event(
@@ -396,6 +397,7 @@ pub async fn alter(
         }
     };
     node.apply_topics()?;
+    node.await_members_applied(&updated).await;
     Ok(json(StatusCode::OK, &record(&node.meta.view(), &updated)))
 }
 
@@ -420,6 +422,7 @@ pub async fn delete(
     // Cursors copying into or out of it stop before its data goes.
     node.fanout.sync().await;
     node.apply_topics()?;
+    node.await_members_applied(&deleted).await;
     audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -255,7 +255,7 @@ pub async fn run(node: Arc<Node>) {
     // Members this leader has seen; a new one triggers a rebalance.
     let mut known: Option<BTreeSet<NodeId>> = None;
     let mut rebalance = false;
-    let mut last_note = Instant::now() - Duration::from_secs(60);
+    let mut decommissions = Decommissions::default();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
@@ -263,6 +263,9 @@ pub async fn run(node: Arc<Node>) {
         }
         if !node.cluster.clustered || !node.meta.is_leader() {
             known = None;
+            // A later term starts from what it sees itself.
+            decommissions = Decommissions::default();
+            node.set_decommission_reasons(BTreeMap::new());
             continue;
         }
         let view = node.meta.view();
@@ -309,11 +312,7 @@ pub async fn run(node: Arc<Node>) {
                 tracing::warn!(topic = %m.topic, partition = m.partition, error = %e, "could not start a move");
             }
         }
-        let noted =
-            finish_decommissions(&node, last_note.elapsed() >= Duration::from_secs(30)).await;
-        if noted {
-            last_note = Instant::now();
-        }
+        finish_decommissions(&node, &mut decommissions).await;
     }
 }
 
@@ -372,52 +371,182 @@ async fn wal_outstanding(node: &Node, id: &str) -> Option<u64> {
         .map(|a| a.wal_outstanding)
 }
 
-/// Removes drained members: once a draining member holds no partition and its WAL is empty,
-/// it leaves the voters (never below [`MIN_VOTERS`]) and then the member list. Returns
-/// whether it logged that a drained member must stay a voter.
-async fn finish_decommissions(node: &Node, note: bool) -> bool {
+/// What the leader knows of a drained member's ingress WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalReport {
+    /// It reported an empty WAL while draining with no partitions. A draining node takes no
+    /// new produce, so it stays empty: its data has moved, even if it dies afterwards.
+    Empty,
+    /// It reported records not yet committed to their partitions.
+    Outstanding(u64),
+    /// It never reported an empty WAL to this leader (or could not be asked).
+    Unknown,
+}
+
+/// What the controller does with a draining member next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// It still holds (or receives) partitions: the moves go on.
+    Shedding,
+    /// It left the voters: remove its member record.
+    RemoveMember,
+    /// Remove it from the voters (the member record goes on a later pass).
+    RemoveVoter,
+    /// It must stay for now; the reason says why (logged, and shown by the leader's
+    /// `GET /v1/cluster/members` as `decommission_reason`).
+    Wait(String),
+}
+
+/// The next decommission step for draining member `id` (see [`Step`]). Never leaves fewer
+/// than [`MIN_VOTERS`] voters, and never proposes a voter change that the live voters could
+/// not commit (a majority of the voters alive both before and after it, as a joint change
+/// needs). A dead member goes only when its WAL was reported empty before it died.
+pub fn decommission_step(
+    view: &MetaState,
+    voters: &[NodeId],
+    id: &str,
+    wal: WalReport,
+    hold_alive: bool,
+) -> Step {
+    let Some(m) = view.members.get(id) else {
+        return Step::Shedding;
+    };
+    if view.partitions_of(id) > 0 {
+        return Step::Shedding;
+    }
+    if !voters.iter().any(|v| v == id) {
+        return Step::RemoveMember;
+    }
+    if voters.len() <= MIN_VOTERS {
+        return Step::Wait(format!(
+            "drained; it stays a voter because the cluster keeps at least {MIN_VOTERS} voters \
+             (add a node to remove it)"
+        ));
+    }
+    match (m.dead, wal) {
+        (_, WalReport::Empty) => {}
+        (false, WalReport::Outstanding(n)) => {
+            return Step::Wait(format!(
+                "its WAL holds {n} records not yet committed to their partitions"
+            ))
+        }
+        (false, WalReport::Unknown) => {
+            return Step::Wait("its WAL could not be checked".into());
+        }
+        (true, _) => {
+            return Step::Wait(
+                "dead before it reported an empty WAL: records it accepted may be only on its \
+                 disk; restart it so the drain can finish"
+                    .into(),
+            )
+        }
+    }
+    let alive = |v: &NodeId| view.members.get(v).is_some_and(|m| !m.dead);
+    let alive_before = voters.iter().filter(|v| alive(v)).count();
+    let alive_after = voters.iter().filter(|v| *v != id && alive(v)).count();
+    let (before, after) = (voters.len(), voters.len() - 1);
+    if alive_before <= before / 2 || alive_after <= after / 2 {
+        return Step::Wait(format!(
+            "removing it needs a majority of the voters alive: {alive_after} of the {after} \
+             other voters are"
+        ));
+    }
+    if hold_alive && !m.dead {
+        return Step::Wait("held by NARAD_TEST_HOLD_DRAINED_VOTERS".into());
+    }
+    Step::RemoveVoter
+}
+
+/// The leader's decommission bookkeeping across controller passes.
+#[derive(Default)]
+pub struct Decommissions {
+    /// Draining members that reported an empty WAL with no partitions left.
+    wal_empty: BTreeSet<NodeId>,
+    /// The reason last logged per member, and when (logged again on change or every 30 s).
+    logged: BTreeMap<NodeId, (String, Instant)>,
+}
+
+/// Removes drained members (see [`decommission_step`]): a draining member with no partitions
+/// and an empty WAL leaves the voters and then the member list. Its WAL is checked while it
+/// is alive and the answer kept, so a member that dies after it drained is removed too.
+/// Publishes why a drained member stays to [`Node::set_decommission_reasons`].
+async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
     let view = node.meta.view();
     let voters: Vec<NodeId> = node.meta.voters().into_iter().map(|v| v.0).collect();
-    let mut noted = false;
-    for m in view.members.values() {
-        if !m.draining || view.partitions_of(&m.id) > 0 {
-            continue;
+    state
+        .wal_empty
+        .retain(|id| view.members.get(id).is_some_and(|m| m.draining));
+    state.logged.retain(|id, _| view.members.contains_key(id));
+    let mut reasons = BTreeMap::new();
+    let draining: Vec<NodeId> = view
+        .members
+        .values()
+        .filter(|m| m.draining)
+        .map(|m| m.id.clone())
+        .collect();
+    for id in draining {
+        let m = &view.members[&id];
+        let mut wal = if state.wal_empty.contains(&id) {
+            WalReport::Empty
+        } else {
+            WalReport::Unknown
+        };
+        if !m.dead && wal != WalReport::Empty && view.partitions_of(&id) == 0 {
+            wal = match wal_outstanding(node, &id).await {
+                Some(0) => {
+                    tracing::info!(member = %id, "drained member reported an empty WAL");
+                    state.wal_empty.insert(id.clone());
+                    WalReport::Empty
+                }
+                Some(n) => WalReport::Outstanding(n),
+                None => WalReport::Unknown,
+            };
         }
-        if !voters.contains(&m.id) {
-            match node
-                .meta
-                .write(MetaCommand::RemoveMember { id: m.id.clone() })
-                .await
-            {
-                Ok(_) => tracing::info!(member = %m.id, "drained member removed"),
-                Err(e) => {
-                    tracing::warn!(member = %m.id, error = %e, "could not remove a drained member")
+        let step = decommission_step(
+            &view,
+            &voters,
+            &id,
+            wal,
+            node.config.test.hold_drained_voters,
+        );
+        match step {
+            Step::Shedding => {}
+            Step::RemoveMember => {
+                match node
+                    .meta
+                    .write(MetaCommand::RemoveMember { id: id.clone() })
+                    .await
+                {
+                    Ok(_) => tracing::info!(member = %id, dead = m.dead, "drained member removed"),
+                    Err(e) => {
+                        tracing::warn!(member = %id, error = %e, "could not remove a drained member")
+                    }
                 }
             }
-            continue;
-        }
-        if m.dead {
-            continue;
-        }
-        if voters.len() <= MIN_VOTERS {
-            if note {
-                tracing::info!(member = %m.id, voters = voters.len(), "member drained; it stays a voter (never fewer than {MIN_VOTERS})");
-                noted = true;
+            Step::RemoveVoter => {
+                tracing::info!(member = %id, dead = m.dead, voters = voters.len(), "member drained (no partitions, empty WAL); removing it from the voters");
+                if let Err(e) = node.meta.remove_voter(&id, MIN_VOTERS).await {
+                    tracing::warn!(member = %id, error = %e, "could not remove a drained voter");
+                }
+                // One membership change at a time; the member record goes on a later pass.
+                break;
             }
-            continue;
+            Step::Wait(reason) => {
+                let due = match state.logged.get(&id) {
+                    Some((last, at)) => *last != reason || at.elapsed() >= Duration::from_secs(30),
+                    None => true,
+                };
+                if due {
+                    tracing::info!(member = %id, dead = m.dead, voters = voters.len(), reason = %reason, "drained member not removed yet");
+                    state
+                        .logged
+                        .insert(id.clone(), (reason.clone(), Instant::now()));
+                }
+                reasons.insert(id.clone(), reason);
+            }
         }
-        match wal_outstanding(node, &m.id).await {
-            Some(0) => {}
-            _ => continue,
-        }
-        tracing::info!(member = %m.id, "member drained (no partitions, empty WAL); removing it from the voters");
-        if let Err(e) = node.meta.remove_voter(&m.id, MIN_VOTERS).await {
-            tracing::warn!(member = %m.id, error = %e, "could not remove a drained voter");
-        }
-        // One membership change at a time; the member record goes on the next pass.
-        break;
     }
-    noted
+    node.set_decommission_reasons(reasons);
 }
 
 #[cfg(test)]
@@ -670,5 +799,81 @@ mod tests {
             &[("x", &["a", "b"])],
         );
         assert!(plan(&s, 100, false).is_empty());
+    }
+
+    fn ids(v: &[&str]) -> Vec<NodeId> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Issue 14: a drained member that dies before it leaves the voters goes too, once its
+    /// WAL was reported empty; never below MIN_VOTERS, never without a live majority, and
+    /// each refusal says why.
+    #[test]
+    fn drained_members_leave_alive_or_dead_within_the_safety_rules() {
+        let four = ids(&["a", "b", "c", "d"]);
+        let drained = |d_dead: bool| {
+            state(
+                &[
+                    ("a", ALIVE, false),
+                    ("b", ALIVE, false),
+                    ("c", ALIVE, false),
+                    ("d", d_dead, true),
+                ],
+                &[("x", &["a", "b", "c"])],
+            )
+        };
+        let step = |s: &MetaState, voters: &[NodeId], wal, hold| {
+            decommission_step(s, voters, "d", wal, hold)
+        };
+        // Alive, empty WAL: leaves the voters; then the member list.
+        let s = drained(ALIVE);
+        assert_eq!(step(&s, &four, WalReport::Empty, false), Step::RemoveVoter);
+        assert_eq!(
+            step(&s, &ids(&["a", "b", "c"]), WalReport::Empty, false),
+            Step::RemoveMember
+        );
+        // Dead after its WAL was reported empty: removed the same way.
+        let s = drained(true);
+        assert_eq!(step(&s, &four, WalReport::Empty, false), Step::RemoveVoter);
+        // The test hold keeps only live members.
+        assert_eq!(step(&s, &four, WalReport::Empty, true), Step::RemoveVoter);
+        assert!(matches!(
+            step(&drained(ALIVE), &four, WalReport::Empty, true),
+            Step::Wait(r) if r.contains("NARAD_TEST_HOLD_DRAINED_VOTERS")
+        ));
+        // Dead before its WAL was reported empty: stays, and says why.
+        assert!(matches!(
+            step(&s, &four, WalReport::Unknown, false),
+            Step::Wait(r) if r.contains("dead before it reported an empty WAL")
+        ));
+        // Alive with records outstanding: waits for them.
+        assert!(matches!(
+            step(&drained(ALIVE), &four, WalReport::Outstanding(7), false),
+            Step::Wait(r) if r.contains("7 records")
+        ));
+        // Never fewer than MIN_VOTERS.
+        let three = ids(&["a", "c", "d"]);
+        assert!(matches!(
+            step(&s, &three, WalReport::Empty, false),
+            Step::Wait(r) if r.contains("at least 3 voters")
+        ));
+        // A quorum must remain: with b dead too, 2 of the 3 others are alive (a majority of
+        // 3, and of 4 with d dead? 2 of 4 is not), so the change could not commit.
+        let mut s2 = drained(true);
+        s2.members.get_mut("b").unwrap().dead = true;
+        assert!(matches!(
+            step(&s2, &four, WalReport::Empty, false),
+            Step::Wait(r) if r.contains("majority")
+        ));
+        // Five voters, d and b dead: 3 of 5 alive before, 3 of 4 after: allowed.
+        s2.members.insert("e".into(), member("e", ALIVE, false));
+        let five = ids(&["a", "b", "c", "d", "e"]);
+        assert_eq!(step(&s2, &five, WalReport::Empty, false), Step::RemoveVoter);
+        // Still holding partitions (or receiving one): the moves go on, nothing to say.
+        let s3 = state(
+            &[("a", ALIVE, false), ("d", true, true)],
+            &[("x", &["a", "d"])],
+        );
+        assert_eq!(step(&s3, &four, WalReport::Empty, false), Step::Shedding);
     }
 }

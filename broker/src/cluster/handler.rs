@@ -143,7 +143,7 @@ impl RpcHandler for NodeRpc {
                     }
                 }
                 Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
-                    Ok(req) => stats(&node, req),
+                    Ok(req) => stats(&node, req).await,
                     Err(r) => r,
                 },
                 _ => RpcReply::unsupported(op),
@@ -344,8 +344,11 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
     }
 }
 
-fn stats(node: &Node, req: StatsRequest) -> RpcReply {
-    let topic = match node.cluster.topic_by_id(req.topic_id) {
+async fn stats(node: &Node, req: StatsRequest) -> RpcReply {
+    if let Some(index) = req.min_index {
+        node.catch_up_to(index).await;
+    }
+    let topic = match node.topic_by_id_current(req.topic_id).await {
         TopicLookup::Known(t) => t,
         _ => return RpcReply::error(503, "topic not known here"),
     };

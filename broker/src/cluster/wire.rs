@@ -104,6 +104,12 @@ pub struct StatsRequest {
     pub topic_id: u64,
     pub topic: String,
     pub partitions: Vec<u32>,
+    /// The callee first waits (bounded) until it has applied this metadata index and opened
+    /// its partitions: a node that changed a topic asks every live member so before it
+    /// answers its client (read-your-writes on every node, SPEC §3.3). Older callees ignore
+    /// it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_index: Option<u64>,
 }
 
 /// `ListPartitionSegments` (22): a partition the callee owns.
@@ -680,6 +686,7 @@ mod prop_tests {
                         topic_id: st.0,
                         topic: st.1,
                         partitions: st.2,
+                        min_index: None,
                     })),
                     to(serde_json::to_vec(&ChunkRequest {
                         topic_id: ch.0,
