@@ -32,7 +32,7 @@ use base64::Engine as _;
 use common::{apply, eventually_within, secret};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, ResourceExt};
@@ -222,6 +222,25 @@ impl Cluster {
         .then_some(members)
     }
 
+    /// Deletes the NaradCluster and waits until its broker pods are gone.
+    async fn delete(&self) {
+        let name = &self.name;
+        self.clusters
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("delete NaradCluster {name}: {e}"));
+        eventually_within(STEP, &format!("the brokers of {name} gone"), || async {
+            let selector = format!("app.kubernetes.io/instance={name}");
+            let l = self
+                .pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .ok()?;
+            l.items.is_empty().then_some(())
+        })
+        .await;
+    }
+
     /// Waits for [`Cluster::settled`]; on timeout prints what it saw.
     async fn wait_settled(&self, what: &str, n: usize, version: &str) -> (Vec<Value>, Duration) {
         let start = Instant::now();
@@ -255,6 +274,28 @@ fn kubectl(ns: &str, args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_else(|e| e.to_string())
+}
+
+/// The ClusterIP of NaradCluster `name`'s client Service and its root admin password (from
+/// the security Secret the operator generates), once both exist.
+async fn service_and_admin(c: &Client, ns: &str, name: &str) -> (String, String) {
+    let svcs: Api<Service> = Api::namespaced(c.clone(), ns);
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(c.clone(), ns);
+    let (ip, _) = eventually_within(STEP, &format!("{name}'s client Service"), || async {
+        svcs.get(&format!("{name}-narad"))
+            .await
+            .ok()?
+            .spec?
+            .cluster_ip
+            .filter(|ip| ip != "None")
+    })
+    .await;
+    let (password, _) = eventually_within(STEP, &format!("{name}'s security Secret"), || async {
+        let s = secrets.get(&format!("{name}-narad-security")).await.ok()?;
+        String::from_utf8(s.data?.get("admin-password")?.0.clone()).ok()
+    })
+    .await;
+    (ip, password)
 }
 
 /// Each member advertises its pod's stable DNS name, not a listen address.
@@ -313,14 +354,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
         .unwrap_or_else(|_| env!("CARGO_PKG_VERSION").into());
     let next = format!("{version}-next");
     let ns = format!("pods-{}", std::process::id());
-    let namespaces: Api<Namespace> = Api::all(c.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-        )
-        .await
-        .expect("namespace");
+    let namespaces = common::create_namespace(&c, &ns).await;
     // A new namespace's default ServiceAccount token takes about a second.
     eventually_within(STEP, "default ServiceAccount", || async {
         let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(c.clone(), &ns);
@@ -397,25 +431,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
     }
 
     // The client Service's ClusterIP, reached through kube-proxy's rules on this node.
-    let svcs: Api<Service> = Api::namespaced(c.clone(), &ns);
-    let (ip, _) = eventually_within(STEP, "client Service", || async {
-        svcs.get(&format!("{CLUSTER}-narad"))
-            .await
-            .ok()?
-            .spec?
-            .cluster_ip
-            .filter(|ip| ip != "None")
-    })
-    .await;
-    let (admin_password, _) = eventually_within(STEP, "security Secret", || async {
-        let s = secrets
-            .get(&format!("{CLUSTER}-narad-security"))
-            .await
-            .ok()?;
-        let v = s.data?.get("admin-password")?.0.clone();
-        String::from_utf8(v).ok()
-    })
-    .await;
+    let (ip, admin_password) = service_and_admin(&c, &ns, CLUSTER).await;
     let service = format!("http://{ip}:7942");
     let cluster = Cluster {
         name: CLUSTER.into(),
@@ -579,19 +595,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
 
     // --- The broker chart's own install, and its helm test (after the operator's cluster
     // is gone, so both fit the node).
-    clusters
-        .delete(CLUSTER, &DeleteParams::default())
-        .await
-        .expect("delete the NaradCluster");
-    eventually_within(STEP, "the operator's brokers gone", || async {
-        let l = cluster
-            .pods
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={CLUSTER}")))
-            .await
-            .ok()?;
-        l.items.is_empty().then_some(())
-    })
-    .await;
+    cluster.delete().await;
     // --- A cluster with mutual TLS on the cluster port and HTTPS on the API, with
     // certificates made here: the operator reaches it over HTTPS, and so do clients.
     let t = Instant::now();
@@ -692,22 +696,7 @@ async fn secure_cluster(c: &Client, ns: &str, version: &str, problems: &Problems
         "spec": {"clusterRef": {"name": name}, "name": "orders", "partitions": 3}}),
     )
     .await;
-    let svcs: Api<Service> = Api::namespaced(c.clone(), ns);
-    let (ip, _) = eventually_within(STEP, "the TLS cluster's client Service", || async {
-        svcs.get(&format!("{name}-narad"))
-            .await
-            .ok()?
-            .spec?
-            .cluster_ip
-            .filter(|ip| ip != "None")
-    })
-    .await;
-    let (admin_password, _) =
-        eventually_within(STEP, "the TLS cluster's security Secret", || async {
-            let s = secrets.get(&format!("{name}-narad-security")).await.ok()?;
-            String::from_utf8(s.data?.get("admin-password")?.0.clone()).ok()
-        })
-        .await;
+    let (ip, admin_password) = service_and_admin(c, ns, name).await;
     let admin = Http::with_ca_resolving(
         format!("https://{service_name}:7942"),
         ca.pem().as_bytes(),
@@ -756,17 +745,5 @@ async fn secure_cluster(c: &Client, ns: &str, version: &str, problems: &Problems
         "plain HTTP on the TLS cluster answered {:?}",
         plain.map(|r| r.describe())
     );
-    clusters
-        .delete(name, &DeleteParams::default())
-        .await
-        .expect("delete the TLS cluster");
-    eventually_within(STEP, "the TLS cluster's brokers gone", || async {
-        let l = cluster
-            .pods
-            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={name}")))
-            .await
-            .ok()?;
-        l.items.is_empty().then_some(())
-    })
-    .await;
+    cluster.delete().await;
 }
