@@ -57,6 +57,35 @@ grep -q 'scheme: HTTPS' "$r0/variants.yaml"
 "$HELM" template ci charts/narad --set serviceMonitor.enabled=true --set service.ports.metrics=9090 \
   --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls > /dev/null
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > /dev/null
+# Issue 14: what the default render must carry (orderly shutdown, stable advertised address,
+# a generated admin password the helm test authenticates with, a test pod outside the
+# brokers' selector, not-ready addresses on the headless Service only). Piped greps write
+# to /dev/null: grep -q would close the pipe early, and pipefail fails the writer.
+d0="$(mktemp -d)"
+"$HELM" template ci charts/narad > "$d0/narad.yaml"
+grep -q 'terminationGracePeriodSeconds: 30$' "$d0/narad.yaml"
+grep -A1 'name: NARAD_HTTP_SHUTDOWN_DELAY' "$d0/narad.yaml" | grep 'value: "5s"' > /dev/null
+grep -A1 'name: NARAD_CLUSTER_ADVERTISE_ADDR' "$d0/narad.yaml" \
+  | grep -F 'value: "$(POD_NAME).ci-narad-headless.default.svc.cluster.local:7943"' > /dev/null
+grep -qE '^  admin-password: [A-Za-z0-9+/=]{40,}$' "$d0/narad.yaml"
+grep -q 'key: admin-password' "$d0/narad.yaml"
+grep -A4 'name: ci-narad-test-api' "$d0/narad.yaml" | grep 'app.kubernetes.io/name: narad-test' > /dev/null
+test "$(grep -c 'publishNotReadyAddresses: true' "$d0/narad.yaml")" = 1
+grep -B12 'publishNotReadyAddresses: true' "$d0/narad.yaml" | grep 'name: ci-narad-headless' > /dev/null
+"$HELM" template ci charts/narad --set narad.shutdownDelay=1m \
+  --set-json 'narad.config={"http":{"shutdown_grace":"20s"}}' | grep 'terminationGracePeriodSeconds: 95$' > /dev/null
+if "$HELM" template ci charts/narad --set narad.shutdownDelay=5 > /dev/null 2>&1; then
+  echo "a shutdownDelay without a unit rendered" >&2; exit 1
+fi
+# The operator: external endpoints off unless switched on; Events and ServiceAccounts in RBAC.
+"$HELM" template ci charts/narad-operator > "$d0/op.yaml"
+if grep -q NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS "$d0/op.yaml"; then
+  echo "external endpoints allowed by default" >&2; exit 1
+fi
+"$HELM" template ci charts/narad-operator --set operator.allowExternalEndpoints=true \
+  | grep -A1 'name: NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS' | grep 'value: "true"' > /dev/null
+grep -B1 'resources: \["events"\]' "$d0/op.yaml" | grep 'events.k8s.io' > /dev/null
+grep -q 'resources: \["serviceaccounts"\]' "$d0/op.yaml"
 # Rendered manifests are valid Kubernetes objects (offline, strict schemas).
 KV="${KUBERNETES_VALIDATE:-$(command -v kubernetes-validate || true)}"
 if [ -z "$KV" ]; then
@@ -110,6 +139,8 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   "$HELM" upgrade op charts/narad-operator -n helm-ci --set operator.watchNamespace=helm-ci
   test "$(kubectl -n helm-ci auth can-i patch topics.narad.io/status --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
   test "$(kubectl -n helm-ci auth can-i delete secrets --as system:serviceaccount:helm-ci:op-narad-operator)" = no
+  test "$(kubectl -n helm-ci auth can-i create events.events.k8s.io --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
+  test "$(kubectl -n helm-ci auth can-i patch serviceaccounts --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
   "$HELM" uninstall nd -n helm-ci
   "$HELM" uninstall op -n helm-ci
   kubectl delete namespace helm-ci --wait=false

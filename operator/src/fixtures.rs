@@ -17,17 +17,19 @@ type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 /// Plays the API server for one test.
 pub struct ApiServerVerifier(Handle);
 
-/// A context whose client talks to the returned verifier.
+/// A context whose client talks to the returned verifier, installed with external
+/// endpoints allowed (the scenarios reach test brokers through `spec.endpoint`).
 pub fn test_context() -> (Arc<Context>, ApiServerVerifier) {
     test_context_with(|_| {})
 }
 
 /// [`test_context`], with `f` adjusting the context first (e.g. the operator's trusted
-/// `broker_endpoint` override).
+/// `broker_endpoint` override, or the install-wide switch turned off).
 pub fn test_context_with(f: impl FnOnce(&mut Context)) -> (Arc<Context>, ApiServerVerifier) {
     let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(svc, "default");
     let mut ctx = Context::new(client);
+    ctx.allow_external_endpoints = true;
     f(&mut ctx);
     (Arc::new(ctx), ApiServerVerifier(handle))
 }
@@ -679,6 +681,42 @@ mod credentials {
         })
         .await;
         failed_with(&r, "allowExternalEndpoint");
+        broker.assert_untouched();
+    }
+
+    /// The opt-in of a NaradCluster counts only when the operator is installed with
+    /// external endpoints allowed: without the switch the cluster, and its Topics, are
+    /// refused with a condition that names it, and nothing is contacted.
+    #[tokio::test]
+    async fn the_opt_in_without_the_install_wide_switch_is_refused() {
+        let broker = Untouched::bind();
+        let nc = cluster(
+            json!({"version": "1", "endpoint": broker.url(), "allowExternalEndpoint": true}),
+        );
+        let nc_body = serde_json::to_value(&nc).unwrap();
+        let off = || test_context_with(|c| c.allow_external_endpoints = false);
+        let r = run(nc, off(), cluster_rc::reconcile, |mut v, body| async move {
+            let st = v.status_patch(NC, body).await;
+            let msg = assert_false(&st, "Ready", "EndpointNotAllowed");
+            assert!(msg.contains("operator.allowExternalEndpoints"), "{msg}");
+        })
+        .await;
+        failed_with(&r, "allowExternalEndpoints");
+        let r = run(
+            finalized_topic(None),
+            off(),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, nc_body).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                for c in ["Ready", "Synced"] {
+                    let msg = assert_false(&st, c, "EndpointNotAllowed");
+                    assert!(msg.contains("operator.allowExternalEndpoints"), "{msg}");
+                }
+            },
+        )
+        .await;
+        failed_with(&r, "allowExternalEndpoints");
         broker.assert_untouched();
     }
 

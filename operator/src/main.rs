@@ -49,6 +49,11 @@ struct RunArgs {
     /// Broker base URL for every cluster instead of its client Service (spec.endpoint wins).
     #[arg(long, env = "NARAD_OPERATOR_BROKER_ENDPOINT")]
     broker_endpoint: Option<String>,
+    /// Let NaradClusters with `spec.allowExternalEndpoint: true` point the operator at any
+    /// endpoint (it sends their admin credentials there). Off: only their own client
+    /// Services, whatever the NaradClusters say.
+    #[arg(long, env = "NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS")]
+    allow_external_endpoints: bool,
     /// Cluster DNS domain for client Service URLs and peer addresses.
     #[arg(long, env = "NARAD_OPERATOR_CLUSTER_DOMAIN")]
     cluster_domain: Option<String>,
@@ -124,7 +129,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let pdb = pdb_api_version(parse_minor(&info.minor).unwrap_or(99));
     tracing::info!(server = %info.git_version, pdb, "connected");
 
+    let identity = args
+        .identity
+        .or_else(hostname_or_none)
+        .unwrap_or_else(|| format!("narad-operator-{}", std::process::id()));
     let mut ctx = Context::new(client.clone());
+    ctx.recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        narad_operator::reconcile::reporter(Some(identity.clone())),
+    );
+    ctx.allow_external_endpoints = args.allow_external_endpoints;
+    if args.allow_external_endpoints {
+        tracing::warn!("external endpoints allowed: NaradClusters with spec.allowExternalEndpoint choose where their admin credentials go");
+    }
     ctx.broker_endpoint = args.broker_endpoint;
     ctx.cluster_domain = args.cluster_domain;
     ctx.resync = narad_api::duration::parse_human_duration(&args.resync)
@@ -146,10 +163,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let lease_ns = args.lease_namespace.unwrap_or_else(|| "default".into());
-    let identity = args
-        .identity
-        .or_else(hostname_or_none)
-        .unwrap_or_else(|| format!("narad-operator-{}", std::process::id()));
     let elector = LeaderElector::new(
         Api::<Lease>::namespaced(client, &lease_ns),
         &args.lease_name,
@@ -170,4 +183,25 @@ fn hostname_or_none() -> Option<String> {
         .ok()
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn external_endpoints_are_off_unless_switched_on() {
+        let run = |argv: &[&str]| match Cli::try_parse_from(argv).unwrap().cmd {
+            Some(Cmd::Run(a)) => a.allow_external_endpoints,
+            _ => unreachable!(),
+        };
+        assert!(!run(&["narad-operator", "run"]));
+        assert!(run(&["narad-operator", "run", "--allow-external-endpoints"]));
+        // The chart sets the environment variable to "true" (this test alone reads it).
+        std::env::set_var("NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS", "true");
+        assert!(run(&["narad-operator", "run"]));
+        std::env::set_var("NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS", "false");
+        assert!(!run(&["narad-operator", "run"]));
+        std::env::remove_var("NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS");
+    }
 }

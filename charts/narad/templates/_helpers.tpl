@@ -50,6 +50,44 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{/* Labels of the `helm test` pods: not the brokers' selector labels, so neither the
+Services nor the PodDisruptionBudget count a test pod (a failed one stays behind). */}}
+{{- define "narad.testLabels" -}}
+app.kubernetes.io/name: {{ include "narad.name" . }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Whole seconds, rounded up, of a Go duration string (5s, 1m30s, 500ms). */}}
+{{- define "narad.durationSeconds" -}}
+{{- $ms := 0.0 -}}
+{{- $units := dict "ms" 1 "s" 1000 "m" 60000 "h" 3600000 -}}
+{{- range $part := regexFindAll "[0-9]+(\\.[0-9]+)?(ms|h|m|s)" . -1 -}}
+{{- $n := float64 (regexFind "^[0-9]+(\\.[0-9]+)?" $part) -}}
+{{- $unit := regexReplaceAll "^[0-9]+(\\.[0-9]+)?" $part "" -}}
+{{- $ms = addf $ms (mulf $n (get $units $unit)) -}}
+{{- end -}}
+{{- ceil (divf $ms 1000) | int -}}
+{{- end -}}
+
+{{/* The broker's graceful HTTP shutdown (http.shutdown_grace of narad.config, else its
+default of 10s). */}}
+{{- define "narad.shutdownGrace" -}}
+{{- dig "http" "shutdown_grace" "10s" .Values.narad.config -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: the shutdown delay (readiness fails, the node keeps
+serving until the Services stopped routing to it), then the graceful HTTP shutdown, then
+a 15 s margin (Raft leadership handoff, last flush), so the kubelet never kills a broker
+in the middle of its orderly shutdown. */}}
+{{- define "narad.terminationGracePeriodSeconds" -}}
+{{- $delay := include "narad.durationSeconds" .Values.narad.shutdownDelay | int -}}
+{{- $grace := include "narad.durationSeconds" (include "narad.shutdownGrace" .) | int -}}
+{{- add $delay $grace 15 -}}
+{{- end -}}
+
 {{/* Peers: the first initialClusterSize ordinals only, so scaling never changes the pods. */}}
 {{- define "narad.peers" -}}
 {{- $full := include "narad.fullname" . -}}

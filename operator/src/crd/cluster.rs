@@ -117,9 +117,19 @@ pub struct NaradClusterSpec {
     pub endpoint: Option<String>,
     /// Opt-in: let `endpoint` name any http(s) URL, not only this cluster's client Service
     /// (brokers outside the Kubernetes cluster, tests where no pod runs). Whoever can edit
-    /// this NaradCluster then decides where its admin credentials go. Default false.
+    /// this NaradCluster then decides where its admin credentials go. Takes effect only when
+    /// the operator is installed with external endpoints allowed (`--allow-external-endpoints`,
+    /// chart value `operator.allowExternalEndpoints`, default off); otherwise such a cluster
+    /// is refused (Ready=False, reason `EndpointNotAllowed`). Default false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_external_endpoint: bool,
+    /// Port of a separate metrics listener (`http.metrics_addr`): `/metrics` is then served
+    /// only there, plain HTTP without credentials, and answers 404 on the API port. Adds the
+    /// container and client Service port `metrics` and the `prometheus.io/*` pod
+    /// annotations. Unset: `/metrics` on the API port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub metrics_port: Option<i32>,
 }
 
 fn default_replicas() -> i32 {
@@ -496,10 +506,17 @@ impl NaradCluster {
     }
 
     /// Whether the operator may send credentials to `spec.endpoint`: an http(s) URL without
-    /// user info, query or fragment and, unless `spec.allowExternalEndpoint`, this cluster's
-    /// own client Service (`<fullname>.<ns>.svc` or `<fullname>.<ns>.svc.<cluster_domain>`
-    /// on the API port, no path). `Err` says why not. No endpoint is always fine.
-    pub fn check_endpoint(&self, cluster_domain: Option<&str>) -> Result<(), String> {
+    /// user info, query or fragment and this cluster's own client Service
+    /// (`<fullname>.<ns>.svc` or `<fullname>.<ns>.svc.<cluster_domain>` on the API port, no
+    /// path), or any such URL when both `spec.allowExternalEndpoint` and the operator's
+    /// install-wide switch (`install_allows`: `--allow-external-endpoints`, chart value
+    /// `operator.allowExternalEndpoints`) say so. `Err` says why not. No endpoint is always
+    /// fine.
+    pub fn check_endpoint(
+        &self,
+        cluster_domain: Option<&str>,
+        install_allows: bool,
+    ) -> Result<(), String> {
         let Some(raw) = &self.spec.endpoint else {
             return Ok(());
         };
@@ -531,9 +548,6 @@ impl NaradCluster {
                  serve HTTPS only",
             );
         }
-        if self.spec.allow_external_endpoint {
-            return Ok(());
-        }
         let ns = kube::ResourceExt::namespace(self).unwrap_or_else(|| "default".into());
         let domain = cluster_domain.unwrap_or(crate::resources::DEFAULT_CLUSTER_DOMAIN);
         let service = format!("{}.{ns}.svc", self.fullname());
@@ -544,6 +558,17 @@ impl NaradCluster {
         let no_path = matches!(uri.path(), "" | "/");
         if own_host && own_port && no_path {
             return Ok(());
+        }
+        if self.spec.allow_external_endpoint {
+            if install_allows {
+                return Ok(());
+            }
+            return bad(
+                "not this cluster's client Service, and although spec.allowExternalEndpoint \
+                 is set, this operator is installed without external endpoints (its switch \
+                 --allow-external-endpoints, chart value operator.allowExternalEndpoints, is \
+                 off)",
+            );
         }
         bad(&format!(
             "not this cluster's client Service ({}); set spec.allowExternalEndpoint: true to \
@@ -565,13 +590,13 @@ mod tests {
 
     fn check(endpoint: &str, allow: bool, domain: Option<&str>) -> Result<(), String> {
         cluster(json!({"version": "1", "endpoint": endpoint, "allowExternalEndpoint": allow}))
-            .check_endpoint(domain)
+            .check_endpoint(domain, true)
     }
 
     #[test]
     fn the_own_service_is_always_allowed() {
         assert_eq!(
-            cluster(json!({"version": "1"})).check_endpoint(None),
+            cluster(json!({"version": "1"})).check_endpoint(None, false),
             Ok(())
         );
         for e in [
@@ -628,6 +653,25 @@ mod tests {
     }
 
     #[test]
+    fn the_opt_in_needs_the_install_wide_switch() {
+        let nc = cluster(
+            json!({"version": "1", "endpoint": "https://narad.example.com",
+            "allowExternalEndpoint": true}),
+        );
+        assert_eq!(nc.check_endpoint(None, true), Ok(()));
+        let err = nc.check_endpoint(None, false).unwrap_err();
+        assert!(
+            err.contains("operator.allowExternalEndpoints")
+                && err.contains("--allow-external-endpoints"),
+            "{err}"
+        );
+        // The own Service needs neither.
+        let own = cluster(json!({"version": "1", "allowExternalEndpoint": true,
+            "endpoint": "http://prod-narad.default.svc:7942"}));
+        assert_eq!(own.check_endpoint(None, false), Ok(()));
+    }
+
+    #[test]
     fn api_tls_means_https_only() {
         let tls = |extra: serde_json::Value| {
             let mut spec =
@@ -647,9 +691,10 @@ mod tests {
             nc.broker_endpoint(Some("cluster.local")),
             "https://prod-narad.default.svc.cluster.local:7942"
         );
-        assert_eq!(nc.check_endpoint(None), Ok(()));
+        assert_eq!(nc.check_endpoint(None, false), Ok(()));
         assert_eq!(
-            tls(json!({"endpoint": "https://prod-narad.default.svc:7942"})).check_endpoint(None),
+            tls(json!({"endpoint": "https://prod-narad.default.svc:7942"}))
+                .check_endpoint(None, false),
             Ok(())
         );
         for (e, allow) in [
@@ -657,7 +702,7 @@ mod tests {
             ("http://narad.example.com", true),
         ] {
             let err = tls(json!({"endpoint": e, "allowExternalEndpoint": allow}))
-                .check_endpoint(None)
+                .check_endpoint(None, true)
                 .unwrap_err();
             assert!(
                 err.contains("https") && err.contains("apiTLSSecretRef"),

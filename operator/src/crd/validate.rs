@@ -25,6 +25,13 @@ pub fn check_cluster(
             spec.replicas
         ));
     }
+    if let Some(p) = spec.metrics_port {
+        if p == crate::resources::API_PORT || p == crate::resources::CLUSTER_PORT {
+            return Err(format!(
+                "metricsPort {p} is the API or the cluster port; choose another"
+            ));
+        }
+    }
     let new_size = parse_quantity(&spec.storage.size)
         .ok_or_else(|| format!("storage.size {:?} is not a quantity", spec.storage.size))?;
     if let Some(a) = applied {
@@ -271,6 +278,19 @@ mod tests {
         small.replicas = 3;
         small.initial_cluster_size = Some(5);
         assert!(check_cluster(&small, None).is_err(), "replicas < initial");
+
+        let mut metrics = s.clone();
+        metrics.metrics_port = Some(9090);
+        assert!(check_cluster(&metrics, None).is_ok());
+        for clash in [7942, 7943] {
+            metrics.metrics_port = Some(clash);
+            assert!(
+                check_cluster(&metrics, None)
+                    .unwrap_err()
+                    .contains("metricsPort"),
+                "{clash}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
+};
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event};
@@ -21,6 +23,27 @@ use crate::crd::{
 };
 use crate::resources::{self, StatefulSetOptions};
 
+/// What a scale or rollout step waits for, or does now: a condition reason (PascalCase)
+/// and a message naming the pod or member and why. Messages carry nothing that changes
+/// by itself (no ages): a status that changed on every pass would reconcile in a loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Why {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Why {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Why {
+        Why {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Reasons that name an action taken in this pass (one Event each), not a wait.
+pub const ACTION_REASONS: [&str; 3] = ["ReplacingPod", "ReplacingNotReadyPod", "Decommissioning"];
+
 /// What the status is computed from.
 #[derive(Debug, Clone)]
 pub struct Observed {
@@ -30,14 +53,66 @@ pub struct Observed {
     pub sts_replicas: Option<i32>,
     /// The broker's members, or why they could not be read.
     pub members: Result<Vec<MemberInfo>, String>,
-    /// Whether a rollout is in progress (pods on an old template).
+    /// Whether a rollout is in progress: a pod (below `spec.replicas`) carries a
+    /// `controller-revision-hash` other than the StatefulSet's `status.updateRevision`
+    /// ([`rollout_pending`]).
     pub rolling: bool,
     /// The rollout halted: a replaced pod was not ready within [`ROLLOUT_STALL`].
     pub stalled: Option<String>,
+    /// What the rollout waits for, or the pod it replaced in this pass.
+    pub rollout: Option<Why>,
+    /// What the scale step waits for, or the member it started decommissioning.
+    pub scale: Option<Why>,
+}
+
+impl Observed {
+    /// Nothing in progress: `ready` pods of `sts_replicas`, these members.
+    pub fn steady(
+        ready_replicas: i32,
+        sts_replicas: Option<i32>,
+        members: Result<Vec<MemberInfo>, String>,
+    ) -> Observed {
+        Observed {
+            ready_replicas,
+            sts_replicas,
+            members,
+            rolling: false,
+            stalled: None,
+            rollout: None,
+            scale: None,
+        }
+    }
 }
 
 /// How long a replaced pod may take to become ready before the rollout halts.
 pub const ROLLOUT_STALL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The requeue while a scale or rollout step is in progress (members' liveness, versions
+/// and drains are not Kubernetes events, and a drained member must leave the client
+/// Service's pods soon after it left the cluster).
+pub const PROGRESS_REQUEUE: std::time::Duration = std::time::Duration::from_secs(3);
+/// The requeue otherwise (capped by the resync period).
+pub const STEADY_REQUEUE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// When to look again after a pass that computed `status` from `o`: soon while anything
+/// moves (a rollout, a scale step, pods or members not there yet), else the steady period.
+/// A stalled rollout waits for a person, so it is not polled quickly.
+pub fn requeue_after(status: &NaradClusterStatus, o: &Observed) -> std::time::Duration {
+    if o.stalled.is_some() {
+        return STEADY_REQUEUE;
+    }
+    let moving = o.rolling
+        || o.scale.is_some()
+        || matches!(
+            status.phase.as_deref(),
+            Some("Creating" | "Scaling" | "Upgrading")
+        );
+    if moving {
+        PROGRESS_REQUEUE
+    } else {
+        STEADY_REQUEUE
+    }
+}
 
 /// The status (without the recorded immutables) from what was observed.
 pub fn cluster_status(
@@ -72,6 +147,7 @@ pub fn cluster_status(
     let all_ready = o.ready_replicas >= want && o.members.is_ok() && alive == members.len();
     let ever_ran = prev.phase.as_deref().is_some_and(|p| p != "Creating");
     let scaling = o.sts_replicas.is_some_and(|r| r != want)
+        || o.scale.is_some()
         || (o.members.is_ok() && members.len() as i32 != want && ever_ran);
     let upgrading = o.rolling
         || s.current_version
@@ -144,33 +220,38 @@ pub fn cluster_status(
         gen,
         now,
     );
+    // Progressing names the step that moves (or waits) now: the scale step first, since a
+    // rollout does not replace pods while a member drains.
+    let rollout = o.rollout.as_ref().filter(|_| upgrading);
+    let (p_reason, p_msg) = match (&o.scale, rollout) {
+        (Some(w), _) => (w.reason, w.message.as_str()),
+        (None, Some(w)) => (w.reason, w.message.as_str()),
+        (None, None) if upgrading => ("Upgrading", ""),
+        (None, None) if scaling => ("Scaling", member_msg.as_str()),
+        (None, None) if all_ready => ("Stable", ""),
+        (None, None) => ("Starting", member_msg.as_str()),
+    };
     set_condition(
         c,
         cond::PROGRESSING,
         upgrading || scaling || !all_ready,
-        if upgrading {
-            "Upgrading"
-        } else if scaling {
-            "Scaling"
-        } else if all_ready {
-            "Stable"
-        } else {
-            "Starting"
-        },
-        "",
+        p_reason,
+        p_msg,
         gen,
         now,
     );
+    let (u_reason, u_msg) = match (&o.stalled, upgrading, rollout) {
+        (Some(m), _, _) => ("Stalled", m.as_str()),
+        (None, true, Some(w)) => (w.reason, w.message.as_str()),
+        (None, true, None) => ("RollingUpdate", ""),
+        (None, false, _) => ("UpToDate", ""),
+    };
     set_condition(
         c,
         cond::UPGRADING,
         upgrading && o.stalled.is_none(),
-        match (&o.stalled, upgrading) {
-            (Some(_), _) => "Stalled",
-            (None, true) => "RollingUpdate",
-            (None, false) => "UpToDate",
-        },
-        o.stalled.as_deref().unwrap_or(""),
+        u_reason,
+        u_msg,
         gen,
         now,
     );
@@ -190,6 +271,56 @@ pub fn cluster_status(
     s
 }
 
+/// A Kubernetes Event to publish about the NaradCluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: &'static str,
+    pub message: String,
+    /// `Rollout` or `Scale`.
+    pub action: &'static str,
+}
+
+/// The Events of a pass: every action (a pod replaced, a decommission started) and every
+/// wait whose reason differs from the reason the previous status recorded for it
+/// (`Upgrading` for the rollout, `Progressing` for the scale step), so a wait that lasts is
+/// announced once, not on every pass.
+pub fn notices(prev: &NaradClusterStatus, o: &Observed) -> Vec<Notice> {
+    let prev_reason =
+        |t: &str| crate::crd::condition(&prev.conditions, t).map(|c| c.reason.as_str());
+    let mut out = Vec::new();
+    if let Some(m) = &o.stalled {
+        if prev_reason(cond::UPGRADING) != Some("Stalled") {
+            out.push(Notice {
+                warning: true,
+                reason: "Stalled",
+                message: m.clone(),
+                action: "Rollout",
+            });
+        }
+    } else if let Some(w) = &o.rollout {
+        if ACTION_REASONS.contains(&w.reason) || prev_reason(cond::UPGRADING) != Some(w.reason) {
+            out.push(Notice {
+                warning: false,
+                reason: w.reason,
+                message: w.message.clone(),
+                action: "Rollout",
+            });
+        }
+    }
+    if let Some(w) = &o.scale {
+        if ACTION_REASONS.contains(&w.reason) || prev_reason(cond::PROGRESSING) != Some(w.reason) {
+            out.push(Notice {
+                warning: false,
+                reason: w.reason,
+                message: w.message.clone(),
+                action: "Scale",
+            });
+        }
+    }
+    out
+}
+
 /// One pod as the rollout sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodView {
@@ -203,79 +334,201 @@ pub struct PodView {
     pub age_secs: i64,
 }
 
+/// The pods of the StatefulSet `<prefix><ordinal>` as the rollout sees them: `updated` when
+/// the pod's `controller-revision-hash` label is `update_revision` (with `OnDelete` the
+/// StatefulSet's `currentRevision` never advances, so only the pods say what runs).
+pub fn pod_views(
+    pods: &[Pod],
+    prefix: &str,
+    update_revision: Option<&str>,
+    now_secs: i64,
+) -> Vec<PodView> {
+    pods.iter()
+        .filter_map(|p| {
+            let name = p.name_any();
+            let ordinal = name.strip_prefix(prefix)?.parse().ok()?;
+            let ready = p
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let revision = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("controller-revision-hash"))
+                .map(String::as_str);
+            Some(PodView {
+                ordinal,
+                updated: update_revision.is_some() && revision == update_revision,
+                ready,
+                terminating: p.metadata.deletion_timestamp.is_some(),
+                age_secs: p
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| now_secs - t.0.as_second())
+                    .unwrap_or(0),
+                name,
+            })
+        })
+        .collect()
+}
+
+/// Whether a rollout is pending: the StatefulSet has an update revision and a pod below
+/// `replicas` is not on it (pods above are being removed by a scale-in).
+pub fn rollout_pending(update_revision: Option<&str>, pods: &[PodView], replicas: i32) -> bool {
+    update_revision.is_some() && pods.iter().any(|p| p.ordinal < replicas && !p.updated)
+}
+
 /// The rollout's next step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RolloutStep {
     /// Every pod runs the current template.
     Done,
-    /// A precondition is not met (named).
-    Wait(String),
-    /// Delete this pod (the StatefulSet controller recreates it on the new template).
-    Delete(String),
+    /// A precondition is not met (reason and message name the pod or member).
+    Wait(Why),
+    /// Delete `pod` (the StatefulSet controller recreates it on the new template).
+    Delete { pod: String, why: Why },
     /// Halted: this replaced pod was not ready within [`ROLLOUT_STALL`].
     Stalled(String),
 }
 
 /// SPEC §10.3: one pod at a time, highest ordinal first, each only when all `replicas` pods
 /// exist and are ready, all members are alive, a leader exists and nothing drains; the next
-/// waits until the replaced pod is back, ready, and its member reports `version` and `alive`.
+/// waits until every replaced pod is back, ready, and its member reports `version` and
+/// `alive`. A not-ready pod of the old revision is replaced first (it serves nothing, and
+/// the new template may be what it needs, e.g. requests that fit), unless its member
+/// drains or another member is not alive (replacing it could then cost the quorum).
+/// Pods at or above `replicas` (leaving in a scale-in) are never replaced. `members` is
+/// `None` when they could not be read: then only not-ready old pods are replaced.
 pub fn next_rollout_step(
     pods: &[PodView],
     replicas: i32,
-    members: &[MemberInfo],
+    members: Option<&[MemberInfo]>,
     version: &str,
 ) -> RolloutStep {
     let mut pods = pods.to_vec();
     pods.sort_by_key(|p| std::cmp::Reverse(p.ordinal));
     if let Some(p) = pods.iter().find(|p| p.terminating) {
-        return RolloutStep::Wait(format!("pod {} is terminating", p.name));
+        return RolloutStep::Wait(Why::new(
+            "PodTerminating",
+            format!("pod {} is terminating", p.name),
+        ));
     }
+    pods.retain(|p| p.ordinal < replicas);
     // A deleted pod is gone before the StatefulSet controller recreates it: not a pod less
     // to replace, but one still being replaced.
     if let Some(missing) = (0..replicas).find(|o| !pods.iter().any(|p| p.ordinal == *o)) {
-        return RolloutStep::Wait(format!("pod with ordinal {missing} does not exist yet"));
+        return RolloutStep::Wait(Why::new(
+            "PodMissing",
+            format!("the pod with ordinal {missing} does not exist yet"),
+        ));
     }
-    if let Some(p) = pods.iter().find(|p| !p.ready) {
-        if p.updated && p.age_secs >= ROLLOUT_STALL.as_secs() as i64 {
+    if let Some(p) = pods.iter().find(|p| !p.ready && p.updated) {
+        if p.age_secs >= ROLLOUT_STALL.as_secs() as i64 {
             return RolloutStep::Stalled(format!(
                 "pod {} not ready {} s after its replacement",
                 p.name, p.age_secs
             ));
         }
-        return RolloutStep::Wait(format!("pod {} is not ready", p.name));
+        return RolloutStep::Wait(Why::new(
+            "PodNotReady",
+            format!("pod {} (new revision) is not ready yet", p.name),
+        ));
     }
-    if let Some(p) = pods.iter().find(|p| p.updated) {
-        // A replaced pod must have rejoined on the new version before the next goes.
+    let known = members.unwrap_or(&[]);
+    if let Some(p) = pods.iter().find(|p| !p.ready) {
+        // Not ready and on the old revision.
+        if let Some(m) = known.iter().find(|m| m.id == p.name && m.draining) {
+            return RolloutStep::Wait(Why::new(
+                "DecommissionRunning",
+                format!(
+                    "pod {} is not ready and member {} is draining (decommission); it is not \
+                     replaced mid-drain",
+                    p.name, m.id
+                ),
+            ));
+        }
+        if let Some(m) = known.iter().find(|m| m.id != p.name && m.status != "alive") {
+            return RolloutStep::Wait(Why::new(
+                "MemberNotAlive",
+                format!(
+                    "pod {} (old revision) is not ready, but member {} is {}: replacing {} \
+                     now could cost the quorum",
+                    p.name, m.id, m.status, p.name
+                ),
+            ));
+        }
+        return RolloutStep::Delete {
+            pod: p.name.clone(),
+            why: Why::new(
+                "ReplacingNotReadyPod",
+                format!(
+                    "replacing pod {} first: it is not ready and on the old revision",
+                    p.name
+                ),
+            ),
+        };
+    }
+    let old = pods.iter().filter(|p| !p.updated).count();
+    if old == 0 {
+        return RolloutStep::Done;
+    }
+    let Some(members) = members else {
+        return RolloutStep::Wait(Why::new(
+            "MembersUnknown",
+            "the cluster's members could not be read: no ready pod is replaced without them",
+        ));
+    };
+    // Every replaced pod must have rejoined on the new version before the next goes.
+    for p in pods.iter().filter(|p| p.updated) {
         match members.iter().find(|m| m.id == p.name) {
             Some(m) if m.status == "alive" && m.version == version => {}
             Some(m) => {
-                if pods.iter().any(|p| !p.updated) {
-                    return RolloutStep::Wait(format!(
-                        "member {} is {} on version {}",
+                return RolloutStep::Wait(Why::new(
+                    "MemberNotRejoined",
+                    format!(
+                        "member {} is {} on version {}; waiting for it alive on {version}",
                         m.id, m.status, m.version
-                    ));
-                }
+                    ),
+                ))
             }
             None => {
-                if pods.iter().any(|p| !p.updated) {
-                    return RolloutStep::Wait(format!("member {} not reported yet", p.name));
-                }
+                return RolloutStep::Wait(Why::new(
+                    "MemberNotRejoined",
+                    format!("member {} is not reported by the cluster yet", p.name),
+                ))
             }
         }
     }
-    let Some(next) = pods.iter().find(|p| !p.updated) else {
-        return RolloutStep::Done;
-    };
-    if members.iter().any(|m| m.status != "alive") {
-        return RolloutStep::Wait("not all members are alive".into());
+    if let Some(m) = members.iter().find(|m| m.status != "alive") {
+        return RolloutStep::Wait(Why::new(
+            "MemberNotAlive",
+            format!("member {} is {}", m.id, m.status),
+        ));
     }
     if !members.iter().any(|m| m.leader) {
-        return RolloutStep::Wait("no leader".into());
+        return RolloutStep::Wait(Why::new("NoLeader", "the cluster has no leader"));
     }
-    if members.iter().any(|m| m.draining) {
-        return RolloutStep::Wait("a decommission is running".into());
+    if let Some(m) = members.iter().find(|m| m.draining) {
+        return RolloutStep::Wait(Why::new(
+            "DecommissionRunning",
+            format!("member {} is draining (decommission)", m.id),
+        ));
     }
-    RolloutStep::Delete(next.name.clone())
+    let next = pods.iter().find(|p| !p.updated).expect("old > 0");
+    RolloutStep::Delete {
+        pod: next.name.clone(),
+        why: Why::new(
+            "ReplacingPod",
+            format!(
+                "replacing pod {} ({old} of {} pods on the old revision)",
+                next.name,
+                pods.len()
+            ),
+        ),
+    }
 }
 
 /// The StatefulSet's replica count now, and what a scale-in needs first (SPEC §6.5, §10.3).
@@ -285,8 +538,9 @@ pub enum ScaleStep {
     Replicas(i32),
     /// Keep `keep` replicas and start decommissioning `member` (the highest ordinal).
     Decommission { keep: i32, member: String },
-    /// Keep `keep` replicas: waiting (the member drains, or members are unknown).
-    Wait { keep: i32, reason: String },
+    /// Keep `keep` replicas: waiting (the member drains, leaves the voters and members, or
+    /// members are unknown).
+    Wait { keep: i32, why: Why },
 }
 
 impl ScaleStep {
@@ -297,12 +551,26 @@ impl ScaleStep {
             ScaleStep::Decommission { keep, .. } | ScaleStep::Wait { keep, .. } => *keep,
         }
     }
+
+    /// What the step waits for or does, for the conditions and Events (`None`: nothing).
+    pub fn why(&self) -> Option<Why> {
+        match self {
+            ScaleStep::Replicas(_) => None,
+            ScaleStep::Decommission { member, .. } => Some(Why::new(
+                "Decommissioning",
+                format!("decommissioning member {member} before its pod is removed"),
+            )),
+            ScaleStep::Wait { why, .. } => Some(why.clone()),
+        }
+    }
 }
 
 /// Scale-out applies `desired` at once (join and rebalance are automatic). Scale-in drops
-/// the highest ordinal only once its member is draining and owns nothing, decommissioning
+/// the highest ordinal only once its member has left the cluster (SPEC §10.3: drained,
+/// removed from the voters, then from the members; the broker does both), decommissioning
 /// it first; never below `initialClusterSize`, nor below 3 once there are 3. Unknown
-/// members (`None`) never shrink anything.
+/// members (`None`) never shrink anything. A pod removed while its member is still a
+/// voter would leave a dead voter behind.
 pub fn plan_scale(
     fullname: &str,
     desired: i32,
@@ -325,22 +593,39 @@ pub fn plan_scale(
     let Some(members) = members else {
         return ScaleStep::Wait {
             keep: current,
-            reason: "members unknown".into(),
+            why: Why::new(
+                "MembersUnknown",
+                "the cluster's members could not be read: nothing is removed without them",
+            ),
         };
     };
     let id = format!("{fullname}-{}", current - 1);
     match members.iter().find(|m| m.id == id) {
         None => ScaleStep::Replicas(current - 1),
-        Some(m) if m.draining && m.owned_partitions == 0 && m.outbound_moves == 0 => {
-            ScaleStep::Replicas(current - 1)
-        }
-        Some(m) if m.draining => ScaleStep::Wait {
-            keep: current,
-            reason: format!("{id} still owns {} partitions", m.owned_partitions),
-        },
-        Some(_) => ScaleStep::Decommission {
+        Some(m) if !m.draining => ScaleStep::Decommission {
             keep: current,
             member: id,
+        },
+        Some(m) if m.owned_partitions > 0 || m.outbound_moves > 0 => ScaleStep::Wait {
+            keep: current,
+            why: Why::new(
+                "WaitingForDrain",
+                format!(
+                    "member {id} is draining: it still owns {} partitions ({} moves out)",
+                    m.owned_partitions, m.outbound_moves
+                ),
+            ),
+        },
+        Some(m) => ScaleStep::Wait {
+            keep: current,
+            why: Why::new(
+                "WaitingForMemberRemoval",
+                format!(
+                    "member {id} is drained ({}); pod {id} is removed once the cluster has \
+                     taken the member out of its voters and members",
+                    m.status
+                ),
+            ),
         },
     }
 }
@@ -478,7 +763,8 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         return Err(Error::Invalid(msg));
     }
     // Nothing is read for, applied for or sent to an endpoint the operator may not use.
-    if let Err(msg) = nc.check_endpoint(ctx.cluster_domain.as_deref()) {
+    if let Err(msg) = nc.check_endpoint(ctx.cluster_domain.as_deref(), ctx.allow_external_endpoints)
+    {
         refuse(api, nc, &prev, "EndpointNotAllowed", &msg).await?;
         return Err(Error::Invalid(msg));
     }
@@ -539,6 +825,12 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     let services: Api<Service> = Api::namespaced(c.clone(), &ns);
     ssa(&services, &resources::headless_service(nc)).await?;
     ssa(&services, &resources::client_service(nc)).await?;
+    // Before the StatefulSet: its pods name it.
+    ssa(
+        &Api::<ServiceAccount>::namespaced(c.clone(), &ns),
+        &resources::service_account(nc),
+    )
+    .await?;
     let pdb_ar = resources::pdb_api_resource(&ctx.pdb_api_version);
     let pdbs: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns, &pdb_ar);
     let pdb = resources::pdb_dynamic(nc, &ctx.pdb_api_version);
@@ -577,9 +869,15 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
             .and_then(|s| s.replicas),
         members.as_deref().ok(),
     );
-    if let (ScaleStep::Decommission { member, .. }, Ok(b)) = (&step, &broker) {
-        tracing::info!(%member, "scale-in: decommissioning");
-        b.client.decommission(member).await?;
+    match (&step, &broker) {
+        (ScaleStep::Decommission { member, .. }, Ok(b)) => {
+            tracing::info!(%member, "scale-in: decommissioning");
+            b.client.decommission(member).await?;
+        }
+        (ScaleStep::Wait { why, .. }, _) => {
+            tracing::info!(reason = why.reason, message = %why.message, "scale-in waits");
+        }
+        _ => {}
     }
     let opts = StatefulSetOptions {
         cluster_domain: ctx
@@ -593,28 +891,48 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     ssa(&stss, &sts).await?;
     let sts = stss.get(&nc.fullname()).await?;
     let st = sts.status.clone().unwrap_or_default();
-    // `currentRevision` is not advanced for `OnDelete` StatefulSets by every server version;
-    // the pods themselves say whether the rollout is done (below).
-    let mut rolling = st.update_revision.is_some() && st.current_revision != st.update_revision;
+    let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
+    // Whether a rollout is pending is read from the pods' revision labels: with `OnDelete`
+    // the StatefulSet's `currentRevision` never advances.
+    let pods: Api<Pod> = Api::namespaced(c.clone(), &ns);
+    let pod_list = pods
+        .list(&ListParams::default().labels(&label_selector(nc)))
+        .await?
+        .items;
+    let revision = st.update_revision.clone();
+    let views = pod_views(
+        &pod_list,
+        &format!("{}-", nc.fullname()),
+        revision.as_deref(),
+        now().0.as_second(),
+    );
     let mut observed = Observed {
-        ready_replicas: st.ready_replicas.unwrap_or(0),
-        sts_replicas: sts.spec.as_ref().and_then(|s| s.replicas),
-        members: members.clone(),
-        rolling,
-        stalled: None,
+        rolling: rollout_pending(revision.as_deref(), &views, replicas),
+        scale: step.why(),
+        ..Observed::steady(
+            st.ready_replicas.unwrap_or(0),
+            sts.spec.as_ref().and_then(|s| s.replicas),
+            members.clone(),
+        )
     };
-    if rolling {
-        match roll_one(ctx, nc, &ns, &sts, members.as_deref().unwrap_or(&[])).await? {
+    if observed.rolling {
+        let step = next_rollout_step(&views, replicas, members.as_deref().ok(), &nc.spec.version);
+        match step {
             RolloutStep::Stalled(why) => {
                 tracing::warn!(reason = %why, "rolling upgrade stalled");
                 observed.stalled = Some(why);
             }
-            RolloutStep::Done => {
-                rolling = false;
-                observed.rolling = false;
+            RolloutStep::Done => observed.rolling = false,
+            RolloutStep::Wait(why) => {
+                tracing::info!(reason = why.reason, message = %why.message, "rolling upgrade waits");
+                observed.rollout = Some(why);
             }
-            RolloutStep::Wait(why) => tracing::debug!(reason = %why, "rolling upgrade waits"),
-            RolloutStep::Delete(_) => {}
+            RolloutStep::Delete { pod, why } => {
+                tracing::info!(%pod, reason = why.reason, "rolling upgrade: deleting pod");
+                pods.delete(&pod, &DeleteParams::default()).await?;
+                ctx.metrics.rollout_pod_deletions.inc();
+                observed.rollout = Some(why);
+            }
         }
     }
     // Storage growth goes to the claims; a refusal (e.g. a class without
@@ -626,68 +944,13 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     if nc.status.as_ref() != Some(&status) {
         patch_status(api, nc, &status).await?;
     }
-    expanded?;
-    // A rollout re-checks its preconditions often (the members' versions and liveness are
-    // not Kubernetes events); otherwise the periodic resync.
-    let every = if rolling { 5 } else { 30 };
-    Ok(Action::requeue(
-        std::time::Duration::from_secs(every).min(ctx.resync),
-    ))
-}
-
-/// Deletes the next pod of a rollout, when `next_rollout_step` says so; returns the step.
-async fn roll_one(
-    ctx: &Context,
-    nc: &NaradCluster,
-    ns: &str,
-    sts: &StatefulSet,
-    members: &[MemberInfo],
-) -> Result<RolloutStep> {
-    let revision = sts
-        .status
-        .as_ref()
-        .and_then(|s| s.update_revision.clone())
-        .unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let sel = label_selector(nc);
-    let prefix = format!("{}-", nc.fullname());
-    let views: Vec<PodView> = pods
-        .list(&ListParams::default().labels(&sel))
-        .await?
-        .items
-        .into_iter()
-        .filter_map(|p| {
-            let name = p.name_any();
-            let ordinal = name.strip_prefix(&prefix)?.parse().ok()?;
-            let labels = p.metadata.labels.clone().unwrap_or_default();
-            let ready = p
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            Some(PodView {
-                ordinal,
-                updated: labels.get("controller-revision-hash") == Some(&revision),
-                ready,
-                terminating: p.metadata.deletion_timestamp.is_some(),
-                age_secs: p
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| now().0.as_second() - t.0.as_second())
-                    .unwrap_or(0),
-                name,
-            })
-        })
-        .collect();
-    let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
-    let step = next_rollout_step(&views, replicas, members, &nc.spec.version);
-    if let RolloutStep::Delete(name) = &step {
-        tracing::info!(pod = %name, "rolling upgrade: deleting pod");
-        pods.delete(name, &DeleteParams::default()).await?;
-        ctx.metrics.rollout_pod_deletions.inc();
+    for n in notices(&prev, &observed) {
+        ctx.publish(nc, &n).await;
     }
-    Ok(step)
+    expanded?;
+    Ok(Action::requeue(
+        requeue_after(&status, &observed).min(ctx.resync),
+    ))
 }
 
 async fn cleanup(nc: &NaradCluster, ctx: &Context) -> Result<Action> {
@@ -746,6 +1009,8 @@ mod tests {
             members: Ok(healthy("1.4.0")),
             rolling: false,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &Default::default(), &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Running"));
@@ -771,6 +1036,8 @@ mod tests {
             members: Err("starting".into()),
             rolling: false,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &Default::default(), &o, &t());
         assert_eq!(
@@ -788,6 +1055,8 @@ mod tests {
             members: Err("connection refused".into()),
             rolling: false,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &Default::default(), &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Creating"));
@@ -804,6 +1073,8 @@ mod tests {
             members: Ok(m),
             rolling: false,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &running, &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Degraded"));
@@ -827,6 +1098,8 @@ mod tests {
             members: Ok(healthy("1.4.0")),
             rolling: true,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &running, &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Upgrading"));
@@ -838,6 +1111,8 @@ mod tests {
             members: Ok(healthy("1.4.0")),
             rolling: false,
             stalled: None,
+            rollout: None,
+            scale: None,
         };
         assert_eq!(
             cluster_status(&nc, &running, &o, &t()).phase.as_deref(),
@@ -877,6 +1152,13 @@ mod tests {
             ScaleStep::Wait { keep: 5, .. }
         ));
         five[4].owned_partitions = 0;
+        // Drained, but still a member (and maybe a voter): the pod stays.
+        assert!(matches!(
+            plan_scale("prod-narad", 4, 3, Some(5), Some(&five)),
+            ScaleStep::Wait { keep: 5, .. }
+        ));
+        // The cluster removed it: now the pod goes.
+        five.pop();
         assert_eq!(
             plan_scale("prod-narad", 4, 3, Some(5), Some(&five)),
             ScaleStep::Replicas(4)
@@ -898,10 +1180,8 @@ mod tests {
         let mut seven: Vec<MemberInfo> = (0..7)
             .map(|i| member(&format!("prod-narad-{i}"), "alive", i == 0, "1"))
             .collect();
-        for x in seven.iter_mut().skip(5) {
-            x.draining = true;
-            x.owned_partitions = 0;
-        }
+        // 5 and 6 were drained and removed by the cluster.
+        seven.truncate(5);
         // initialClusterSize 5: 7 → 5 at most, one ordinal at a time.
         assert_eq!(
             plan_scale("prod-narad", 3, 5, Some(7), Some(&seven)),
@@ -911,6 +1191,23 @@ mod tests {
             plan_scale("prod-narad", 3, 5, Some(5), Some(&seven)),
             ScaleStep::Replicas(5)
         );
+    }
+
+    /// The pod a step deletes, if it deletes one.
+    fn deleted(step: &RolloutStep) -> Option<&str> {
+        match step {
+            RolloutStep::Delete { pod, .. } => Some(pod),
+            _ => None,
+        }
+    }
+
+    /// The reason of a wait (panics on anything else).
+    #[track_caller]
+    fn waits(step: RolloutStep) -> Why {
+        match step {
+            RolloutStep::Wait(w) => w,
+            other => panic!("expected a wait, got {other:?}"),
+        }
     }
 
     fn pod(ordinal: i32, updated: bool, ready: bool) -> PodView {
@@ -932,30 +1229,35 @@ mod tests {
             pod(2, false, true),
         ];
         assert_eq!(
-            next_rollout_step(&pods, 3, &healthy("1.4.0"), "1.5.0"),
-            RolloutStep::Delete("prod-narad-2".into())
+            deleted(&next_rollout_step(
+                &pods,
+                3,
+                Some(&healthy("1.4.0")),
+                "1.5.0"
+            )),
+            Some("prod-narad-2")
         );
         // 2 deleted and not recreated yet: wait (never 1 meanwhile).
         let gone = vec![pod(0, false, true), pod(1, false, true)];
         assert!(matches!(
-            next_rollout_step(&gone, 3, &healthy("1.4.0"), "1.5.0"),
+            next_rollout_step(&gone, 3, Some(&healthy("1.4.0")), "1.5.0"),
             RolloutStep::Wait(_)
         ));
         // 2 replaced and ready, but its member still reports the old version: wait.
         let pods = vec![pod(0, false, true), pod(1, false, true), pod(2, true, true)];
         assert!(matches!(
-            next_rollout_step(&pods, 3, &healthy("1.4.0"), "1.5.0"),
+            next_rollout_step(&pods, 3, Some(&healthy("1.4.0")), "1.5.0"),
             RolloutStep::Wait(_)
         ));
         let mut m = healthy("1.4.0");
         m[2].version = "1.5.0".into();
         assert_eq!(
-            next_rollout_step(&pods, 3, &m, "1.5.0"),
-            RolloutStep::Delete("prod-narad-1".into())
+            deleted(&next_rollout_step(&pods, 3, Some(&m), "1.5.0")),
+            Some("prod-narad-1")
         );
         let all = vec![pod(0, true, true), pod(1, true, true), pod(2, true, true)];
         assert_eq!(
-            next_rollout_step(&all, 3, &healthy("1.5.0"), "1.5.0"),
+            next_rollout_step(&all, 3, Some(&healthy("1.5.0")), "1.5.0"),
             RolloutStep::Done
         );
     }
@@ -968,25 +1270,25 @@ mod tests {
             pod(2, true, false),
         ];
         assert!(matches!(
-            next_rollout_step(&pods, 3, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, Some(&healthy("1")), "2"),
             RolloutStep::Wait(_)
         ));
         pods[2].age_secs = 601;
         assert!(matches!(
-            next_rollout_step(&pods, 3, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, Some(&healthy("1")), "2"),
             RolloutStep::Stalled(_)
         ));
-        // An old pod that is merely not ready is waited for, not a stall.
+        // An old pod that is merely not ready is no stall: it is replaced first.
         let mut old = vec![
             pod(0, false, true),
             pod(1, false, true),
             pod(2, false, false),
         ];
         old[2].age_secs = 10_000;
-        assert!(matches!(
-            next_rollout_step(&old, 3, &healthy("1"), "2"),
-            RolloutStep::Wait(_)
-        ));
+        assert_eq!(
+            deleted(&next_rollout_step(&old, 3, Some(&healthy("1")), "2")),
+            Some("prod-narad-2")
+        );
 
         let running = NaradClusterStatus {
             phase: Some("Running".into()),
@@ -999,6 +1301,8 @@ mod tests {
             members: Ok(healthy("1")),
             rolling: true,
             stalled: Some("pod prod-narad-2 not ready".into()),
+            rollout: None,
+            scale: None,
         };
         let s = cluster_status(&nc, &running, &o, &t());
         assert_eq!(s.phase.as_deref(), Some("Degraded"));
@@ -1043,13 +1347,14 @@ mod tests {
 
     #[test]
     fn rollout_waits_for_health() {
+        // A replaced pod that is not ready yet.
         let pods = vec![
             pod(0, false, true),
             pod(1, false, true),
-            pod(2, false, false),
+            pod(2, true, false),
         ];
         assert!(matches!(
-            next_rollout_step(&pods, 3, &healthy("1"), "2"),
+            next_rollout_step(&pods, 3, Some(&healthy("1")), "2"),
             RolloutStep::Wait(_)
         ));
         let pods = vec![
@@ -1060,26 +1365,327 @@ mod tests {
         let mut dead = healthy("1");
         dead[0].status = "dead".into();
         assert!(matches!(
-            next_rollout_step(&pods, 3, &dead, "2"),
+            next_rollout_step(&pods, 3, Some(&dead), "2"),
             RolloutStep::Wait(_)
         ));
         let mut leaderless = healthy("1");
         leaderless[1].leader = false;
         assert!(matches!(
-            next_rollout_step(&pods, 3, &leaderless, "2"),
+            next_rollout_step(&pods, 3, Some(&leaderless), "2"),
             RolloutStep::Wait(_)
         ));
         let mut draining = healthy("1");
         draining[0].draining = true;
         assert!(matches!(
-            next_rollout_step(&pods, 3, &draining, "2"),
+            next_rollout_step(&pods, 3, Some(&draining), "2"),
             RolloutStep::Wait(_)
         ));
         let mut term = pods.clone();
         term[2].terminating = true;
         assert!(matches!(
-            next_rollout_step(&term, 3, &healthy("1"), "2"),
+            next_rollout_step(&term, 3, Some(&healthy("1")), "2"),
             RolloutStep::Wait(_)
         ));
+    }
+
+    fn running() -> NaradClusterStatus {
+        NaradClusterStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        }
+    }
+
+    /// Issue 14, bug 1: a drained member still in the members list (a voter, maybe dead)
+    /// keeps its pod; only once the cluster removed it does the StatefulSet shrink.
+    #[test]
+    fn scale_in_waits_until_the_member_left_the_voters_and_members() {
+        let mut four = healthy("1");
+        four.push(member("prod-narad-3", "alive", false, "1"));
+        four[3].draining = true;
+        four[3].owned_partitions = 0;
+        let step = plan_scale("prod-narad", 3, 3, Some(4), Some(&four));
+        let ScaleStep::Wait { keep: 4, why } = step else {
+            panic!("expected a wait, got {step:?}")
+        };
+        assert_eq!(why.reason, "WaitingForMemberRemoval");
+        assert!(why.message.contains("prod-narad-3"), "{}", why.message);
+        // Dead after its drain: still waited for (the broker removes it), and said so.
+        four[3].status = "dead".into();
+        let step = plan_scale("prod-narad", 3, 3, Some(4), Some(&four));
+        let Some(why) = step.why() else {
+            panic!("expected a wait, got {step:?}")
+        };
+        assert_eq!(step.replicas(), 4);
+        assert!(why.message.contains("dead"), "{}", why.message);
+        // Outbound moves still running: a drain wait that says so.
+        four[3].status = "alive".into();
+        four[3].outbound_moves = 2;
+        let why = plan_scale("prod-narad", 3, 3, Some(4), Some(&four))
+            .why()
+            .unwrap();
+        assert_eq!(why.reason, "WaitingForDrain");
+        assert!(why.message.contains("2 moves"), "{}", why.message);
+        four.pop();
+        assert_eq!(
+            plan_scale("prod-narad", 3, 3, Some(4), Some(&four)),
+            ScaleStep::Replicas(3)
+        );
+    }
+
+    /// Issue 14, bug 2: a pass with a scale or rollout step in progress looks again within
+    /// seconds, not after the 30 s steady requeue.
+    #[test]
+    fn requeue_is_quick_while_a_step_is_in_progress() {
+        let steady = Observed::steady(3, Some(3), Ok(healthy("1")));
+        assert_eq!(requeue_after(&running(), &steady), STEADY_REQUEUE);
+        let scale = Observed {
+            scale: Some(Why::new("WaitingForMemberRemoval", "m")),
+            ..steady.clone()
+        };
+        assert_eq!(requeue_after(&running(), &scale), PROGRESS_REQUEUE);
+        let rolling = Observed {
+            rolling: true,
+            ..steady.clone()
+        };
+        assert_eq!(requeue_after(&running(), &rolling), PROGRESS_REQUEUE);
+        for phase in ["Creating", "Scaling", "Upgrading"] {
+            let st = NaradClusterStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            };
+            assert_eq!(requeue_after(&st, &steady), PROGRESS_REQUEUE, "{phase}");
+        }
+        // A stall waits for a person.
+        let stalled = Observed {
+            stalled: Some("x".into()),
+            ..rolling
+        };
+        assert_eq!(requeue_after(&running(), &stalled), STEADY_REQUEUE);
+        assert!(PROGRESS_REQUEUE <= std::time::Duration::from_secs(5));
+    }
+
+    /// A broker pod as the API server has it: `controller-revision-hash` and readiness.
+    fn k8s_pod(ordinal: i32, revision: &str, ready: bool) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("prod-narad-{ordinal}"), "namespace": "default",
+                "labels": {"app.kubernetes.io/name": "narad", "controller-revision-hash": revision},
+                "creationTimestamp": "1970-01-01T00:01:00Z"},
+            "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+        }))
+        .unwrap()
+    }
+
+    /// The phase of `pods` under a StatefulSet whose `updateRevision` is `rev-2` (its
+    /// `currentRevision`, never advanced with OnDelete, is still `rev-1`: not consulted).
+    fn phase_of(
+        pods: &[Pod],
+        replicas: i32,
+        want: i32,
+        members: Vec<MemberInfo>,
+    ) -> (bool, String) {
+        let views = pod_views(pods, "prod-narad-", Some("rev-2"), 100);
+        let ready = views.iter().filter(|p| p.ready).count() as i32;
+        let o = Observed {
+            rolling: rollout_pending(Some("rev-2"), &views, replicas),
+            ..Observed::steady(ready, Some(replicas), Ok(members))
+        };
+        let nc = cluster(json!({"version": "1", "replicas": want}));
+        let s = cluster_status(&nc, &running(), &o, &t());
+        (o.rolling, s.phase.unwrap())
+    }
+
+    /// Issue 14, bug 3: `Upgrading` only while a pod is on an old revision.
+    #[test]
+    fn phase_is_judged_by_the_pods_revision_labels() {
+        let all_new = |ready: [bool; 3]| -> Vec<Pod> {
+            (0..3)
+                .map(|i| k8s_pod(i, "rev-2", ready[i as usize]))
+                .collect()
+        };
+        // After an upgrade: everything on rev-2 and healthy.
+        assert_eq!(
+            phase_of(&all_new([true; 3]), 3, 3, healthy("1")),
+            (false, "Running".into())
+        );
+        // A lost pod after the upgrade: Degraded, not Upgrading.
+        let mut m = healthy("1");
+        m[2].status = "dead".into();
+        assert_eq!(
+            phase_of(&all_new([true, true, false]), 3, 3, m),
+            (false, "Degraded".into())
+        );
+        // A not-ready pod of the update revision, members fine: Degraded.
+        assert_eq!(
+            phase_of(&all_new([true, false, true]), 3, 3, healthy("1")),
+            (false, "Degraded".into())
+        );
+        // Scale-out 3 → 4: the new pod is on rev-2 and not ready yet: Scaling.
+        let mut four = all_new([true; 3]);
+        four.push(k8s_pod(3, "rev-2", false));
+        assert_eq!(
+            phase_of(&four, 4, 4, healthy("1")),
+            (false, "Scaling".into())
+        );
+        // One pod still on rev-1: Upgrading.
+        let mut mixed = all_new([true; 3]);
+        mixed[0] = k8s_pod(0, "rev-1", true);
+        assert_eq!(
+            phase_of(&mixed, 3, 3, healthy("1")),
+            (true, "Upgrading".into())
+        );
+        // An old pod above the replicas (leaving in a scale-in) is no rollout.
+        let mut leaving = all_new([true; 3]);
+        leaving.push(k8s_pod(3, "rev-1", false));
+        assert!(!phase_of(&leaving, 3, 3, healthy("1")).0);
+        // Without an update revision nothing is judged outdated.
+        let views = pod_views(&mixed, "prod-narad-", None, 100);
+        assert!(!rollout_pending(None, &views, 3));
+        assert_eq!(views[0].age_secs, 40);
+    }
+
+    /// Issue 14, bug 4: a not-ready pod of the old revision (e.g. Pending: its requests do
+    /// not fit) is replaced first instead of blocking the rollout forever.
+    #[test]
+    fn rollout_replaces_a_not_ready_old_pod_first() {
+        let pods = vec![
+            pod(0, false, true),
+            pod(1, false, true),
+            pod(2, false, true),
+            pod(3, false, false),
+        ];
+        // prod-narad-3 never joined: the members are the three others.
+        match next_rollout_step(&pods, 4, Some(&healthy("1")), "2") {
+            RolloutStep::Delete { pod, why } => {
+                assert_eq!(pod, "prod-narad-3");
+                assert_eq!(why.reason, "ReplacingNotReadyPod");
+                assert!(why.message.contains("prod-narad-3"), "{}", why.message);
+            }
+            other => panic!("expected prod-narad-3 replaced, got {other:?}"),
+        }
+        // Even when the members cannot be read (the pods serve nothing anyway).
+        assert_eq!(
+            deleted(&next_rollout_step(&pods, 4, None, "2")),
+            Some("prod-narad-3")
+        );
+        // Not while another member is not alive: that could cost the quorum.
+        let mut dead = healthy("1");
+        dead[0].status = "dead".into();
+        let w = waits(next_rollout_step(&pods, 4, Some(&dead), "2"));
+        assert_eq!(w.reason, "MemberNotAlive");
+        assert!(
+            w.message.contains("prod-narad-0") && w.message.contains("prod-narad-3"),
+            "{}",
+            w.message
+        );
+        // Not mid-drain.
+        let mut draining = healthy("1");
+        draining.push(member("prod-narad-3", "alive", false, "1"));
+        draining[3].draining = true;
+        let w = waits(next_rollout_step(&pods, 4, Some(&draining), "2"));
+        assert_eq!(w.reason, "DecommissionRunning");
+        // A ready old pod with members unknown: waited for, with the reason.
+        let ready_old = vec![
+            pod(0, false, true),
+            pod(1, false, true),
+            pod(2, false, true),
+        ];
+        assert_eq!(
+            waits(next_rollout_step(&ready_old, 3, None, "2")).reason,
+            "MembersUnknown"
+        );
+    }
+
+    /// Every replaced pod must have rejoined on the new version, not only the highest.
+    #[test]
+    fn rollout_waits_for_every_replaced_member() {
+        let pods = vec![pod(0, false, true), pod(1, true, true), pod(2, true, true)];
+        let mut m = healthy("1");
+        m[2].version = "2".into();
+        // prod-narad-1 was replaced last and still reports version 1.
+        let w = waits(next_rollout_step(&pods, 3, Some(&m), "2"));
+        assert_eq!(w.reason, "MemberNotRejoined");
+        assert!(w.message.contains("prod-narad-1"), "{}", w.message);
+        m[1].version = "2".into();
+        assert_eq!(
+            deleted(&next_rollout_step(&pods, 3, Some(&m), "2")),
+            Some("prod-narad-0")
+        );
+    }
+
+    /// Issue 14, bug 8: every wait names the pod or member in the conditions, and becomes
+    /// an Event once per reason (actions: every time).
+    #[test]
+    fn waits_go_into_conditions_and_events() {
+        let nc = cluster(json!({"version": "2"}));
+        let why = waits(next_rollout_step(
+            &[
+                pod(0, false, true),
+                pod(1, false, true),
+                pod(2, true, false),
+            ],
+            3,
+            Some(&healthy("1")),
+            "2",
+        ));
+        let o = Observed {
+            rolling: true,
+            rollout: Some(why),
+            ..Observed::steady(2, Some(3), Ok(healthy("1")))
+        };
+        let s = cluster_status(&nc, &running(), &o, &t());
+        assert_eq!(s.phase.as_deref(), Some("Upgrading"));
+        for c in [cond::UPGRADING, cond::PROGRESSING] {
+            let c = crate::crd::condition(&s.conditions, c).unwrap();
+            assert_eq!(c.reason, "PodNotReady");
+            assert!(c.message.contains("prod-narad-2"), "{}", c.message);
+        }
+        let n = notices(&running(), &o);
+        assert_eq!(n.len(), 1);
+        assert_eq!((n[0].reason, n[0].action), ("PodNotReady", "Rollout"));
+        // The same wait on the next pass: no second Event.
+        assert!(notices(&s, &o).is_empty());
+        // A pod replaced: an Event every time.
+        let o2 = Observed {
+            rollout: Some(Why::new("ReplacingPod", "replacing pod prod-narad-1")),
+            ..o.clone()
+        };
+        let s2 = cluster_status(&nc, &s, &o2, &t());
+        assert_eq!(notices(&s2, &o2).len(), 1);
+
+        // A scale-in wait: in Progressing, with its Event.
+        let nc3 = cluster(json!({"version": "1", "replicas": 3}));
+        let mut four = healthy("1");
+        four.push(member("prod-narad-3", "dead", false, "1"));
+        four[3].draining = true;
+        four[3].owned_partitions = 0;
+        let step = plan_scale("prod-narad", 3, 3, Some(4), Some(&four));
+        let o = Observed {
+            scale: step.why(),
+            ..Observed::steady(3, Some(step.replicas()), Ok(four))
+        };
+        let s = cluster_status(&nc3, &running(), &o, &t());
+        assert_eq!(s.phase.as_deref(), Some("Scaling"));
+        let p = crate::crd::condition(&s.conditions, cond::PROGRESSING).unwrap();
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", "WaitingForMemberRemoval")
+        );
+        assert!(p.message.contains("prod-narad-3"), "{}", p.message);
+        let n = notices(&running(), &o);
+        assert_eq!((n.len(), n[0].action), (1, "Scale"));
+        assert!(notices(&s, &o).is_empty());
+        // A stall: one Warning.
+        let o = Observed {
+            rolling: true,
+            stalled: Some("pod prod-narad-2 not ready 601 s after its replacement".into()),
+            ..Observed::steady(2, Some(3), Ok(healthy("1")))
+        };
+        let n = notices(&running(), &o);
+        assert!(
+            n.len() == 1 && n[0].warning && n[0].reason == "Stalled",
+            "{n:?}"
+        );
+        let s = cluster_status(&nc, &running(), &o, &t());
+        assert!(notices(&s, &o).is_empty());
     }
 }

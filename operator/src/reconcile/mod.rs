@@ -74,6 +74,12 @@ pub struct Context {
     pub wait_retry: Duration,
     /// `policy/v1` or `policy/v1beta1`, as the server serves PDBs.
     pub pdb_api_version: String,
+    /// The install-wide switch of `spec.allowExternalEndpoint`: off, no NaradCluster may
+    /// point the operator at an endpoint other than its own client Service, whatever its
+    /// spec says (set by whoever installs the operator: `--allow-external-endpoints`).
+    pub allow_external_endpoints: bool,
+    /// Publishes the Kubernetes Events of the reconcilers (`kubectl describe`).
+    pub recorder: kube::runtime::events::Recorder,
     /// The operator's metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Consecutive failures per object, for the retry backoff.
@@ -84,12 +90,14 @@ impl Context {
     /// A context with the default periods (resync 5 min, wait retry 5 s).
     pub fn new(client: kube::Client) -> Context {
         Context {
-            client,
+            client: client.clone(),
             broker_endpoint: None,
             cluster_domain: None,
             resync: Duration::from_secs(300),
             wait_retry: Duration::from_secs(5),
             pdb_api_version: "policy/v1".into(),
+            allow_external_endpoints: false,
+            recorder: kube::runtime::events::Recorder::new(client.clone(), reporter(None)),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             failures: Mutex::new(HashMap::new()),
         }
@@ -103,12 +111,39 @@ impl Context {
         backoff_for(*n)
     }
 
+    /// Publishes `n` as an Event of `nc`; a failure is logged, never fails the reconcile.
+    pub async fn publish(&self, nc: &NaradCluster, n: &cluster::Notice) {
+        use kube::runtime::events::{Event, EventType};
+        let ev = Event {
+            type_: if n.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: n.reason.to_string(),
+            note: Some(n.message.chars().take(1000).collect()),
+            action: n.action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &nc.object_ref(&())).await {
+            tracing::warn!(object = %object_key(nc), reason = n.reason, error = %e, "could not publish an event");
+        }
+    }
+
     /// Forgets the failures of `key` after a success.
     pub fn succeeded(&self, key: &str) {
         self.failures
             .lock()
             .expect("invariant: lock not poisoned")
             .remove(key);
+    }
+}
+
+/// The reporter of the operator's Events: controller `narad-operator`, this replica.
+pub fn reporter(instance: Option<String>) -> kube::runtime::events::Reporter {
+    kube::runtime::events::Reporter {
+        controller: "narad-operator".into(),
+        instance,
     }
 }
 
@@ -227,7 +262,7 @@ pub async fn broker_for(
     if nc.meta().deletion_timestamp.is_some() {
         return Ok(Err(Unreachable::ClusterGone));
     }
-    if let Err(m) = nc.check_endpoint(ctx.cluster_domain.as_deref()) {
+    if let Err(m) = nc.check_endpoint(ctx.cluster_domain.as_deref(), ctx.allow_external_endpoints) {
         return Ok(Err(Unreachable::Refused("EndpointNotAllowed", m)));
     }
     let endpoint = match (&nc.spec.endpoint, &ctx.broker_endpoint) {

@@ -1,17 +1,19 @@
 //! Pure builders of the objects a NaradCluster owns (SPEC §10.2, §10.3): the StatefulSet, the
-//! headless and client Services, the PodDisruptionBudget, the ConfigMap and the security
+//! headless and client Services, the brokers' ServiceAccount, the PodDisruptionBudget, the ConfigMap and the security
 //! Secret's generated entries. No I/O: each takes the NaradCluster (and what was observed)
 //! and returns the object to server-side apply, so every shape is unit-tested.
 
 mod configmap;
 mod pdb;
 mod secret;
+mod serviceaccount;
 mod services;
 mod statefulset;
 
 pub use configmap::*;
 pub use pdb::*;
 pub use secret::*;
+pub use serviceaccount::*;
 pub use services::*;
 pub use statefulset::*;
 

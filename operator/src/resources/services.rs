@@ -17,7 +17,9 @@ fn port(name: &str, port: i32) -> ServicePort {
 }
 
 /// `<fullname>-headless`: peer DNS for the StatefulSet, published before pods are ready so
-/// nodes can find each other while bootstrapping.
+/// nodes can find each other while bootstrapping, and while a node fails `/readyz`
+/// (draining, shutting down, no longer a member): its peers must still reach its cluster
+/// port.
 pub fn headless_service(nc: &NaradCluster) -> Service {
     Service {
         metadata: owned_meta(nc, headless_name(nc)),
@@ -32,18 +34,26 @@ pub fn headless_service(nc: &NaradCluster) -> Service {
     }
 }
 
-/// `<fullname>`: the client Service (ClusterIP by default) on the API port.
+/// `<fullname>`: the client Service (ClusterIP by default) on the API port, and the
+/// metrics port when `spec.metricsPort` is set. Ready pods only.
 pub fn client_service(nc: &NaradCluster) -> Service {
     let mut meta = owned_meta(nc, nc.fullname());
     if !nc.spec.service.annotations.is_empty() {
         meta.annotations = Some(nc.spec.service.annotations.clone());
+    }
+    let mut ports = vec![port("api", API_PORT)];
+    if let Some(p) = nc.spec.metrics_port {
+        ports.push(port("metrics", p));
     }
     Service {
         metadata: meta,
         spec: Some(ServiceSpec {
             type_: Some(nc.spec.service.type_.clone()),
             selector: Some(selector_labels(nc)),
-            ports: Some(vec![port("api", API_PORT)]),
+            ports: Some(ports),
+            // Only ready brokers take client traffic: a draining or departed node fails
+            // `/readyz` and leaves the endpoints at once.
+            publish_not_ready_addresses: None,
             ..Default::default()
         }),
         status: None,
@@ -81,7 +91,31 @@ mod tests {
         let p = &spec.ports.unwrap()[0];
         assert_eq!((p.name.as_deref(), p.port), (Some("api"), 7942));
         let plain = client_service(&cluster(json!({"version": "1"})));
-        assert_eq!(plain.spec.unwrap().type_.as_deref(), Some("ClusterIP"));
         assert!(plain.metadata.annotations.is_none());
+        let spec = plain.spec.unwrap();
+        assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+        // Not-ready (draining, shutting down) brokers take no client traffic.
+        assert_ne!(spec.publish_not_ready_addresses, Some(true));
+        assert_eq!(spec.ports.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn metrics_port_on_the_client_service() {
+        let s = client_service(&cluster(json!({"version": "1", "metricsPort": 9090})));
+        let ports: Vec<(Option<String>, i32)> = s
+            .spec
+            .unwrap()
+            .ports
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name, p.port))
+            .collect();
+        assert_eq!(
+            ports,
+            vec![(Some("api".into()), 7942), (Some("metrics".into()), 9090)]
+        );
+        // Peers only on the headless Service.
+        let h = headless_service(&cluster(json!({"version": "1", "metricsPort": 9090})));
+        assert_eq!(h.spec.unwrap().ports.unwrap().len(), 1);
     }
 }

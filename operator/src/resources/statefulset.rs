@@ -25,6 +25,43 @@ pub const CONFIG_HASH_ANNOTATION: &str = "narad.io/config-hash";
 /// Name of the data volume claim template (PVCs are `data-<pod>`).
 pub const DATA_VOLUME: &str = "data";
 
+/// How long a broker keeps serving after SIGTERM with `/readyz` failing
+/// (`NARAD_HTTP_SHUTDOWN_DELAY`), so that the Services and kube-proxy stop routing to it
+/// before it stops listening.
+pub const SHUTDOWN_DELAY: &str = "5s";
+/// The broker's default `http.shutdown_grace` (its graceful HTTP shutdown after the delay).
+pub const DEFAULT_SHUTDOWN_GRACE_SECS: i64 = 10;
+/// What the pod's termination grace period adds to delay + grace (the Raft handoff and the
+/// last flush after the HTTP shutdown).
+pub const TERMINATION_MARGIN_SECS: i64 = 15;
+
+/// `terminationGracePeriodSeconds`: the shutdown delay, plus the HTTP shutdown grace
+/// (`spec.config.http.shutdown_grace` when set, else the broker's 10 s), plus a margin, so
+/// that the kubelet never kills a broker in the middle of its orderly shutdown.
+pub fn termination_grace_secs(nc: &NaradCluster) -> Result<i64, String> {
+    let secs = |what: &str, v: &str| {
+        narad_api::duration::parse_go_duration_nonnegative(v)
+            .map(|d| d.as_secs() as i64 + i64::from(d.subsec_nanos() > 0))
+            .map_err(|e| format!("{what}: {e}"))
+    };
+    let delay = secs("shutdown delay", SHUTDOWN_DELAY)?;
+    let grace = match nc
+        .spec
+        .config
+        .as_ref()
+        .and_then(|c| c.pointer("/http/shutdown_grace"))
+    {
+        None => DEFAULT_SHUTDOWN_GRACE_SECS,
+        Some(serde_json::Value::String(v)) => secs("spec.config.http.shutdown_grace", v)?,
+        Some(other) => {
+            return Err(format!(
+                "spec.config.http.shutdown_grace must be a duration string, got {other}"
+            ))
+        }
+    };
+    Ok(delay + grace + TERMINATION_MARGIN_SECS)
+}
+
 /// Options of the StatefulSet builder that do not come from the NaradCluster spec.
 #[derive(Debug, Clone)]
 pub struct StatefulSetOptions {
@@ -167,6 +204,7 @@ pub fn broker_env(nc: &NaradCluster, cluster_domain: &str) -> Result<Vec<EnvVar>
             s.defaults.max_consume_wait.clone(),
         ),
         env("NARAD_LOG_FORMAT", "json"),
+        env("NARAD_HTTP_SHUTDOWN_DELAY", SHUTDOWN_DELAY),
         env("NARAD_SECURITY_ENABLED", s.security.enabled.to_string()),
     ];
     if s.security.enabled {
@@ -203,6 +241,9 @@ pub fn broker_env(nc: &NaradCluster, cluster_domain: &str) -> Result<Vec<EnvVar>
             e.push(env(var, format!("{API_TLS_DIR}/{file}")));
         }
     }
+    if let Some(p) = s.metrics_port {
+        e.push(env("NARAD_HTTP_METRICS_ADDR", format!("0.0.0.0:{p}")));
+    }
     // Unset when empty: the broker then lets only admins attach remote children.
     if !s.remotes.allowed_hosts.is_empty() {
         e.push(env(
@@ -236,6 +277,12 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
         let hash = Sha256::digest(c.as_bytes());
         let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
         annotations.insert(CONFIG_HASH_ANNOTATION.into(), hex);
+    }
+    // As the chart: Prometheus scrapes the metrics listener (plain HTTP, no credentials).
+    if let Some(p) = s.metrics_port {
+        annotations.insert("prometheus.io/scrape".into(), "true".into());
+        annotations.insert("prometheus.io/port".into(), p.to_string());
+        annotations.insert("prometheus.io/path".into(), "/metrics".into());
     }
 
     let mut args: Vec<String> = [
@@ -299,25 +346,35 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
         });
     }
 
+    let mut ports = vec![
+        ContainerPort {
+            name: Some("api".into()),
+            container_port: API_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        },
+        ContainerPort {
+            name: Some("cluster".into()),
+            container_port: CLUSTER_PORT,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        },
+    ];
+    if let Some(p) = s.metrics_port {
+        ports.push(ContainerPort {
+            name: Some("metrics".into()),
+            container_port: p,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        });
+    }
+
     let container = Container {
         name: "narad".into(),
         image: Some(s.image_ref()),
         image_pull_policy: Some(s.image.pull_policy.clone()),
         args: Some(args),
-        ports: Some(vec![
-            ContainerPort {
-                name: Some("api".into()),
-                container_port: API_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-            ContainerPort {
-                name: Some("cluster".into()),
-                container_port: CLUSTER_PORT,
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            },
-        ]),
+        ports: Some(ports),
         env: Some(broker_env(nc, &opts.cluster_domain)?),
         resources: Some(s.resources.clone().unwrap_or_else(default_resources)),
         startup_probe: Some(http_probe("/healthz", 5, 60, nc.api_tls())),
@@ -356,7 +413,10 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
 
     let pod = PodSpec {
         containers: vec![container],
-        termination_grace_period_seconds: Some(30),
+        // The brokers call no Kubernetes API: their own ServiceAccount, no token mounted.
+        service_account_name: Some(service_account_name(nc)),
+        automount_service_account_token: Some(false),
+        termination_grace_period_seconds: Some(termination_grace_secs(nc)?),
         security_context: Some(PodSecurityContext {
             fs_group: Some(NARAD_UID),
             run_as_user: Some(NARAD_UID),
@@ -532,6 +592,60 @@ mod tests {
                 .0,
             "10Gi"
         );
+    }
+
+    /// Issue 14, bugs 6 and 7: the brokers get their own ServiceAccount without a token, a
+    /// shutdown delay, and a termination grace period that covers delay + grace + margin.
+    #[test]
+    fn service_account_and_orderly_shutdown() {
+        let nc = cluster(json!({"version": "1"}));
+        let sts = statefulset(&nc, &StatefulSetOptions::default()).unwrap();
+        let pod = pod_of(&sts);
+        assert_eq!(pod.service_account_name.as_deref(), Some("prod-narad"));
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        let env = env_of(&sts);
+        assert_eq!(val(&env, "NARAD_HTTP_SHUTDOWN_DELAY"), "5s");
+        // 5 s delay + the broker's 10 s grace + 15 s margin.
+        assert_eq!(pod.termination_grace_period_seconds, Some(30));
+        let long = cluster(json!({"version": "1",
+            "config": {"http": {"shutdown_grace": "1m30s"}}}));
+        let pod = pod_of(&statefulset(&long, &StatefulSetOptions::default()).unwrap());
+        assert_eq!(pod.termination_grace_period_seconds, Some(5 + 90 + 15));
+        let bad = cluster(json!({"version": "1", "config": {"http": {"shutdown_grace": 10}}}));
+        assert!(statefulset(&bad, &StatefulSetOptions::default())
+            .unwrap_err()
+            .contains("shutdown_grace"));
+    }
+
+    #[test]
+    fn metrics_listener() {
+        let plain = statefulset(&cluster(json!({"version": "1"})), &Default::default()).unwrap();
+        assert!(!env_of(&plain).contains_key("NARAD_HTTP_METRICS_ADDR"));
+        let nc = cluster(json!({"version": "1", "metricsPort": 9090}));
+        let sts = statefulset(&nc, &StatefulSetOptions::default()).unwrap();
+        assert_eq!(
+            val(&env_of(&sts), "NARAD_HTTP_METRICS_ADDR"),
+            "0.0.0.0:9090"
+        );
+        let ports: Vec<(Option<String>, i32)> = pod_of(&sts).containers[0]
+            .ports
+            .clone()
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.name, p.container_port))
+            .collect();
+        assert_eq!(ports[2], (Some("metrics".into()), 9090));
+        let ann = sts
+            .spec
+            .unwrap()
+            .template
+            .metadata
+            .unwrap()
+            .annotations
+            .unwrap();
+        assert_eq!(ann["prometheus.io/scrape"], "true");
+        assert_eq!(ann["prometheus.io/port"], "9090");
+        assert_eq!(ann["prometheus.io/path"], "/metrics");
     }
 
     #[test]

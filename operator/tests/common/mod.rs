@@ -150,6 +150,8 @@ pub async fn start_operator(
     let minor = narad_operator::resources::parse_minor(&info.minor).unwrap();
     let mut ctx = Context::new(c.clone());
     ctx.resync = resync;
+    // The tests' clusters point the operator at brokers outside Kubernetes.
+    ctx.allow_external_endpoints = true;
     ctx.wait_retry = Duration::from_millis(500);
     ctx.pdb_api_version = narad_operator::resources::pdb_api_version(minor).into();
     let task = tokio::spawn(narad_operator::run::controllers(
