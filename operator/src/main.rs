@@ -196,7 +196,11 @@ mod tests {
             _ => unreachable!(),
         };
         assert!(!run(&["narad-operator", "run"]));
-        assert!(run(&["narad-operator", "run", "--allow-external-endpoints"]));
+        assert!(run(&[
+            "narad-operator",
+            "run",
+            "--allow-external-endpoints"
+        ]));
         // The chart sets the environment variable to "true" (this test alone reads it).
         std::env::set_var("NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS", "true");
         assert!(run(&["narad-operator", "run"]));

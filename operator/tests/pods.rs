@@ -633,7 +633,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
         "helm install of the broker chart (3 pods Ready): {:?}",
         t.elapsed()
     );
-    if let Err(e) = helm_try(&["test", "nd", "-n", &ns, "--timeout", "3m", "--logs"]) {
+    if let Err(e) = helm_try(&["test", "nd", "-n", &ns, "--timeout", "3m"]) {
         problems.add(e);
     }
     helm(&["uninstall", "nd", "-n", &ns, "--wait", "--timeout", "3m"]);

@@ -153,11 +153,19 @@ pub fn cluster_status(
         || s.current_version
             .as_deref()
             .is_some_and(|v| v != nc.spec.version);
+    // A step ends when its last new pod is ready: the replaced or added pod is on the update
+    // revision and registered before its readiness passes, and that is not a degradation.
+    let finishing = match prev.phase.as_deref() {
+        Some(p @ ("Upgrading" | "Scaling")) if quorum && o.ready_replicas < want => Some(p),
+        _ => None,
+    }
+    .filter(|_| o.stalled.is_none());
     let degraded = o.stalled.is_some()
         || (ever_ran
             && (!quorum || alive < members.len() || o.ready_replicas < want)
             && !upgrading
-            && !scaling);
+            && !scaling
+            && finishing.is_none());
     s.phase = Some(
         if o.stalled.is_some() {
             "Degraded"
@@ -167,6 +175,8 @@ pub fn cluster_status(
             "Upgrading"
         } else if scaling {
             "Scaling"
+        } else if let Some(p) = finishing {
+            p
         } else if degraded {
             "Degraded"
         } else if all_ready {
@@ -1541,6 +1551,38 @@ mod tests {
         let views = pod_views(&mixed, "prod-narad-", None, 100);
         assert!(!rollout_pending(None, &views, 3));
         assert_eq!(views[0].age_secs, 40);
+    }
+
+    /// Seen on real pods: the last replaced pod of an upgrade, or the pod a scale-out added,
+    /// registers as a member before its readiness passes. The step is still ending: not
+    /// Degraded. A cluster that was Running and loses readiness is Degraded.
+    #[test]
+    fn a_step_lasts_until_its_last_new_pod_is_ready() {
+        let four: Vec<Pod> = (0..4).map(|i| k8s_pod(i, "rev-2", i != 3)).collect();
+        let views = pod_views(&four, "prod-narad-", Some("rev-2"), 100);
+        let mut members = healthy("1");
+        members.push(member("prod-narad-3", "alive", false, "1"));
+        let o = Observed::steady(3, Some(4), Ok(members.clone()));
+        let nc = cluster(json!({"version": "1", "replicas": 4}));
+        assert!(!rollout_pending(Some("rev-2"), &views, 4));
+        for step in ["Scaling", "Upgrading"] {
+            let prev = NaradClusterStatus {
+                phase: Some(step.into()),
+                ..Default::default()
+            };
+            let s = cluster_status(&nc, &prev, &o, &t());
+            assert_eq!(s.phase.as_deref(), Some(step));
+        }
+        let s = cluster_status(&nc, &running(), &o, &t());
+        assert_eq!(s.phase.as_deref(), Some("Degraded"));
+        // Once every pod is ready the step is over.
+        let done = Observed::steady(4, Some(4), Ok(members));
+        let prev = NaradClusterStatus {
+            phase: Some("Scaling".into()),
+            ..Default::default()
+        };
+        let s = cluster_status(&nc, &prev, &done, &t());
+        assert_eq!(s.phase.as_deref(), Some("Running"));
     }
 
     /// Issue 14, bug 4: a not-ready pod of the old revision (e.g. Pending: its requests do
