@@ -33,6 +33,12 @@ struct Cli {
 enum Cmd {
     /// Run the controllers (the default).
     Run(RunArgs),
+    /// GET an http URL and exit 0 on a 2xx answer (the chart's `helm test`: the image has
+    /// no other HTTP client).
+    Probe {
+        /// e.g. http://narad-operator-metrics:8080/healthz
+        url: String,
+    },
     /// Write the CRDs as YAML.
     Crdgen {
         /// Directory to write one file per CRD into; without it, all go to stdout.
@@ -90,9 +96,23 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Crdgen { out }) => crdgen(out),
+        Some(Cmd::Probe { url }) => probe(&url).await,
         Some(Cmd::Run(args)) => run(args).await,
         None => run(cli.run).await,
     }
+}
+
+async fn probe(url: &str) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(narad_api::client::tls_config(None)?)
+        .timeout(std::time::Duration::from_secs(10))
+        .build()?;
+    let r = client.get(url).send().await?;
+    let status = r.status();
+    let body = r.text().await.unwrap_or_default();
+    anyhow::ensure!(status.is_success(), "{url}: {status}: {}", body.trim());
+    println!("{url}: {status}: {}", body.trim());
+    Ok(())
 }
 
 fn crdgen(out: Option<PathBuf>) -> anyhow::Result<()> {
