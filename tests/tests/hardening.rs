@@ -997,34 +997,34 @@ async fn batch_bytes_in_flight_are_bounded_node_wide() {
         .into_bytes()
     };
     let held = batch_body(10, MIB - 64);
-    let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    slow.write_all(&head(held.len())).await.unwrap();
-    slow.write_all(&held[..MIB]).await.unwrap();
-
-    // A second batch: its bytes do not fit beside the first one's. Until the first one is
-    // admitted the second may get through (it is not valid JSON, so it stores nothing).
+    // A second batch: its bytes do not fit beside the first one's. If it arrives before the
+    // first was admitted, it is alone and gets through (it is not valid JSON: `400`, nothing
+    // stored), and the first may then be the one refused: start both again.
     let mut second = head(7 * MIB);
     second.extend(std::iter::repeat_n(b'x', 7 * MIB));
-    let refused = eventually(Duration::from_secs(20), Duration::from_millis(20), || {
-        let addr = addr.clone();
-        let second = second.clone();
-        async move {
-            let mut s = tokio::net::TcpStream::connect(&addr).await?;
-            let (h, b) = raw_exchange(&mut s, &second).await?;
-            anyhow::ensure!(h.starts_with("http/1.1 503 "), "second batch: {h}");
-            Ok((h, b))
-        }
-    })
-    .await;
+    let (mut slow, refused) =
+        eventually(Duration::from_secs(30), Duration::from_millis(50), || {
+            let addr = addr.clone();
+            let second = second.clone();
+            let first = [head(held.len()), held[..MIB].to_vec()].concat();
+            async move {
+                let mut slow = tokio::net::TcpStream::connect(&addr).await?;
+                slow.write_all(&first).await?;
+                let mut s = tokio::net::TcpStream::connect(&addr).await?;
+                let (h, b) = raw_exchange(&mut s, &second).await?;
+                anyhow::ensure!(h.starts_with("http/1.1 503 "), "second batch: {h}");
+                Ok((slow, (h, b)))
+            }
+        })
+        .await;
     assert!(refused.0.contains("retry-after: 1"), "{refused:?}");
     let text = String::from_utf8_lossy(&refused.1).to_string();
     assert!(text.contains("max_batch_bytes_in_flight"), "{text}");
+    assert!(text.contains("nothing was stored"), "{text}");
 
     // The first batch completes: 202, all ten stored.
     slow.write_all(&held[MIB..]).await.unwrap();
-    let (h, b) = narad_tests::http::raw_exchange(&mut slow, b"")
-        .await
-        .unwrap();
+    let (h, b) = raw_exchange(&mut slow, b"").await.unwrap();
     assert!(
         h.starts_with("http/1.1 202 "),
         "{h}{}",
