@@ -90,6 +90,10 @@ pub struct HttpConfig {
     /// or, when that names every interface, the host of the cluster advertise address with
     /// the API port.
     pub advertise_addr: Option<String>,
+    /// `http.max_batch_bytes_in_flight` / `NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT` (ext, default
+    /// 64 MiB): batch-produce bytes (received plus decoded) this node holds at once; a batch
+    /// beyond it is `503` with `Retry-After: 1`, nothing stored.
+    pub max_batch_bytes_in_flight: u64,
 }
 
 impl HttpConfig {
@@ -200,6 +204,7 @@ impl Default for Config {
                 tls_key_file: None,
                 metrics_addr: None,
                 advertise_addr: None,
+                max_batch_bytes_in_flight: 64 * 1024 * 1024,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -339,6 +344,7 @@ mod file {
         pub tls_key_file: Option<String>,
         pub metrics_addr: Option<String>,
         pub advertise_addr: Option<String>,
+        pub max_batch_bytes_in_flight: Option<u64>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -566,6 +572,9 @@ impl Config {
             if let Some(v) = h.advertise_addr {
                 self.http.advertise_addr = Some(v);
             }
+            if let Some(v) = h.max_batch_bytes_in_flight {
+                self.http.max_batch_bytes_in_flight = v;
+            }
             for (key, v, slot) in [
                 (
                     "http.read_timeout",
@@ -718,6 +727,10 @@ impl Config {
         }
         if let Some(v) = get("NARAD_ADVERTISE_ADDR") {
             self.http.advertise_addr = Some(v);
+        }
+        if let Some(v) = get("NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT") {
+            self.http.max_batch_bytes_in_flight =
+                parse_num("NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT", &v)?;
         }
         for (key, slot) in [
             ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
@@ -982,6 +995,9 @@ impl Config {
             return Err(bad(
                 "topic.default_retention_age_ms must be 0 or at least 3600000",
             ));
+        }
+        if self.http.max_batch_bytes_in_flight == 0 {
+            return Err(bad("http.max_batch_bytes_in_flight must be at least 1"));
         }
         if self.http.max_consume_wait >= self.http.write_timeout
             || self.http.max_consume_wait > self.http.shutdown_grace

@@ -694,14 +694,29 @@ async fn parser_errors_and_unsupported_codings_answer_json() {
     .await;
     raw_json_error(&two_fields, 501);
     http.get(&topic_path("te-x")).await.expect_error(404);
+    // Produce decodes gzip and zstd (a body that is not gzip is `400`), nothing else.
     let compressed = exchange(
         b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
     )
     .await;
-    assert!(raw_json_error(&compressed, 415).contains("Content-Encoding"));
+    assert!(raw_json_error(&compressed, 400).contains("gzip"));
+    let brotli = exchange(
+        b"POST /v1/topics/codings/produce?partition=0 HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 5\r\n\r\nhello".to_vec(),
+    )
+    .await;
+    assert!(raw_json_error(&brotli, 415).contains("Content-Encoding"));
     assert!(
-        compressed.0.contains("accept-encoding: identity"),
-        "{compressed:?}"
+        brotli.0.contains("accept-encoding: gzip, zstd, identity"),
+        "{brotli:?}"
+    );
+    let elsewhere = exchange(
+        b"POST /v1/topics HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}".to_vec(),
+    )
+    .await;
+    raw_json_error(&elsewhere, 415);
+    assert!(
+        elsewhere.0.contains("accept-encoding: identity"),
+        "{elsewhere:?}"
     );
     // Plain chunked and `identity` are read as before.
     let plain = exchange(
@@ -949,4 +964,78 @@ async fn a_snapshot_chunk_far_past_the_received_bytes_allocates_nothing() {
     assert!(!answers[0].contains("SnapshotMismatch"), "{answers:?}");
     assert!(answers[1].contains("SnapshotMismatch"), "{answers:?}");
     Http::new(server.url()).get("/healthz").await.expect(200);
+}
+
+/// A valid batch body of `n` string payloads of `each` bytes.
+fn batch_body(n: usize, each: usize) -> Vec<u8> {
+    let one = format!("{{\"payload\":\"{}\"}}", "b".repeat(each));
+    format!("{{\"messages\":[{}]}}", vec![one; n].join(",")).into_bytes()
+}
+
+/// The node-wide budget of batch bytes in flight (`http.max_batch_bytes_in_flight`): while
+/// a 10 MiB batch is still arriving, another 7 MiB one does not fit a 16 MiB budget and is
+/// `503` with `Retry-After: 1`, nothing stored; the budget comes back when a request ends,
+/// refused ones included.
+#[tokio::test]
+async fn batch_bytes_in_flight_are_bounded_node_wide() {
+    use narad_tests::http::raw_exchange;
+    use tokio::io::AsyncWriteExt;
+    const MIB: usize = 1 << 20;
+    let server = Server::start(ServerOpts::default().env(
+        "NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT",
+        (16 * MIB).to_string(),
+    ))
+    .await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "budget", "partitions": 3}))
+        .await;
+    let addr = format!("127.0.0.1:{}", server.port());
+    let head = |len: usize| {
+        format!(
+            "POST /v1/topics/budget/produce/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n\r\n"
+        )
+        .into_bytes()
+    };
+    let held = batch_body(10, MIB - 64);
+    // A second batch: its bytes do not fit beside the first one's. If it arrives before the
+    // first was admitted, it is alone and gets through (it is not valid JSON: `400`, nothing
+    // stored), and the first may then be the one refused: start both again.
+    let mut second = head(7 * MIB);
+    second.extend(std::iter::repeat_n(b'x', 7 * MIB));
+    let (mut slow, refused) =
+        eventually(Duration::from_secs(30), Duration::from_millis(50), || {
+            let addr = addr.clone();
+            let second = second.clone();
+            let first = [head(held.len()), held[..MIB].to_vec()].concat();
+            async move {
+                let mut slow = tokio::net::TcpStream::connect(&addr).await?;
+                slow.write_all(&first).await?;
+                let mut s = tokio::net::TcpStream::connect(&addr).await?;
+                let (h, b) = raw_exchange(&mut s, &second).await?;
+                anyhow::ensure!(h.starts_with("http/1.1 503 "), "second batch: {h}");
+                Ok((slow, (h, b)))
+            }
+        })
+        .await;
+    assert!(refused.0.contains("retry-after: 1"), "{refused:?}");
+    let text = String::from_utf8_lossy(&refused.1).to_string();
+    assert!(text.contains("max_batch_bytes_in_flight"), "{text}");
+    assert!(text.contains("nothing was stored"), "{text}");
+
+    // The first batch completes: 202, all ten stored.
+    slow.write_all(&held[MIB..]).await.unwrap();
+    let (h, b) = raw_exchange(&mut slow, b"").await.unwrap();
+    assert!(
+        h.starts_with("http/1.1 202 "),
+        "{h}{}",
+        String::from_utf8_lossy(&b)
+    );
+    // Every request that ended (202, 503, 400) gave its bytes back: with anything left
+    // over, a 10 MiB batch would not be alone and would not fit.
+    for body in [batch_body(10, MIB - 64), batch_body(6, MIB - 64)] {
+        http.send_raw_json(Method::POST, "/v1/topics/budget/produce/batch", body)
+            .await
+            .expect(202);
+    }
+    http.wait_total_visible("budget", 26).await;
 }

@@ -361,10 +361,10 @@ async fn batch_produce_is_all_or_nothing() {
             });
         }
     }
-    let many: Vec<Value> = (0..101).map(|_| ok.clone()).collect();
+    let many: Vec<Value> = (0..1001).map(|_| ok.clone()).collect();
     for (label, body) in [
         ("no messages", json!({"messages": []})),
-        ("101 messages", json!({"messages": many})),
+        ("1001 messages", json!({"messages": many})),
         ("missing messages", json!({})),
         (
             "unknown top-level field",
@@ -493,4 +493,284 @@ async fn schema_topic_validates_every_produce() {
     assert_eq!(seen, [1, 2, 5, 6]);
     let total: u64 = http.high_watermarks("typed").await.unwrap().values().sum();
     assert_eq!(total, 4, "rejected messages were stored");
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn zstd(data: &[u8]) -> Vec<u8> {
+    zstd::encode_all(data, 3).unwrap()
+}
+
+async fn post_coded(http: &Http, path: &str, coding: &str, body: Vec<u8>) -> Resp {
+    http.request(Method::POST, path)
+        .header("content-encoding", coding)
+        .header("content-type", "application/octet-stream")
+        .body(body)
+        .send()
+        .await
+}
+
+/// SPEC §3.4: produce and batch produce take `Content-Encoding: gzip`, `zstd` or `identity`
+/// and store the decoded bytes exactly; other or stacked codings are `415` (with the codings
+/// taken), a corrupt stream `400`; nothing of a refused body is stored.
+#[tokio::test]
+async fn compressed_produce_and_batch_are_stored_byte_exact() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "coded", "partitions": 3}))
+        .await;
+    let single = format!("{}/produce?partition=0", topic_path("coded"));
+    let batch = format!("{}/produce/batch", topic_path("coded"));
+    let mut rng = test_rng("compressed");
+    let binary: Vec<u8> = (0..200_000)
+        .map(|_| rand::Rng::random::<u8>(&mut rng))
+        .collect();
+    let text = b"compressible ".repeat(50_000);
+    let mut expected: Vec<Vec<u8>> = Vec::new();
+    for (coding, enc) in [
+        ("gzip", gzip as fn(&[u8]) -> Vec<u8>),
+        ("zstd", zstd),
+        ("identity", |d: &[u8]| d.to_vec()),
+    ] {
+        for payload in [&binary, &text] {
+            post_coded(&http, &single, coding, enc(payload))
+                .await
+                .expect(202);
+            expected.push(payload.clone());
+        }
+        let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, &binary);
+        let body = json!({"messages": [
+            {"payload": {"coding": coding}, "partition": 0},
+            {"payload": b64, "payload_encoding": "base64", "partition": 0},
+        ]});
+        let r = post_coded(&http, &batch, coding, enc(body.to_string().as_bytes())).await;
+        assert_eq!(r.expect_json(202), json!({"accepted": 2}), "{coding}");
+        expected.push(format!("{{\"coding\":\"{coding}\"}}").into_bytes());
+        expected.push(binary.clone());
+    }
+    // Refused: nothing of these is stored.
+    let r = post_coded(&http, &single, "br", b"x".to_vec()).await;
+    r.expect_error(415);
+    assert_eq!(
+        r.header("accept-encoding"),
+        Some("gzip, zstd, identity"),
+        "{}",
+        r.describe()
+    );
+    post_coded(&http, &batch, "gzip, zstd", zstd(&gzip(b"{}")))
+        .await
+        .expect_error(415);
+    let mut corrupt = gzip(&text);
+    let mid = corrupt.len() / 2;
+    corrupt[mid] ^= 0x55;
+    let msg = post_coded(&http, &single, "gzip", corrupt.clone())
+        .await
+        .expect_error(400);
+    assert!(msg.contains("gzip"), "{msg}");
+    post_coded(&http, &batch, "gzip", corrupt)
+        .await
+        .expect_error(400);
+    post_coded(&http, &single, "zstd", b"not zstd at all".to_vec())
+        .await
+        .expect_error(400);
+    // Other routes still take identity only.
+    let r = http
+        .request(Method::POST, "/v1/topics")
+        .header("content-encoding", "gzip")
+        .header("content-type", "application/json")
+        .body(gzip(br#"{"name":"zz"}"#))
+        .send()
+        .await;
+    r.expect_error(415);
+    assert_eq!(r.header("accept-encoding"), Some("identity"));
+
+    http.wait_visible("coded", 0, expected.len() as u64).await;
+    let mut c = Checks::new("decoded bodies");
+    for (i, want) in expected.iter().enumerate() {
+        let m = http
+            .consume_msg("coded", &format!("partition=0&offset={i}&wait=0"))
+            .await;
+        c.check(m.payload_bytes() == *want, || {
+            format!("offset {i}: {:?}", m.payload_problem(want))
+        });
+    }
+    c.finish();
+    let hwm = http.high_watermarks("coded").await.unwrap();
+    assert_eq!(hwm[&0], expected.len() as u64, "a refused body was stored");
+}
+
+/// The resident memory of a process, in bytes (`VmRSS`).
+fn rss(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A decompression bomb (1 GiB of zeros, about 1 MiB gzipped) is `413` like a plain body
+/// over the limit: decoding stops at the limit, so the node's memory barely moves.
+#[tokio::test]
+async fn decompression_bombs_are_413_and_cost_no_memory() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "bomb", "partitions": 3}))
+        .await;
+    let pid = server.pid().unwrap();
+    let bomb = {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; MIB];
+        for _ in 0..1024 {
+            e.write_all(&zeros).unwrap();
+        }
+        e.finish().unwrap()
+    };
+    assert!(bomb.len() < MIB, "{}", bomb.len());
+    let zbomb = {
+        let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        let zeros = vec![0u8; MIB];
+        for _ in 0..1024 {
+            std::io::Write::write_all(&mut e, &zeros).unwrap();
+        }
+        e.finish().unwrap()
+    };
+    let single = format!("{}/produce?partition=0", topic_path("bomb"));
+    let batch = format!("{}/produce/batch", topic_path("bomb"));
+    // Baseline: the node after legitimate bodies at the limits, in both codings (its
+    // allocator and threads warmed by a full 1 MiB and a full 16 MiB decode). A bomb must
+    // cost no more than such a body.
+    let full: Vec<u8> = (0..MIB).map(|i| (i % 251) as u8).collect();
+    let full_batch = {
+        let b64 = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            &full[..MIB / 4 * 3 - 3],
+        );
+        let one = json!({"payload": b64, "payload_encoding": "base64", "partition": 0});
+        json!({ "messages": vec![one; 15] }).to_string()
+    };
+    for (coding, enc) in [("gzip", gzip as fn(&[u8]) -> Vec<u8>), ("zstd", zstd)] {
+        post_coded(&http, &single, coding, enc(&full))
+            .await
+            .expect(202);
+        post_coded(&http, &batch, coding, enc(full_batch.as_bytes()))
+            .await
+            .expect(202);
+    }
+    let before = rss(pid);
+    for _ in 0..3 {
+        let msg = post_coded(&http, &single, "gzip", bomb.clone())
+            .await
+            .expect_error(413);
+        assert!(msg.contains("decoded"), "{msg}");
+        post_coded(&http, &single, "zstd", zbomb.clone())
+            .await
+            .expect_error(413);
+    }
+    let after_single = rss(pid);
+    let mut rounds = Vec::new();
+    for _ in 0..6 {
+        post_coded(&http, &batch, "gzip", bomb.clone())
+            .await
+            .expect_error(413);
+        post_coded(&http, &batch, "zstd", zbomb.clone())
+            .await
+            .expect_error(413);
+        rounds.push(rss(pid) / 1024);
+    }
+    let after_batch = rss(pid);
+    eprintln!(
+        "VmRSS: baseline {} KiB, after 6 single-produce bombs {} KiB, after each round of 2 batch bombs {rounds:?} KiB (each bomb inflates to 1 GiB)",
+        before / 1024,
+        after_single / 1024,
+    );
+    assert!(
+        after_single < before + 4 * MIB as u64,
+        "single-produce bombs grew RSS from {before} to {after_single}"
+    );
+    // Decoding measures before it allocates: a batch bomb costs no more than a single one.
+    assert!(
+        after_batch < before + 8 * MIB as u64,
+        "batch bombs grew RSS from {before} to {after_batch}"
+    );
+    assert!(
+        rounds[5] < rounds[1] + 4 * 1024,
+        "repeated batch bombs keep growing RSS: {rounds:?} KiB"
+    );
+    http.wait_visible("bomb", 0, 2 + 30).await;
+    let hwm = http.high_watermarks("bomb").await.unwrap();
+    assert_eq!(hwm[&0], 2 + 30, "a bomb was stored");
+}
+
+/// SPEC §11: a batch holds up to 1,000 messages and 16 MiB (decoded); 1,001 messages is
+/// `400`, a byte over 16 MiB `413`. Batches of the old 100 / 1 MiB limits work as before.
+#[tokio::test]
+async fn batches_of_1000_messages_and_16_mib_are_accepted() {
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "wide", "partitions": 4}))
+        .await;
+    let thousand: Vec<Value> = (0..1000).map(|i| json!({"payload": {"i": i}})).collect();
+    let r = http
+        .produce_batch("wide", &json!({ "messages": thousand }))
+        .await;
+    assert_eq!(r.expect_json(202), json!({"accepted": 1000}));
+    let r = post_coded(
+        &http,
+        &format!("{}/produce/batch", topic_path("wide")),
+        "gzip",
+        gzip(json!({ "messages": thousand }).to_string().as_bytes()),
+    )
+    .await;
+    assert_eq!(r.expect_json(202), json!({"accepted": 1000}));
+
+    // Exactly 16 MiB of body: 17 string payloads just under 1 MiB each, padded to size.
+    let build = |total: usize| {
+        let n = 17;
+        let frame = "{\"messages\":[]}".len() + (n - 1);
+        let per = (total - frame) / n;
+        let mut elems: Vec<String> = Vec::new();
+        for i in 0..n {
+            let extra = if i == 0 { (total - frame) % n } else { 0 };
+            let wrap = "{\"payload\":\"\"}".len();
+            elems.push(format!(
+                "{{\"payload\":\"{}\"}}",
+                "y".repeat(per + extra - wrap)
+            ));
+        }
+        let body = format!("{{\"messages\":[{}]}}", elems.join(","));
+        assert_eq!(body.len(), total);
+        body
+    };
+    let path = format!("{}/produce/batch", topic_path("wide"));
+    let r = http
+        .send_raw_json(Method::POST, &path, build(16 * MIB))
+        .await;
+    assert_eq!(r.expect_json(202), json!({"accepted": 17}));
+    Http::new(server.url())
+        .send_raw_json(Method::POST, &path, build(16 * MIB + 1))
+        .await
+        .expect_error(413);
+    let r = http
+        .request(Method::POST, &path)
+        .header("content-encoding", "zstd")
+        .body(zstd(build(16 * MIB).as_bytes()))
+        .send()
+        .await;
+    assert_eq!(r.expect_json(202), json!({"accepted": 17}));
+    Http::new(server.url())
+        .request(Method::POST, &path)
+        .header("content-encoding", "zstd")
+        .body(zstd(build(16 * MIB + 1).as_bytes()))
+        .send()
+        .await
+        .expect_error(413);
+    http.wait_total_visible("wide", 2000 + 34).await;
 }

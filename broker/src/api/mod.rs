@@ -10,6 +10,7 @@
 
 mod children;
 pub mod consume;
+pub mod encoding;
 pub mod parse_errors;
 pub mod produce;
 mod query;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{FromRequestParts, MatchedPath, Request, State};
+use axum::extract::{Extension, FromRequestParts, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -97,7 +98,18 @@ pub fn router(node: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn(refuse_codings))
         .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
+        .layer(Extension(encoding::BatchBudget::new(
+            node.config.http.max_batch_bytes_in_flight,
+        )))
         .with_state(node)
+}
+
+/// Whether a route takes a produce body, which may come in `gzip` or `zstd` (SPEC §3.4).
+fn takes_coded_body(path: Option<&MatchedPath>) -> bool {
+    matches!(
+        path.map(|p| p.as_str()),
+        Some("/v1/topics/{topic}/produce" | "/v1/topics/{topic}/produce/batch")
+    )
 }
 
 /// Refuses a request whose body comes in a coding the server does not decode, before
@@ -106,18 +118,23 @@ pub fn router(node: AppState) -> Router {
 ///   server does not understand is `501`; `chunked` applied twice is `400`). hyper itself
 ///   answers `400` when the last coding is not `chunked`, since the body's length is then
 ///   unknown (RFC 9112 §6.3). The connection closes: the body is left unread.
-/// - `Content-Encoding` other than `identity`: `415` with `Accept-Encoding: identity` (RFC 9110
-///   §15.5.16). Payloads are stored as sent, so a compressed body would otherwise be stored
-///   compressed, and a JSON body fail to parse.
+/// - `Content-Encoding` this route does not decode: `415` with the `Accept-Encoding` it takes
+///   (RFC 9110 §15.5.16). Produce and batch produce decode one of `gzip`, `zstd` (and
+///   `identity`); every other route takes `identity` only.
 async fn refuse_codings(req: Request, next: Next) -> Response {
-    match unsupported_coding(req.headers()) {
+    let coded = takes_coded_body(req.extensions().get::<MatchedPath>());
+    match unsupported_coding(req.headers(), coded) {
         Some(e) => {
-            let accept_identity = e.status == StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            let accept = e.status == StatusCode::UNSUPPORTED_MEDIA_TYPE;
             let mut r = e.into_response();
-            if accept_identity {
+            if accept {
                 r.headers_mut().insert(
                     header::ACCEPT_ENCODING,
-                    HeaderValue::from_static("identity"),
+                    HeaderValue::from_static(if coded {
+                        encoding::ACCEPTED
+                    } else {
+                        "identity"
+                    }),
                 );
             }
             r
@@ -142,7 +159,7 @@ fn codings(headers: &axum::http::HeaderMap, name: header::HeaderName) -> Option<
 
 /// The error for a request body in a coding this server does not decode (see
 /// [`refuse_codings`]).
-fn unsupported_coding(headers: &axum::http::HeaderMap) -> Option<ApiError> {
+fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<ApiError> {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         let te = codings(headers, header::TRANSFER_ENCODING);
         let refused = match te.as_deref() {
@@ -164,6 +181,11 @@ fn unsupported_coding(headers: &axum::http::HeaderMap) -> Option<ApiError> {
             return Some(ApiError { close: true, ..e });
         }
     }
+    if coded {
+        return encoding::request_coding(headers)
+            .err()
+            .map(|shown| unsupported_content_coding(&shown));
+    }
     if headers.contains_key(header::CONTENT_ENCODING) {
         match codings(headers, header::CONTENT_ENCODING) {
             Some(list) if list.iter().all(|c| c == "identity") => {}
@@ -180,6 +202,17 @@ fn unsupported_coding(headers: &axum::http::HeaderMap) -> Option<ApiError> {
         }
     }
     None
+}
+
+/// `415` for a produce body in a coding (or a stack of codings) this server does not decode.
+fn unsupported_content_coding(shown: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        format!(
+            "Content-Encoding {shown:?} is not supported: send the body uncompressed \
+             (identity) or in one of gzip, zstd"
+        ),
+    )
 }
 
 /// The router of the metrics listener (`http.metrics_addr`, plain HTTP, no credentials):
@@ -339,6 +372,45 @@ const MAX_DRAIN: u64 = 16 * 1024 * 1024;
 
 /// Reads a request body of at most `MAX_BODY` bytes (`413` beyond).
 pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult<Bytes> {
+    read_raw(headers, body, MAX_BODY, MAX_DRAIN, None).await
+}
+
+/// `503`: the node's budget of batch bytes in flight is spent (nothing was stored).
+fn batch_budget_spent(close: bool) -> ApiError {
+    ApiError {
+        close,
+        ..ApiError::unavailable(
+            "too many batch produce bytes in flight on this node \
+             (http.max_batch_bytes_in_flight); nothing was stored, retry shortly",
+            1,
+        )
+    }
+}
+
+/// The error of a body chunk that could not be read.
+fn body_read_error(e: axum::Error) -> ApiError {
+    let inner = e.into_inner();
+    match inner.downcast_ref::<server::BodyReadTimeout>() {
+        // The rest of the body is not coming in time: answer and close.
+        Some(t) => ApiError {
+            close: true,
+            ..ApiError::new(StatusCode::REQUEST_TIMEOUT, t.to_string())
+        },
+        None => ApiError::bad_request(format!("could not read the request body: {inner}")),
+    }
+}
+
+/// Reads a request body of at most `limit` bytes as sent (`413` beyond; up to `drain`
+/// bytes of an oversized body are read and discarded so the connection stays usable).
+/// With a budget `guard`, the body's bytes are taken from it first: from `Content-Length`
+/// before any byte is buffered, else as they arrive; a refusal is `503` with nothing kept.
+async fn read_raw(
+    headers: &axum::http::HeaderMap,
+    body: Body,
+    limit: usize,
+    drain: u64,
+    mut guard: Option<&mut encoding::BudgetGuard>,
+) -> ApiResult<Bytes> {
     use futures::StreamExt;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -346,42 +418,99 @@ pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult
         .and_then(|v| v.parse::<u64>().ok());
     let too_large = |close: bool| ApiError {
         close,
-        ..ApiError::too_large(format!(
-            "request body exceeds the limit of {MAX_BODY} bytes"
-        ))
+        ..ApiError::too_large(format!("request body exceeds the limit of {limit} bytes"))
     };
-    if declared.is_some_and(|len| len > MAX_DRAIN) {
+    if declared.is_some_and(|len| len > drain) {
         return Err(too_large(true));
     }
     let mut stream = body.into_data_stream();
-    let mut buf =
-        bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(MAX_BODY as u64) as usize);
+    if let (Some(g), Some(len)) = (guard.as_deref_mut(), declared) {
+        if len <= limit as u64 && !g.grow(len) {
+            // Read and drop the body (at most `drain` bytes) so the client gets the answer.
+            while let Some(chunk) = stream.next().await {
+                chunk.map_err(body_read_error)?;
+            }
+            return Err(batch_budget_spent(false));
+        }
+    }
+    let counted_upfront = declared.is_some();
+    let mut buf = bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
     let mut total: u64 = 0;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| {
-            let inner = e.into_inner();
-            match inner.downcast_ref::<server::BodyReadTimeout>() {
-                // The rest of the body is not coming in time: answer and close.
-                Some(t) => ApiError {
-                    close: true,
-                    ..ApiError::new(StatusCode::REQUEST_TIMEOUT, t.to_string())
-                },
-                None => ApiError::bad_request(format!("could not read the request body: {inner}")),
-            }
-        })?;
+        let chunk = chunk.map_err(body_read_error)?;
         total += chunk.len() as u64;
-        if total > MAX_DRAIN {
+        if total > drain {
             return Err(too_large(true));
         }
-        if total <= MAX_BODY as u64 {
+        if total <= limit as u64 {
+            if !counted_upfront {
+                if let Some(g) = guard.as_deref_mut() {
+                    if !g.grow(chunk.len() as u64) {
+                        return Err(batch_budget_spent(true));
+                    }
+                }
+            }
             buf.extend_from_slice(&chunk);
         }
     }
-    if total > MAX_BODY as u64 {
+    if total > limit as u64 {
         // Read to the end: the connection can carry the next request.
         return Err(too_large(false));
     }
     Ok(buf.freeze())
+}
+
+/// Room for a compressed body beyond its decoded limit (incompressible data grows a little).
+fn coded_slack(limit: usize) -> usize {
+    limit / 128 + 4096
+}
+
+/// Reads a produce body in its `Content-Encoding` (`identity`, `gzip`, `zstd`): at most
+/// `limit` bytes decoded (`413`), the compressed body itself bounded before decoding; a
+/// corrupt stream is `400`. With a budget `guard`, the bytes received and the bytes decoded
+/// are both taken from it (`503` when spent).
+pub async fn read_coded(
+    headers: &axum::http::HeaderMap,
+    body: Body,
+    limit: usize,
+    drain: u64,
+    mut guard: Option<encoding::BudgetGuard>,
+) -> ApiResult<(Bytes, Option<encoding::BudgetGuard>)> {
+    use encoding::{Coding, DecodeError};
+    let coding = encoding::request_coding(headers).map_err(|s| unsupported_content_coding(&s))?;
+    if coding == Coding::Identity {
+        let raw = read_raw(headers, body, limit, drain, guard.as_mut()).await?;
+        return Ok((raw, guard));
+    }
+    let raw = read_raw(
+        headers,
+        body,
+        limit + coded_slack(limit),
+        drain.max((limit + coded_slack(limit)) as u64),
+        guard.as_mut(),
+    )
+    .await?;
+    let decoded = tokio::task::spawn_blocking(move || {
+        let out = encoding::decode_capped(coding, &raw, limit, |n| {
+            guard.as_mut().is_none_or(|g| g.grow(n as u64))
+        });
+        (out, guard)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("decoding the request body failed: {e}")))?;
+    match decoded {
+        (Ok(out), guard) => Ok((Bytes::from(out), guard)),
+        (Err(DecodeError::TooLarge), _) => Err(ApiError::too_large(format!(
+            "request body exceeds the limit of {limit} bytes once decoded (Content-Encoding \
+             {})",
+            coding.name()
+        ))),
+        (Err(DecodeError::Budget), _) => Err(batch_budget_spent(false)),
+        (Err(DecodeError::Corrupt(why)), _) => Err(ApiError::bad_request(format!(
+            "request body is not a valid {} stream (Content-Encoding): {why}",
+            coding.name()
+        ))),
+    }
 }
 
 /// Parses a strict JSON body: unknown fields, trailing data and a second value are `400`.
@@ -480,7 +609,7 @@ mod tests {
     }
 
     fn status(pairs: &[(&str, &str)]) -> Option<u16> {
-        unsupported_coding(&with(pairs)).map(|e| e.status.as_u16())
+        unsupported_coding(&with(pairs), false).map(|e| e.status.as_u16())
     }
 
     #[test]
@@ -504,7 +633,17 @@ mod tests {
         assert_eq!(status(&[("transfer-encoding", "")]), Some(501));
         assert_eq!(status(&[("content-encoding", "gzip")]), Some(415));
         assert_eq!(status(&[("content-encoding", "identity, br")]), Some(415));
-        let e = unsupported_coding(&with(&[("transfer-encoding", "gzip, chunked")])).unwrap();
+        let coded = |pairs: &[(&str, &str)]| {
+            unsupported_coding(&with(pairs), true).map(|e| e.status.as_u16())
+        };
+        assert_eq!(coded(&[("content-encoding", "gzip")]), None);
+        assert_eq!(coded(&[("content-encoding", "zstd")]), None);
+        assert_eq!(coded(&[("content-encoding", "identity")]), None);
+        assert_eq!(coded(&[("content-encoding", "br")]), Some(415));
+        assert_eq!(coded(&[("content-encoding", "gzip, zstd")]), Some(415));
+        assert_eq!(coded(&[("transfer-encoding", "gzip, chunked")]), Some(501));
+        let e =
+            unsupported_coding(&with(&[("transfer-encoding", "gzip, chunked")]), false).unwrap();
         assert!(e.close, "the body is left unread: the connection closes");
     }
 }

@@ -2,7 +2,7 @@
 //! fsynced in the ingress WAL.
 
 use axum::body::Body;
-use axum::extract::{RawQuery, State};
+use axum::extract::{Extension, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -11,7 +11,8 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, read_body, read_json, AppState, Name, Query, MAX_BODY};
+use super::encoding::BatchBudget;
+use super::{find_topic, json, read_coded, AppState, Name, Query, MAX_BODY};
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
 use crate::cluster::{error_reply, reply_error, rpc_error, Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
@@ -22,7 +23,19 @@ use crate::security::{authz, Caller};
 use crate::wal::WalRecord;
 
 /// Most messages in one batch produce (SPEC §11).
-pub const MAX_BATCH: usize = 100;
+pub const MAX_BATCH: usize = 1000;
+
+/// Largest batch produce body, decoded (SPEC §11). Every element's stored bytes are no more
+/// than its JSON text, so a batch within this limit always fits one forwarded `Produce` frame
+/// (see `batch_within_limits_fits_one_rpc_frame`).
+pub const MAX_BATCH_BODY: usize = 16 * 1024 * 1024;
+
+/// Most bytes of an oversized single produce body read and discarded (then the connection
+/// closes).
+const MAX_DRAIN: u64 = 16 * 1024 * 1024;
+
+/// Most bytes of an oversized batch body read and discarded.
+const MAX_BATCH_DRAIN: u64 = 2 * MAX_BATCH_BODY as u64;
 
 /// FNV-1a, 32 bits (SPEC §2.3).
 pub fn fnv1a32(bytes: &[u8]) -> u32 {
@@ -254,7 +267,7 @@ pub async fn produce(
         .one("key")?
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
-    let payload = read_body(&headers, body).await?;
+    let (payload, _) = read_coded(&headers, body, MAX_BODY, MAX_DRAIN, None).await?;
     if payload.is_empty() {
         return Err(ApiError::bad_request("message body is empty"));
     }
@@ -275,11 +288,13 @@ pub async fn produce(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
-/// A batch body whose elements are parsed one by one, so that an error names its element.
+/// A batch body whose elements are parsed one by one, so that an error names its element
+/// (borrowed from the body: no copy of each element).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawBatch {
-    messages: Vec<Box<RawValue>>,
+struct RawBatch<'a> {
+    #[serde(borrow)]
+    messages: Vec<&'a RawValue>,
 }
 
 fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
@@ -345,11 +360,25 @@ pub async fn produce_batch(
     State(node): State<AppState>,
     caller: Caller,
     Name(name): Name,
+    Extension(budget): Extension<std::sync::Arc<BatchBudget>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let topic = produce_target(&node, &caller, &name).await?;
-    let req: RawBatch = read_json(&headers, body).await?;
+    // Held until the answer: the bytes of this batch count against the node's budget.
+    let (body, _guard) = read_coded(
+        &headers,
+        body,
+        MAX_BATCH_BODY,
+        MAX_BATCH_DRAIN,
+        Some(budget.guard()),
+    )
+    .await?;
+    if body.is_empty() {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    }
+    let req: RawBatch<'_> = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
     if req.messages.is_empty() || req.messages.len() > MAX_BATCH {
         return Err(ApiError::bad_request(format!(
             "a batch holds 1 to {MAX_BATCH} messages, got {}",
@@ -359,7 +388,7 @@ pub async fn produce_batch(
     let rt = node.runtime(&topic)?;
     let n = topic.config.partitions;
     let mut records = Vec::with_capacity(req.messages.len());
-    for (i, raw) in req.messages.iter().enumerate() {
+    for (i, raw) in req.messages.iter().copied().enumerate() {
         let BatchElement {
             payload,
             key,
@@ -387,13 +416,58 @@ pub async fn produce_batch(
 
 #[cfg(test)]
 mod tests {
-    use super::fnv1a32;
+    use super::*;
 
     #[test]
     fn fnv_vectors_from_the_spec() {
         assert_eq!(fnv1a32(b"a"), 0xe40c292c);
         assert_eq!(fnv1a32(b"customer-42"), 0xfe68adbe);
         assert_eq!(fnv1a32(b"customer-42") % 3, 1);
+    }
+
+    /// The forwarded `Produce` of a draining node (SPEC §6.5) carries a whole batch in one
+    /// frame: per record it adds 13 bytes, while each element's JSON spends at least
+    /// `{"payload":}` and a separator on top of its stored bytes.
+    #[test]
+    fn batch_within_limits_fits_one_rpc_frame() {
+        let per = MAX_BATCH_BODY / MAX_BATCH;
+        let payload = format!("\"{}\"", "x".repeat(per - 40));
+        let one = format!("{{\"payload\":{payload},\"key\":\"k\"}}");
+        let mut body = String::from("{\"messages\":[");
+        for i in 0..MAX_BATCH {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&one);
+        }
+        body.push_str("]}");
+        assert!(body.len() <= MAX_BATCH_BODY, "{}", body.len());
+        let req: RawBatch<'_> = serde_json::from_str(&body).unwrap();
+        let records = req
+            .messages
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| {
+                let e = decode_batch_element(i, raw, 1).unwrap();
+                ForwardRecord {
+                    partition: 0,
+                    pinned: false,
+                    key: e.key,
+                    payload: e.payload,
+                }
+            })
+            .collect();
+        let encoded = ForwardProduce {
+            topic_id: 1,
+            records,
+        }
+        .encode();
+        assert!(
+            encoded.len() < crate::rpc::proto::MAX_PAYLOAD && encoded.len() < body.len(),
+            "{} vs {}",
+            encoded.len(),
+            body.len()
+        );
     }
 }
 
