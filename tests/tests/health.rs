@@ -204,8 +204,17 @@ async fn shutdown_delay_fails_readiness_first_and_keeps_serving() {
         http.get("/healthz").await.expect_json(200),
         json!({"status": "ok"})
     );
+    // Every answer now closes its connection, so keep-alive clients reconnect elsewhere
+    // (through a Service, to a ready pod) before this node stops listening.
+    let r = http
+        .request(Method::POST, "/v1/topics/late/produce")
+        .body("during the delay")
+        .send()
+        .await;
+    r.expect(202);
+    assert_eq!(r.header("connection"), Some("close"), "{}", r.describe());
     http.produce_ok("late", "", "during the delay").await;
-    http.wait_total_visible("late", 2).await;
+    http.wait_total_visible("late", 3).await;
     let m = http.consume_msg("late", "wait=0").await;
     http.ack_ok("late", m.handle()).await;
     assert!(

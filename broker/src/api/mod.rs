@@ -338,6 +338,12 @@ async fn observe(State(node): State<AppState>, req: Request, next: Next) -> Resp
     m.http_in_flight.inc();
     let mut resp = next.run(req).await;
     m.http_in_flight.dec();
+    if node.is_stopping() {
+        // Shutting down (SIGTERM, `http.shutdown_delay`): keep-alive clients reconnect for
+        // their next request, so it goes where a Service now routes, not to this node.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if resp.status() == StatusCode::METHOD_NOT_ALLOWED
         && resp.headers().get(header::CONTENT_TYPE).is_none()
     {
