@@ -246,6 +246,52 @@ pub struct CommitBatch {
 
 const NO_KEY: u32 = u32::MAX;
 
+/// `key_len u32 (NO_KEY = none) | key | payload_len u32 | payload`: the record body both
+/// [`CommitBatch`] and [`ForwardProduce`] carry.
+fn put_key_payload(buf: &mut BytesMut, key: Option<&Bytes>, payload: &[u8]) {
+    match key {
+        Some(k) => {
+            buf.put_u32(k.len() as u32);
+            buf.put_slice(k);
+        }
+        None => buf.put_u32(NO_KEY),
+    }
+    buf.put_u32(payload.len() as u32);
+    buf.put_slice(payload);
+}
+
+/// Reads what [`put_key_payload`] wrote; both share `buf` (no copy). `codec` names the
+/// message in errors.
+fn get_key_payload(buf: &mut Bytes, codec: &str) -> Result<(Option<Bytes>, Bytes), String> {
+    need(buf, 4, codec, "key length")?;
+    let klen = buf.get_u32();
+    let key = if klen == NO_KEY {
+        None
+    } else {
+        need(buf, klen as usize, codec, "key")?;
+        Some(buf.split_to(klen as usize))
+    };
+    need(buf, 4, codec, "payload length")?;
+    let plen = buf.get_u32() as usize;
+    need(buf, plen, codec, "payload")?;
+    Ok((key, buf.split_to(plen)))
+}
+
+fn need(buf: &Bytes, n: usize, codec: &str, what: &str) -> Result<(), String> {
+    if buf.remaining() < n {
+        Err(format!("{codec} truncated in {what}"))
+    } else {
+        Ok(())
+    }
+}
+
+fn no_trailing(buf: &Bytes) -> Result<(), String> {
+    match buf.remaining() {
+        0 => Ok(()),
+        n => Err(format!("{n} trailing bytes after the records")),
+    }
+}
+
 impl CommitBatch {
     /// `topic_id u64 | partition u32 | count u32 | count × (key_len u32 (MAX = none) | key |
     /// payload_len u32 | payload)`, big-endian.
@@ -261,29 +307,15 @@ impl CommitBatch {
         buf.put_u32(self.partition);
         buf.put_u32(self.records.len() as u32);
         for r in &self.records {
-            match &r.key {
-                Some(k) => {
-                    buf.put_u32(k.len() as u32);
-                    buf.put_slice(k);
-                }
-                None => buf.put_u32(NO_KEY),
-            }
-            buf.put_u32(r.payload.len() as u32);
-            buf.put_slice(&r.payload);
+            put_key_payload(&mut buf, r.key.as_ref(), &r.payload);
         }
         buf.freeze()
     }
 
     /// Parses [`CommitBatch::encode`]'s output; keys and payloads share `buf` (no copy).
     pub fn decode(mut buf: Bytes) -> Result<CommitBatch, String> {
-        fn need(buf: &Bytes, n: usize, what: &str) -> Result<(), String> {
-            if buf.remaining() < n {
-                Err(format!("commit batch truncated in {what}"))
-            } else {
-                Ok(())
-            }
-        }
-        need(&buf, 16, "header")?;
+        const CODEC: &str = "commit batch";
+        need(&buf, 16, CODEC, "header")?;
         let topic_id = buf.get_u64();
         let partition = buf.get_u32();
         let count = buf.get_u32() as usize;
@@ -293,28 +325,10 @@ impl CommitBatch {
         }
         let mut records = Vec::with_capacity(count);
         for _ in 0..count {
-            need(&buf, 4, "key length")?;
-            let klen = buf.get_u32();
-            let key = if klen == NO_KEY {
-                None
-            } else {
-                need(&buf, klen as usize, "key")?;
-                Some(buf.split_to(klen as usize))
-            };
-            need(&buf, 4, "payload length")?;
-            let plen = buf.get_u32() as usize;
-            need(&buf, plen, "payload")?;
-            records.push(CommitRecord {
-                key,
-                payload: buf.split_to(plen),
-            });
+            let (key, payload) = get_key_payload(&mut buf, CODEC)?;
+            records.push(CommitRecord { key, payload });
         }
-        if buf.has_remaining() {
-            return Err(format!(
-                "{} trailing bytes after the records",
-                buf.remaining()
-            ));
-        }
+        no_trailing(&buf)?;
         Ok(CommitBatch {
             topic_id,
             partition,
@@ -356,29 +370,15 @@ impl ForwardProduce {
         for r in &self.records {
             buf.put_u32(r.partition);
             buf.put_u8(u8::from(r.pinned));
-            match &r.key {
-                Some(k) => {
-                    buf.put_u32(k.len() as u32);
-                    buf.put_slice(k);
-                }
-                None => buf.put_u32(NO_KEY),
-            }
-            buf.put_u32(r.payload.len() as u32);
-            buf.put_slice(&r.payload);
+            put_key_payload(&mut buf, r.key.as_ref(), &r.payload);
         }
         buf.freeze()
     }
 
     /// Parses [`ForwardProduce::encode`]'s output (keys and payloads share `buf`).
     pub fn decode(mut buf: Bytes) -> Result<ForwardProduce, String> {
-        fn need(buf: &Bytes, n: usize, what: &str) -> Result<(), String> {
-            if buf.remaining() < n {
-                Err(format!("forwarded produce truncated in {what}"))
-            } else {
-                Ok(())
-            }
-        }
-        need(&buf, 12, "header")?;
+        const CODEC: &str = "forwarded produce";
+        need(&buf, 12, CODEC, "header")?;
         let topic_id = buf.get_u64();
         let count = buf.get_u32() as usize;
         if count > buf.remaining() / 13 {
@@ -386,36 +386,22 @@ impl ForwardProduce {
         }
         let mut records = Vec::with_capacity(count);
         for _ in 0..count {
-            need(&buf, 9, "record header")?;
+            need(&buf, 5, CODEC, "record header")?;
             let partition = buf.get_u32();
             let pinned = match buf.get_u8() {
                 0 => false,
                 1 => true,
                 b => return Err(format!("bad pinned flag {b}")),
             };
-            let klen = buf.get_u32();
-            let key = if klen == NO_KEY {
-                None
-            } else {
-                need(&buf, klen as usize, "key")?;
-                Some(buf.split_to(klen as usize))
-            };
-            need(&buf, 4, "payload length")?;
-            let plen = buf.get_u32() as usize;
-            need(&buf, plen, "payload")?;
+            let (key, payload) = get_key_payload(&mut buf, CODEC)?;
             records.push(ForwardRecord {
                 partition,
                 pinned,
                 key,
-                payload: buf.split_to(plen),
+                payload,
             });
         }
-        if buf.has_remaining() {
-            return Err(format!(
-                "{} trailing bytes after the records",
-                buf.remaining()
-            ));
-        }
+        no_trailing(&buf)?;
         Ok(ForwardProduce { topic_id, records })
     }
 }
