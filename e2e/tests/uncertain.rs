@@ -225,6 +225,24 @@ async fn a_draining_node_forwards_produce_to_a_live_node() {
         .expect_json(202);
     assert_eq!(v["accepted"], 2, "{v}");
 
+    // The decommission moves n2's partitions away; a move supersedes the leases taken
+    // before it, so consume once n2 owns nothing and moves nothing.
+    let n0 = c.http(0);
+    eventually(Duration::from_secs(60), Duration::from_millis(100), || {
+        let n0 = n0.clone();
+        async move {
+            let v = n0.get("/v1/cluster/members").await.json();
+            let drained = v["members"].as_array().is_some_and(|ms| {
+                ms.iter().any(|m| {
+                    m["id"] == "n2" && m["owned_partitions"] == 0 && m["outbound_moves"] == 0
+                })
+            });
+            anyhow::ensure!(drained, "n2 still owns or moves partitions: {v}");
+            Ok(())
+        }
+    })
+    .await;
+
     // Each exactly once.
     let mut seen: HashMap<Vec<u8>, u32> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(20);
