@@ -265,6 +265,19 @@ impl TestCluster {
         v["members"].as_array().cloned().unwrap_or_default()
     }
 
+    /// Starts decommissioning member `id` through node `via` (as admin); asserts `204`.
+    pub async fn decommission(&self, via: usize, id: &str) {
+        let r = self
+            .admin_http(via)
+            .request(
+                narad_tests::Method::POST,
+                format!("/v1/cluster/members/{id}/decommission"),
+            )
+            .send()
+            .await;
+        assert_eq!(r.status, 204, "decommission {id}: {}", r.describe());
+    }
+
     /// The `field` array of `GET path` on node `via`; empty when the node does not answer
     /// `200` within 3 s (it may be down or restarting).
     pub async fn list_or_empty(&self, via: usize, path: &str, field: &str) -> Vec<Value> {

@@ -16,18 +16,6 @@ async fn members(c: &TestCluster, via: usize) -> Vec<Value> {
     c.list_or_empty(via, "/v1/cluster/members", "members").await
 }
 
-async fn decommission(c: &TestCluster, via: usize, id: &str) {
-    let r = c
-        .http(via)
-        .request(
-            Method::POST,
-            format!("/v1/cluster/members/{id}/decommission"),
-        )
-        .send()
-        .await;
-    assert_eq!(r.status, 204, "{}", r.describe());
-}
-
 /// `(status, body)` of `GET path` on node `i`.
 async fn probe(c: &TestCluster, i: usize, path: &str) -> (u16, String) {
     let r = c.http(i).request(Method::GET, path).send().await;
@@ -86,7 +74,7 @@ async fn a_drained_member_killed_before_removal_still_leaves() {
     )])
     .await;
     let id = c.nodes[n3].id.clone();
-    decommission(&c, 0, &id).await;
+    c.decommission(0, &id).await;
     // Drained, and the leader says why it keeps it (the knob), so its WAL was checked.
     eventually(READY_TIMEOUT, Duration::from_millis(200), || {
         let c = &c;
@@ -157,7 +145,7 @@ async fn readyz_fails_while_draining_and_after_removal() {
     let (c, n3) = four_nodes(Vec::new()).await;
     let id = c.nodes[n3].id.clone();
     assert_eq!(probe(&c, n3, "/readyz").await.0, 200);
-    decommission(&c, 0, &id).await;
+    c.decommission(0, &id).await;
     // Draining: out of service at once (its own view has the flag) …
     eventually(Duration::from_secs(10), Duration::from_millis(20), || {
         let c = &c;

@@ -125,15 +125,7 @@ async fn scale_out_and_decommission_under_load_loses_nothing() {
     );
 
     // Scale in: decommission n3; it sheds its partitions and leaves the cluster.
-    let r = c
-        .http(1)
-        .request(
-            Method::POST,
-            format!("/v1/cluster/members/{id}/decommission"),
-        )
-        .send()
-        .await;
-    assert_eq!(r.status, 204, "{}", r.describe());
+    c.decommission(1, &id).await;
     let mut saw_draining = false;
     let until = Instant::now() + SETTLE;
     loop {

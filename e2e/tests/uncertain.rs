@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use narad_e2e::{ClusterOpts, TestCluster};
-use narad_tests::{eventually, json, Method, Msg};
+use narad_tests::{eventually, json, Msg};
 
 /// Opcodes (SPEC §6.6 registry).
 const PRODUCE: u8 = 1;
@@ -190,11 +190,7 @@ async fn a_draining_node_forwards_produce_to_a_live_node() {
     c.http(0)
         .create_topic(&json!({"name": "drain", "partitions": 3}))
         .await;
-    c.http(0)
-        .request(Method::POST, "/v1/cluster/members/n2/decommission")
-        .send()
-        .await
-        .expect(204);
+    c.decommission(0, "n2").await;
     let n2 = c.http(2);
     eventually(Duration::from_secs(10), Duration::from_millis(50), || {
         let n2 = n2.clone();
