@@ -46,7 +46,7 @@ pub use http::{basic_auth, Http, Resp};
 pub use ledger::{Ledger, Report};
 pub use metrics::{metric_sum, metric_sum_where};
 pub use server::{narad_bin, Server, ServerOpts};
-pub use util::{fnv1a32, now_ms, now_s, partition_for_key, pct, test_rng};
+pub use util::{fnv1a32, now_ms, now_s, partition_for_key, pct, rss_bytes, test_rng};
 pub use wait::{eventually, try_eventually};
 
 pub use reqwest::Method;

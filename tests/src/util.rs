@@ -72,3 +72,14 @@ mod tests {
         assert_eq!(pct([0xff, b'x']), "%FFx");
     }
 }
+
+/// Resident memory of process `pid` in bytes (`VmRSS`).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}

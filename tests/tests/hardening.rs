@@ -92,7 +92,7 @@ fn logged(opts: ServerOpts) -> ServerOpts {
 async fn pre_authentication_bytes_cost_no_memory() {
     let (server, addr) = secured_with_cluster_port().await;
     let pid = server.pid().unwrap();
-    let before = cluster_port::rss_bytes(pid);
+    let before = rss_bytes(pid);
     let mut conns = Vec::new();
     for _ in 0..1000 {
         let mut c = Conn::connect(&addr).await.unwrap();
@@ -107,7 +107,7 @@ async fn pre_authentication_bytes_cost_no_memory() {
         let _ = c.send(&[0u8; 4096]).await;
         conns.push(c);
     }
-    let during = cluster_port::rss_bytes(pid);
+    let during = rss_bytes(pid);
     // Every one of them is refused (an Error frame or a close), none is left waiting.
     for c in conns.iter_mut() {
         loop {
@@ -119,7 +119,7 @@ async fn pre_authentication_bytes_cost_no_memory() {
         }
     }
     drop(conns);
-    let after = cluster_port::rss_bytes(pid);
+    let after = rss_bytes(pid);
     eprintln!(
         "RSS before {} MB, with 1000 connections {} MB, after {} MB",
         before >> 20,
@@ -924,7 +924,7 @@ async fn a_snapshot_chunk_far_past_the_received_bytes_allocates_nothing() {
     let mut c = Conn::connect(&addr).await.unwrap();
     let ok = c.handshake("n-member", SECRET.as_bytes()).await.unwrap();
     assert_eq!(ok.kind, AUTH_OK, "{ok:?}");
-    let before = cluster_port::rss_bytes(pid);
+    let before = rss_bytes(pid);
     let leader = json!({"term": 1000, "node_id": 999});
     let chunk = |offset: u64| {
         json!({"InstallSnapshot": {
@@ -951,7 +951,7 @@ async fn a_snapshot_chunk_far_past_the_received_bytes_allocates_nothing() {
         assert_eq!(reply.kind, 10, "{reply:?}");
         answers.push(String::from_utf8_lossy(&reply.payload).to_string());
     }
-    let after = cluster_port::rss_bytes(pid);
+    let after = rss_bytes(pid);
     eprintln!(
         "RSS before {} MB, after the chunk {} MB",
         before >> 20,

@@ -604,17 +604,6 @@ async fn compressed_produce_and_batch_are_stored_byte_exact() {
     assert_eq!(hwm[&0], expected.len() as u64, "a refused body was stored");
 }
 
-/// The resident memory of a process, in bytes (`VmRSS`).
-fn rss(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = s
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 /// A decompression bomb (1 GiB of zeros, about 1 MiB gzipped) is `413` like a plain body
 /// over the limit: decoding stops at the limit, so the node's memory barely moves.
 #[tokio::test]
@@ -664,7 +653,7 @@ async fn decompression_bombs_are_413_and_cost_no_memory() {
             .await
             .expect(202);
     }
-    let before = rss(pid);
+    let before = rss_bytes(pid);
     for _ in 0..3 {
         let msg = post_coded(&http, &single, "gzip", bomb.clone())
             .await
@@ -674,7 +663,7 @@ async fn decompression_bombs_are_413_and_cost_no_memory() {
             .await
             .expect_error(413);
     }
-    let after_single = rss(pid);
+    let after_single = rss_bytes(pid);
     let mut rounds = Vec::new();
     for _ in 0..6 {
         post_coded(&http, &batch, "gzip", bomb.clone())
@@ -683,9 +672,9 @@ async fn decompression_bombs_are_413_and_cost_no_memory() {
         post_coded(&http, &batch, "zstd", zbomb.clone())
             .await
             .expect_error(413);
-        rounds.push(rss(pid) / 1024);
+        rounds.push(rss_bytes(pid) / 1024);
     }
-    let after_batch = rss(pid);
+    let after_batch = rss_bytes(pid);
     eprintln!(
         "VmRSS: baseline {} KiB, after 6 single-produce bombs {} KiB, after each round of 2 batch bombs {rounds:?} KiB (each bomb inflates to 1 GiB)",
         before / 1024,
