@@ -51,6 +51,16 @@ impl ApiError {
             close: false,
         }
     }
+    /// `429` with `Retry-After`: this node sheds the request under load; nothing was done
+    /// (clients retry it as certain, CLIENT-COMPAT §4.1, §4.3).
+    pub fn throttled(message: impl Into<String>, retry_after: u64) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            retry_after: Some(retry_after),
+            close: false,
+        }
+    }
     /// `502`: the operation may or may not have been applied (a forwarded request whose
     /// answer was lost, a metadata write not confirmed in time). The message ends with
     /// [`UNCERTAIN`], the text clients look for (CLIENT-COMPAT §4.3).

@@ -1122,7 +1122,9 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tokio::spawn(seed_root(node.clone()));
     }
 
-    let app = crate::api::router(node.clone());
+    let decoders =
+        crate::api::encoding::Decoders::for_this_machine().context("start the decoding threads")?;
+    let app = crate::api::router(node.clone(), decoders);
     let shutdown = node.shutdown.clone();
     let timeouts = crate::api::server::HttpTimeouts {
         read: config.http.read_timeout,

@@ -67,18 +67,62 @@ pub enum DecodeError {
 /// Largest window a zstd frame may ask for (16 MiB): the decoder's own memory is bounded too.
 const ZSTD_WINDOW_LOG_MAX: u32 = 24;
 
-/// A reader of `input` decoded from `coding`.
-fn decoder(coding: Coding, input: &[u8]) -> Result<Box<dyn Read + '_>, DecodeError> {
-    Ok(match coding {
-        Coding::Identity => Box::new(input),
-        Coding::Gzip => Box::new(flate2::read::MultiGzDecoder::new(input)),
-        Coding::Zstd => {
-            let corrupt = |e: std::io::Error| DecodeError::Corrupt(format!("zstd: {e}"));
-            let mut d = zstd::stream::read::Decoder::with_buffer(input).map_err(corrupt)?;
-            d.window_log_max(ZSTD_WINDOW_LOG_MAX).map_err(corrupt)?;
-            Box::new(d)
+/// A zstd context grown past this (a frame that asked for a large window) is replaced after
+/// its body rather than kept for the next one.
+const ZSTD_KEEP_BYTES: usize = 4 << 20;
+
+/// Bytes decoded per read.
+const PIECE: usize = 64 * 1024;
+
+/// What a decoding thread keeps from one body to the next: the read piece and a zstd
+/// context with its window, so a body costs no allocation of its own beyond its output.
+pub struct Scratch {
+    piece: Vec<u8>,
+    zstd: zstd::zstd_safe::DCtx<'static>,
+}
+
+impl Default for Scratch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Scratch {
+    pub fn new() -> Scratch {
+        Scratch {
+            piece: vec![0u8; PIECE],
+            zstd: zstd_context(),
         }
-    })
+    }
+
+    /// After a body: a context that grew large goes.
+    fn settle(&mut self) {
+        if self.zstd.sizeof() > ZSTD_KEEP_BYTES {
+            self.zstd = zstd_context();
+        }
+    }
+}
+
+fn zstd_context() -> zstd::zstd_safe::DCtx<'static> {
+    let mut c = zstd::zstd_safe::DCtx::create();
+    c.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(
+        ZSTD_WINDOW_LOG_MAX,
+    ))
+    .expect("invariant: zstd accepts its maximum window log in range");
+    c
+}
+
+/// A reader of `input` decoded from `coding`.
+fn decoder<'a>(
+    coding: Coding,
+    input: &'a [u8],
+    zstd: &'a mut zstd::zstd_safe::DCtx<'static>,
+) -> Box<dyn Read + 'a> {
+    match coding {
+        Coding::Identity => Box::new(input),
+        Coding::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(input)),
+        Coding::Zstd => Box::new(zstd::stream::read::Decoder::with_context(input, zstd)),
+    }
 }
 
 /// Reads `coding` from `input` in small pieces, handing each to `sink`; stops as soon as
@@ -87,13 +131,14 @@ fn each_piece(
     coding: Coding,
     input: &[u8],
     cap: usize,
+    scratch: &mut Scratch,
     mut sink: impl FnMut(&[u8]) -> Result<(), DecodeError>,
 ) -> Result<usize, DecodeError> {
-    let mut reader = decoder(coding, input)?;
-    let mut piece = vec![0u8; 64 * 1024];
+    let Scratch { piece, zstd } = scratch;
+    let mut reader = decoder(coding, input, zstd);
     let mut total = 0usize;
     loop {
-        let n = match reader.read(&mut piece) {
+        let n = match reader.read(piece) {
             Ok(0) => return Ok(total),
             Ok(n) => n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -108,21 +153,34 @@ fn each_piece(
 }
 
 /// Decodes `input` in `coding` to at most `cap` bytes. A first pass only measures the
-/// decoded size (a bomb is refused having allocated nothing but a 64 KiB piece); `admit` is
-/// then asked for exactly that many bytes (the batch budget) and may refuse; a second pass
-/// fills a buffer of exactly that size.
+/// decoded size (a bomb is refused having allocated nothing); `admit` is then asked for
+/// exactly that many bytes (the batch budget) and may refuse; a second pass fills a buffer
+/// of exactly that size.
 pub fn decode_capped(
     coding: Coding,
     input: &[u8],
     cap: usize,
+    scratch: &mut Scratch,
     admit: impl FnOnce(usize) -> bool,
 ) -> Result<Vec<u8>, DecodeError> {
-    let size = each_piece(coding, input, cap, |_| Ok(()))?;
+    let out = decode_two_passes(coding, input, cap, scratch, admit);
+    scratch.settle();
+    out
+}
+
+fn decode_two_passes(
+    coding: Coding,
+    input: &[u8],
+    cap: usize,
+    scratch: &mut Scratch,
+    admit: impl FnOnce(usize) -> bool,
+) -> Result<Vec<u8>, DecodeError> {
+    let size = each_piece(coding, input, cap, scratch, |_| Ok(()))?;
     if !admit(size) {
         return Err(DecodeError::Budget);
     }
     let mut out = Vec::with_capacity(size);
-    each_piece(coding, input, size, |p| {
+    each_piece(coding, input, size, scratch, |p| {
         out.extend_from_slice(p);
         Ok(())
     })
@@ -132,6 +190,79 @@ pub fn decode_capped(
         e => e,
     })?;
     Ok(out)
+}
+
+type Job = Box<dyn FnOnce(&mut Scratch) + Send>;
+
+/// The node's decoding threads (one per core, at most four): compressed produce bodies are
+/// decoded there, each thread with its own [`Scratch`], so decoding costs a fixed amount of
+/// memory however many bodies come and however they are built (bombs, large windows), and
+/// at most this many cores. Bodies wait their turn in a bounded queue (the request waits,
+/// without a thread, for a place in it). The threads end when the last handle goes.
+pub struct Decoders {
+    jobs: crossbeam_channel::Sender<Job>,
+    places: Arc<tokio::sync::Semaphore>,
+}
+
+/// Bodies waiting per decoding thread at most; more wait for a place.
+const QUEUED_PER_THREAD: usize = 16;
+
+impl Decoders {
+    /// `threads` decoding threads (at least one).
+    pub fn new(threads: usize) -> std::io::Result<Arc<Decoders>> {
+        let threads = threads.max(1);
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        for i in 0..threads {
+            let queue = queue.clone();
+            std::thread::Builder::new()
+                .name(format!("narad-decode-{i}"))
+                .spawn(move || {
+                    let mut scratch = Scratch::new();
+                    while let Ok(job) = queue.recv() {
+                        job(&mut scratch);
+                    }
+                })?;
+        }
+        Ok(Arc::new(Decoders {
+            jobs,
+            places: Arc::new(tokio::sync::Semaphore::new(threads * QUEUED_PER_THREAD)),
+        }))
+    }
+
+    /// One per core, at most four.
+    pub fn for_this_machine() -> std::io::Result<Arc<Decoders>> {
+        Self::new(std::thread::available_parallelism().map_or(2, |n| n.get().min(4)))
+    }
+
+    /// [`decode_capped`] on a decoding thread, the decoded size taken from `guard` (when
+    /// there is one) before the output is allocated; the guard comes back with the answer.
+    pub async fn decode(
+        &self,
+        coding: Coding,
+        input: bytes::Bytes,
+        cap: usize,
+        mut guard: Option<BudgetGuard>,
+    ) -> (Result<Vec<u8>, DecodeError>, Option<BudgetGuard>) {
+        let place = self
+            .places
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("invariant: the semaphore is never closed");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move |scratch| {
+            let out = decode_capped(coding, &input, cap, scratch, |n| {
+                guard.as_mut().is_none_or(|g| g.grow(n as u64))
+            });
+            drop((place, input));
+            let _ = tx.send((out, guard));
+        });
+        if self.jobs.send(job).is_err() {
+            unreachable!("invariant: the decoding threads outlive every handle");
+        }
+        rx.await
+            .expect("invariant: a decoding thread answers every job it takes")
+    }
 }
 
 /// The node-wide budget of batch-produce bytes in flight (`http.max_batch_bytes_in_flight`):
@@ -239,20 +370,88 @@ mod tests {
         let data = b"hello hello hello".repeat(1000);
         let z = zstd::encode_all(&data[..], 3).unwrap();
         for (c, enc) in [(Coding::Gzip, gzip(&data)), (Coding::Zstd, z)] {
-            assert_eq!(decode_capped(c, &enc, data.len(), |_| true).unwrap(), data);
             assert_eq!(
-                decode_capped(c, &enc, data.len() - 1, |_| true),
+                decode_capped(c, &enc, data.len(), &mut Scratch::new(), |_| true).unwrap(),
+                data
+            );
+            assert_eq!(
+                decode_capped(c, &enc, data.len() - 1, &mut Scratch::new(), |_| true),
                 Err(DecodeError::TooLarge)
             );
             assert_eq!(
-                decode_capped(c, &enc, data.len(), |_| false),
+                decode_capped(c, &enc, data.len(), &mut Scratch::new(), |_| false),
                 Err(DecodeError::Budget)
             );
             assert!(matches!(
-                decode_capped(c, &enc[..enc.len() / 2], data.len(), |_| true),
+                decode_capped(
+                    c,
+                    &enc[..enc.len() / 2],
+                    data.len(),
+                    &mut Scratch::new(),
+                    |_| true
+                ),
                 Err(DecodeError::Corrupt(_))
             ));
         }
+    }
+
+    /// One thread's scratch serves body after body: a body cut off or over the cap leaves
+    /// nothing behind for the next one, and a context grown by a large window is dropped.
+    #[test]
+    fn scratch_is_reused_across_bodies() {
+        let data = b"0123456789abcdef".repeat(10_000);
+        let z = zstd::encode_all(&data[..], 3).unwrap();
+        let g = gzip(&data);
+        let mut scratch = Scratch::new();
+        for _ in 0..3 {
+            for (c, enc) in [(Coding::Zstd, &z), (Coding::Gzip, &g)] {
+                assert!(matches!(
+                    decode_capped(c, &enc[..enc.len() / 3], data.len(), &mut scratch, |_| true),
+                    Err(DecodeError::Corrupt(_))
+                ));
+                assert_eq!(
+                    decode_capped(c, enc, 1000, &mut scratch, |_| true),
+                    Err(DecodeError::TooLarge)
+                );
+                assert_eq!(
+                    decode_capped(c, enc, data.len(), &mut scratch, |_| true).unwrap(),
+                    data
+                );
+            }
+        }
+        // A frame with a 16 MiB window: decoded, and its context not kept.
+        let big = {
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+            e.window_log(24).unwrap();
+            e.write_all(&data).unwrap();
+            e.finish().unwrap()
+        };
+        assert_eq!(
+            decode_capped(Coding::Zstd, &big, data.len(), &mut scratch, |_| true).unwrap(),
+            data
+        );
+        assert!(scratch.zstd.sizeof() <= ZSTD_KEEP_BYTES);
+    }
+
+    /// The decoding threads answer every body, with the budget guard back.
+    #[tokio::test]
+    async fn decoders_answer_and_return_the_guard() {
+        let decoders = Decoders::new(2).unwrap();
+        let data = b"payload ".repeat(5000);
+        let enc = bytes::Bytes::from(gzip(&data));
+        let budget = BatchBudget::new(64 << 20);
+        let all =
+            futures::future::join_all((0..100).map(|_| {
+                decoders.decode(Coding::Gzip, enc.clone(), data.len(), Some(budget.guard()))
+            }))
+            .await;
+        for (out, guard) in all {
+            assert_eq!(out.unwrap(), data);
+            assert!(guard.unwrap().held() >= data.len() as u64);
+        }
+        assert_eq!(budget.used(), 0);
+        let (out, guard) = decoders.decode(Coding::Zstd, enc, 10, None).await;
+        assert!(matches!(out, Err(DecodeError::Corrupt(_))) && guard.is_none());
     }
 
     #[test]
@@ -284,7 +483,7 @@ mod tests {
                 cap in 0..4096usize,
                 coding in prop_oneof![Just(Coding::Gzip), Just(Coding::Zstd), Just(Coding::Identity)],
             ) {
-                if let Ok(out) = decode_capped(coding, &input, cap, |_| true) {
+                if let Ok(out) = decode_capped(coding, &input, cap, &mut Scratch::new(), |_| true) {
                     prop_assert!(out.len() <= cap);
                 }
             }
@@ -307,7 +506,7 @@ mod tests {
                     let i = i.index(enc.len());
                     enc[i] ^= x;
                 }
-                match decode_capped(coding, &enc, cap, |_| true) {
+                match decode_capped(coding, &enc, cap, &mut Scratch::new(), |_| true) {
                     Ok(out) => {
                         prop_assert!(out.len() <= cap);
                         if flip.is_none() {

@@ -47,7 +47,8 @@ pub type AppState = Arc<Node>;
 
 /// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
 /// is served by [`metrics_router`] on its own listener and answers `404` here.
-pub fn router(node: AppState) -> Router {
+/// The `/v1` API and probes; compressed produce bodies are decoded on `decoders`.
+pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     let routes = Router::new()
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
@@ -101,6 +102,7 @@ pub fn router(node: AppState) -> Router {
         .layer(Extension(encoding::BatchBudget::new(
             node.config.http.max_batch_bytes_in_flight,
         )))
+        .layer(Extension(decoders))
         .with_state(node)
 }
 
@@ -381,11 +383,11 @@ pub async fn read_body(headers: &axum::http::HeaderMap, body: Body) -> ApiResult
     read_raw(headers, body, MAX_BODY, MAX_DRAIN, None).await
 }
 
-/// `503`: the node's budget of batch bytes in flight is spent (nothing was stored).
+/// `429`: the node's budget of batch bytes in flight is spent (nothing was stored).
 fn batch_budget_spent(close: bool) -> ApiError {
     ApiError {
         close,
-        ..ApiError::unavailable(
+        ..ApiError::throttled(
             "too many batch produce bytes in flight on this node \
              (http.max_batch_bytes_in_flight); nothing was stored, retry shortly",
             1,
@@ -409,7 +411,7 @@ fn body_read_error(e: axum::Error) -> ApiError {
 /// Reads a request body of at most `limit` bytes as sent (`413` beyond; up to `drain`
 /// bytes of an oversized body are read and discarded so the connection stays usable).
 /// With a budget `guard`, the body's bytes are taken from it first: from `Content-Length`
-/// before any byte is buffered, else as they arrive; a refusal is `503` with nothing kept.
+/// before any byte is buffered, else as they arrive; a refusal is `429` with nothing kept.
 async fn read_raw(
     headers: &axum::http::HeaderMap,
     body: Body,
@@ -474,12 +476,13 @@ fn coded_slack(limit: usize) -> usize {
 /// Reads a produce body in its `Content-Encoding` (`identity`, `gzip`, `zstd`): at most
 /// `limit` bytes decoded (`413`), the compressed body itself bounded before decoding; a
 /// corrupt stream is `400`. With a budget `guard`, the bytes received and the bytes decoded
-/// are both taken from it (`503` when spent).
+/// are both taken from it (`429` when spent).
 pub async fn read_coded(
     headers: &axum::http::HeaderMap,
     body: Body,
     limit: usize,
     drain: u64,
+    decoders: &encoding::Decoders,
     mut guard: Option<encoding::BudgetGuard>,
 ) -> ApiResult<(Bytes, Option<encoding::BudgetGuard>)> {
     use encoding::{Coding, DecodeError};
@@ -496,14 +499,7 @@ pub async fn read_coded(
         guard.as_mut(),
     )
     .await?;
-    let decoded = tokio::task::spawn_blocking(move || {
-        let out = encoding::decode_capped(coding, &raw, limit, |n| {
-            guard.as_mut().is_none_or(|g| g.grow(n as u64))
-        });
-        (out, guard)
-    })
-    .await
-    .map_err(|e| ApiError::internal(format!("decoding the request body failed: {e}")))?;
+    let decoded = decoders.decode(coding, raw, limit, guard).await;
     match decoded {
         (Ok(out), guard) => Ok((Bytes::from(out), guard)),
         (Err(DecodeError::TooLarge), _) => Err(ApiError::too_large(format!(

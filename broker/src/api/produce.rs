@@ -11,7 +11,7 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::encoding::BatchBudget;
+use super::encoding::{BatchBudget, Decoders};
 use super::{find_topic, json, read_coded, AppState, Name, Query, MAX_BODY};
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
 use crate::cluster::{error_reply, reply_error, rpc_error, Cluster, TopicLookup};
@@ -257,6 +257,7 @@ pub async fn produce(
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
+    Extension(decoders): Extension<std::sync::Arc<Decoders>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -267,7 +268,7 @@ pub async fn produce(
         .one("key")?
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
-    let (payload, _) = read_coded(&headers, body, MAX_BODY, MAX_DRAIN, None).await?;
+    let (payload, _) = read_coded(&headers, body, MAX_BODY, MAX_DRAIN, &decoders, None).await?;
     if payload.is_empty() {
         return Err(ApiError::bad_request("message body is empty"));
     }
@@ -361,6 +362,7 @@ pub async fn produce_batch(
     caller: Caller,
     Name(name): Name,
     Extension(budget): Extension<std::sync::Arc<BatchBudget>>,
+    Extension(decoders): Extension<std::sync::Arc<Decoders>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -371,6 +373,7 @@ pub async fn produce_batch(
         body,
         MAX_BATCH_BODY,
         MAX_BATCH_DRAIN,
+        &decoders,
         Some(budget.guard()),
     )
     .await?;
