@@ -179,13 +179,21 @@ pub async fn heartbeat(
                 now_ms: now_ms(),
             };
             match cluster.propose(cmd).await {
-                Ok(_) => {
-                    if !cluster.registered() {
-                        tracing::info!(node = %cluster.node_id, "member registered");
+                Ok(_) if cluster.registered() => true,
+                // Registered, and ready, only once the local view has everything committed
+                // before: a node that restarted must not answer from an older view (users
+                // it does not know yet, topics it thinks absent).
+                Ok(_) => match cluster.catch_up().await {
+                    Ok(index) => {
+                        tracing::info!(node = %cluster.node_id, index, "member registered");
+                        cluster.set_registered();
+                        true
                     }
-                    cluster.set_registered();
-                    true
-                }
+                    Err(e) => {
+                        tracing::info!(error = %e.message, "registered; metadata still catching up");
+                        false
+                    }
+                },
                 Err(e) => {
                     tracing::debug!(error = %e.message, "heartbeat failed");
                     false

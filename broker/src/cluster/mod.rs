@@ -453,10 +453,43 @@ impl Cluster {
     /// node waits until its replica has applied that far. Returns the topic `name` as the
     /// leader knows it, when asked. Fails (`503`) without a leader.
     pub async fn read_current(&self, name: Option<&str>) -> ApiResult<Option<Arc<Topic>>> {
+        let (_, topic) = self.leader_read(name).await?;
+        Ok(match name {
+            Some(n) => self
+                .meta
+                .view()
+                .topics
+                .get(n)
+                .cloned()
+                .or(topic.map(Arc::new)),
+            None => None,
+        })
+    }
+
+    /// Brings the local replica up to everything the leader had committed when asked
+    /// (a node that restarted or joined answers from a current view before it is ready):
+    /// `503` without a leader, or while the replica has not applied that far after
+    /// [`CATCH_UP_TIMEOUT`].
+    pub async fn catch_up(&self) -> ApiResult<u64> {
+        let (index, _) = self.leader_read(None).await?;
+        if self.meta.applied_index() < index {
+            return Err(ApiError::unavailable(
+                format!(
+                    "the metadata replica is catching up (applied {} of {index})",
+                    self.meta.applied_index()
+                ),
+                1,
+            ));
+        }
+        Ok(index)
+    }
+
+    /// The leader's barrier index (and topic `name` as it knows it), with the local replica
+    /// given up to [`CATCH_UP_TIMEOUT`] to apply that far.
+    async fn leader_read(&self, name: Option<&str>) -> ApiResult<(u64, Option<Topic>)> {
         if !self.clustered || self.meta.is_leader() {
             let index = self.meta.barrier().await.map_err(ApiError::from)?;
-            let _ = index;
-            return Ok(name.and_then(|n| self.meta.view().topics.get(n).cloned()));
+            return Ok((index, None));
         }
         let Some((leader, _)) = self.meta.current_leader() else {
             return Err(ApiError::unavailable(
@@ -482,16 +515,7 @@ impl Cluster {
         let r: GetTopicReply = serde_json::from_slice(&reply.body)
             .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
         self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await;
-        Ok(match name {
-            Some(n) => self
-                .meta
-                .view()
-                .topics
-                .get(n)
-                .cloned()
-                .or(r.topic.map(Arc::new)),
-            None => None,
-        })
+        Ok((r.index, r.topic))
     }
 }
 

@@ -13,8 +13,12 @@
 //!    [`AuthConfig::verified_ttl_ms`].
 //! 3. Negative cache hit (the same wrong password for the same record version within 60 s)
 //!    → `401` without using an attempt.
-//! 4. No attempt left → `429` with `Retry-After` (throttle).
-//! 5. Otherwise an attempt is taken and the caller must verify: [`Step::Verify`] carries a
+//! 4. The same credentials already being verified for the same record version →
+//!    [`Step::Wait`]: the caller waits for that verification and starts over (it then hits
+//!    one of the caches). Concurrent first requests of one client (a pool of connections to
+//!    a node that just started) cost one argon2 and one attempt, never a `429`.
+//! 5. No attempt left → `429` with `Retry-After` (throttle).
+//! 6. Otherwise an attempt is taken and the caller must verify: [`Step::Verify`] carries a
 //!    [`PendingVerification`] whose `verify()` runs argon2 (run it on `spawn_blocking`), then
 //!    [`Authenticator::finish`] records the outcome: right → the attempt is given back and
 //!    the credentials cached; wrong → the negative cache remembers them for 60 s.
@@ -204,7 +208,30 @@ struct Caches {
     throttle: LoginThrottle,
     /// Whether `auth.throttled` was logged for the current empty-bucket episode, per user.
     throttle_logged: HashMap<String, u64>,
+    /// Verifications running, by credentials: later identical requests wait for them.
+    inflight: HashMap<Fingerprint, InFlight>,
     next_sweep_ms: u64,
+}
+
+/// A verification in progress (see [`Step::Wait`]).
+#[derive(Debug)]
+struct InFlight {
+    /// `User::version` it checks against.
+    version: u64,
+    /// Closed (sender dropped) when the verification ends, however it ends.
+    done: tokio::sync::watch::Receiver<()>,
+}
+
+/// Ends when the verification it waits for ends (finished, or abandoned by its caller):
+/// then call [`Authenticator::begin`] again.
+#[derive(Debug)]
+pub struct Waiter(tokio::sync::watch::Receiver<()>);
+
+impl Waiter {
+    /// Waits for the verification to end.
+    pub async fn wait(mut self) {
+        while self.0.changed().await.is_ok() {}
+    }
 }
 
 /// A password check to run (argon2, CPU-heavy) before [`Authenticator::finish`].
@@ -213,6 +240,8 @@ pub struct PendingVerification {
     user: Arc<User>,
     fingerprint: Fingerprint,
     password: String,
+    /// Dropped when the verification ends: wakes the requests waiting on it.
+    _done: tokio::sync::watch::Sender<()>,
 }
 
 impl PendingVerification {
@@ -232,6 +261,8 @@ impl PendingVerification {
 pub enum Step {
     /// Decided without argon2 (cache, unknown user, throttle).
     Done(Result<Principal, AuthError>),
+    /// The same credentials are being verified: wait, then `begin` again.
+    Wait(Waiter),
     /// Run `pending.verify()` (blocking), then pass the answer to `finish`.
     Verify(PendingVerification),
 }
@@ -280,6 +311,7 @@ impl Authenticator {
                 negative: HashMap::new(),
                 throttle: LoginThrottle::new(config.attempts, config.refill_ms),
                 throttle_logged: HashMap::new(),
+                inflight: HashMap::new(),
                 next_sweep_ms: 0,
             }),
             verify_permits: tokio::sync::Semaphore::new(config.max_parallel_verifications.max(1)),
@@ -330,6 +362,14 @@ impl Authenticator {
             }
             None => {}
         }
+        if let Some(f) = c.inflight.get(&fp) {
+            // A closed channel is a verification that ended without `finish` (its caller
+            // went away): this request verifies in its place.
+            if f.version == user.version && f.done.has_changed().is_ok() {
+                return Step::Wait(Waiter(f.done.clone()));
+            }
+            c.inflight.remove(&fp);
+        }
         if let Err(retry_after_secs) = c.throttle.try_acquire(&user.username, now) {
             // Log once per empty-bucket episode (until the next attempt accrues).
             let due = now + retry_after_secs * 1000;
@@ -343,10 +383,19 @@ impl Authenticator {
             }
             return Step::Done(Err(AuthError::Throttled { retry_after_secs }));
         }
+        let (done, waiting) = tokio::sync::watch::channel(());
+        c.inflight.insert(
+            fp,
+            InFlight {
+                version: user.version,
+                done: waiting,
+            },
+        );
         Step::Verify(PendingVerification {
             user: user.clone(),
             fingerprint: fp,
             password: creds.password.clone(),
+            _done: done,
         })
     }
 
@@ -355,6 +404,12 @@ impl Authenticator {
         let now = self.clock.now_ms();
         let user = &pending.user;
         let mut c = self.caches.lock();
+        if c.inflight
+            .get(&pending.fingerprint)
+            .is_some_and(|f| f.done.same_channel(&pending._done.subscribe()))
+        {
+            c.inflight.remove(&pending.fingerprint);
+        }
         if ok {
             c.throttle.release(&user.username, now);
             c.negative.remove(&pending.fingerprint);
@@ -393,11 +448,14 @@ impl Authenticator {
         user: Option<&Arc<User>>,
         creds: &Credentials,
     ) -> Result<Principal, AuthError> {
-        match self.begin(user, creds) {
-            Step::Done(r) => r,
-            Step::Verify(p) => {
-                let ok = p.verify();
-                self.finish(p, ok)
+        loop {
+            match self.begin(user, creds) {
+                Step::Done(r) => return r,
+                Step::Wait(w) => futures::executor::block_on(w.wait()),
+                Step::Verify(p) => {
+                    let ok = p.verify();
+                    return self.finish(p, ok);
+                }
             }
         }
     }
@@ -409,20 +467,24 @@ impl Authenticator {
         state: &MetaState,
         creds: &Credentials,
     ) -> Result<Principal, AuthError> {
-        match self.begin(state.user(&creds.username), creds) {
-            Step::Done(r) => r,
-            Step::Verify(p) => {
-                let joined = self
-                    .run_argon2(move || {
-                        let ok = p.verify();
-                        (p, ok)
-                    })
-                    .await?;
-                match joined {
-                    Ok((p, ok)) => self.finish(p, ok),
-                    Err(e) => Err(AuthError::Unauthenticated(format!(
-                        "password check failed: {e}"
-                    ))),
+        loop {
+            match self.begin(state.user(&creds.username), creds) {
+                Step::Done(r) => return r,
+                // The other verification's outcome is in a cache when this one starts over.
+                Step::Wait(w) => w.wait().await,
+                Step::Verify(p) => {
+                    let joined = self
+                        .run_argon2(move || {
+                            let ok = p.verify();
+                            (p, ok)
+                        })
+                        .await?;
+                    return match joined {
+                        Ok((p, ok)) => self.finish(p, ok),
+                        Err(e) => Err(AuthError::Unauthenticated(format!(
+                            "password check failed: {e}"
+                        ))),
+                    };
                 }
             }
         }
@@ -502,6 +564,7 @@ impl Authenticator {
         c.verified.retain(|_, e| now < e.expires_ms);
         c.negative.retain(|_, e| now < e.expires_ms);
         c.throttle.sweep(now);
+        c.inflight.retain(|_, f| f.done.has_changed().is_ok());
         c.throttle_logged.retain(|_, until| now < *until);
     }
 
@@ -656,6 +719,7 @@ mod tests {
         fn login(&self, u: &str, p: &str) -> (Result<Principal, AuthError>, bool) {
             match self.auth.begin(self.state.user(u), &creds(u, p)) {
                 Step::Done(r) => (r, false),
+                Step::Wait(_) => panic!("no verification runs in this test"),
                 Step::Verify(pending) => {
                     let ok = pending.verify();
                     (self.auth.finish(pending, ok), true)
@@ -723,6 +787,65 @@ mod tests {
         );
         assert!(credentials_from_headers(&h).is_err(), "two headers");
         assert!(!format!("{:?}", creds("a", "hunter2")).contains("hunter2"));
+    }
+
+    /// A pool of connections sending the same credentials to a node that just started: one
+    /// argon2, one attempt taken and given back, every request authenticated (no `429`).
+    #[tokio::test]
+    async fn identical_concurrent_logins_share_one_verification() {
+        let w = World::new();
+        let billing = w.state.user("billing").unwrap().clone();
+        let first = match w.auth.begin(Some(&billing), &creds("billing", "right")) {
+            Step::Verify(p) => p,
+            other => panic!("{other:?}"),
+        };
+        // More concurrent requests than there are attempts: all wait, none takes one.
+        let waiters: Vec<Waiter> = (0..3 * ATTEMPTS)
+            .map(
+                |_| match w.auth.begin(Some(&billing), &creds("billing", "right")) {
+                    Step::Wait(waiter) => waiter,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(w.auth.attempts_left("billing"), ATTEMPTS - 1);
+        // A different password for the same user is a separate check (an attempt of its own).
+        let other = match w.auth.begin(Some(&billing), &creds("billing", "guess")) {
+            Step::Verify(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let ok = first.verify();
+        assert!(w.auth.finish(first, ok).is_ok());
+        for waiter in waiters {
+            waiter.wait().await;
+            let (r, verified) = w.login("billing", "right");
+            assert!(r.is_ok() && !verified, "answered from the cache");
+        }
+        assert!(unauth(&w.auth.finish(other, false)));
+        assert_eq!(w.auth.attempts_left("billing"), ATTEMPTS - 1);
+
+        // A verification abandoned by its caller (request cancelled) wakes its waiters, and
+        // the next request verifies in its place.
+        w.advance(AuthConfig::default().verified_ttl_ms);
+        let abandoned = match w.auth.begin(Some(&billing), &creds("billing", "right")) {
+            Step::Verify(p) => p,
+            other => panic!("{other:?}"),
+        };
+        let Step::Wait(waiter) = w.auth.begin(Some(&billing), &creds("billing", "right")) else {
+            panic!("expected to wait")
+        };
+        drop(abandoned);
+        waiter.wait().await;
+        let (r, verified) = w.login("billing", "right");
+        assert!(r.is_ok() && verified);
+        // And through `authenticate`, concurrently: every one succeeds.
+        w.advance(AuthConfig::default().verified_ttl_ms);
+        let right = creds("billing", "right");
+        let all = futures::future::join_all(
+            (0..4 * ATTEMPTS).map(|_| w.auth.authenticate(&w.state, &right)),
+        )
+        .await;
+        assert!(all.iter().all(|r| r.is_ok()), "{all:?}");
     }
 
     #[test]
