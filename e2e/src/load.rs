@@ -165,6 +165,12 @@ async fn produce_loop(
                 for l in &ledgers {
                     l.record_ambiguous(id.clone());
                 }
+                ledger.record_failure(format!(
+                    "{} via {}: {}",
+                    wall_clock(),
+                    urls[node],
+                    r.describe()
+                ));
                 node = (node + 1) % clients.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -175,15 +181,31 @@ async fn produce_loop(
                 ledger.record_rejected(r.describe());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            Err(_) => {
+            Err(e) => {
                 for l in &ledgers {
                     l.record_ambiguous(id.clone());
                 }
+                ledger.record_failure(format!("{} via {}: {e:?}", wall_clock(), urls[node]));
                 node = (node + 1) % clients.len();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     }
+}
+
+/// UTC time of day `HH:MM:SS.mmm`, to line failures up with the brokers' logs.
+fn wall_clock() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+        % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
 }
 
 /// Prints what each node says about the topic and its queues (for a drain that stalled).

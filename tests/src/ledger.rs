@@ -22,6 +22,8 @@ use crate::payload;
 
 /// Long-poll used by consumer loops.
 const CONSUME_WAIT: &str = "1s";
+/// Failed produces described in a [`Report`] at most.
+const KEPT_FAILURES: usize = 50;
 /// Pause after a transport error or `5xx` (server down or restarting).
 const ERROR_BACKOFF: Duration = Duration::from_millis(20);
 
@@ -30,6 +32,7 @@ struct Inner {
     acked: HashSet<String>,
     ambiguous: HashSet<String>,
     rejected: Vec<String>,
+    failures: Vec<String>,
     consumed: HashMap<String, u32>,
     corrupt: Vec<String>,
     unexpected: Vec<String>,
@@ -59,6 +62,15 @@ impl Ledger {
 
     pub fn record_rejected(&self, what: String) {
         self.lock().rejected.push(what);
+    }
+
+    /// What an ambiguous produce got (a transport error or a `5xx`), kept for the report
+    /// (the first [`KEPT_FAILURES`]).
+    pub fn record_failure(&self, what: String) {
+        let mut g = self.lock();
+        if g.failures.len() < KEPT_FAILURES {
+            g.failures.push(what);
+        }
     }
 
     /// A consumer saw a status no consumer should see (a `4xx`).
@@ -153,6 +165,7 @@ impl Ledger {
             corrupt: g.corrupt.clone(),
             foreign,
             rejected: g.rejected.clone(),
+            failures: g.failures.clone(),
             unexpected: g.unexpected.clone(),
         }
     }
@@ -176,6 +189,8 @@ pub struct Report {
     pub corrupt: Vec<String>,
     pub foreign: Vec<String>,
     pub rejected: Vec<String>,
+    /// What the first ambiguous produces got (transport errors, `5xx`).
+    pub failures: Vec<String>,
     pub unexpected: Vec<String>,
 }
 
