@@ -195,10 +195,7 @@ async fn produce_loop(
 
 /// UTC time of day `HH:MM:SS.mmm`, to line failures up with the brokers' logs.
 fn wall_clock() -> String {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis())
-        % 86_400_000;
+    let ms = narad_tests::now_ms() % 86_400_000;
     format!(
         "{:02}:{:02}:{:02}.{:03}",
         ms / 3_600_000,

@@ -265,6 +265,13 @@ impl Decoders {
     }
 }
 
+/// What the produce routes share to read bodies (one request extension): the budget of
+/// batch bytes in flight and the decoding threads.
+pub struct Bodies {
+    pub budget: Arc<BatchBudget>,
+    pub decoders: Arc<Decoders>,
+}
+
 /// The node-wide budget of batch-produce bytes in flight (`http.max_batch_bytes_in_flight`):
 /// bytes received and decoded by batch requests not yet answered.
 #[derive(Debug)]

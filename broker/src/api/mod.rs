@@ -46,8 +46,8 @@ pub const MAX_BODY: usize = 1024 * 1024;
 pub type AppState = Arc<Node>;
 
 /// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
-/// is served by [`metrics_router`] on its own listener and answers `404` here.
-/// The `/v1` API and probes; compressed produce bodies are decoded on `decoders`.
+/// is served by [`metrics_router`] on its own listener and answers `404` here. Compressed
+/// produce bodies are decoded on `decoders`.
 pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     let routes = Router::new()
         .route("/v1/topics", post(topics::create).get(topics::list))
@@ -99,10 +99,10 @@ pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
         ))
         .layer(axum::middleware::from_fn(refuse_codings))
         .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
-        .layer(Extension(encoding::BatchBudget::new(
-            node.config.http.max_batch_bytes_in_flight,
-        )))
-        .layer(Extension(decoders))
+        .layer(Extension(Arc::new(encoding::Bodies {
+            budget: encoding::BatchBudget::new(node.config.http.max_batch_bytes_in_flight),
+            decoders,
+        })))
         .with_state(node)
 }
 

@@ -11,7 +11,7 @@ use narad_api::{BatchMessage, BatchProduceResponse};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
-use super::encoding::{BatchBudget, Decoders};
+use super::encoding::Bodies;
 use super::{find_topic, json, read_coded, AppState, Name, Query, MAX_BODY};
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
 use crate::cluster::{error_reply, reply_error, rpc_error, Cluster, TopicLookup};
@@ -257,7 +257,7 @@ pub async fn produce(
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
-    Extension(decoders): Extension<std::sync::Arc<Decoders>>,
+    Extension(bodies): Extension<std::sync::Arc<Bodies>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -268,7 +268,8 @@ pub async fn produce(
         .one("key")?
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
-    let (payload, _) = read_coded(&headers, body, MAX_BODY, MAX_DRAIN, &decoders, None).await?;
+    let (payload, _) =
+        read_coded(&headers, body, MAX_BODY, MAX_DRAIN, &bodies.decoders, None).await?;
     if payload.is_empty() {
         return Err(ApiError::bad_request("message body is empty"));
     }
@@ -361,8 +362,7 @@ pub async fn produce_batch(
     State(node): State<AppState>,
     caller: Caller,
     Name(name): Name,
-    Extension(budget): Extension<std::sync::Arc<BatchBudget>>,
-    Extension(decoders): Extension<std::sync::Arc<Decoders>>,
+    Extension(bodies): Extension<std::sync::Arc<Bodies>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -373,8 +373,8 @@ pub async fn produce_batch(
         body,
         MAX_BATCH_BODY,
         MAX_BATCH_DRAIN,
-        &decoders,
-        Some(budget.guard()),
+        &bodies.decoders,
+        Some(bodies.budget.guard()),
     )
     .await?;
     if body.is_empty() {
