@@ -103,6 +103,7 @@ impl DirLock {
             .write(true)
             .open(&path)
             .with_context(|| format!("open {}", path.display()))?;
+        narad_storage::dirs::sync_dir(dir).with_context(|| format!("fsync {}", dir.display()))?;
         // SAFETY: flock on a file descriptor we own; no memory is touched.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -820,7 +821,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     unsafe {
         libc::umask(0o077);
     }
-    fs::create_dir_all(&data_dir)
+    narad_storage::dirs::create_dir_all_durable(&data_dir)
         .with_context(|| format!("create data dir {}", data_dir.display()))?;
     // A data dir made by an older build may be world-readable: close it (nothing below it is
     // reachable without search permission on it).

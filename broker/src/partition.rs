@@ -530,7 +530,7 @@ pub struct Released {
 
 impl Registry {
     pub fn new(root: PathBuf, log_cfg: LogConfig, metrics: Arc<Metrics>) -> std::io::Result<Self> {
-        fs::create_dir_all(&root)?;
+        narad_storage::dirs::create_dir_all_durable(&root)?;
         sweep_move_staging(&root);
         Ok(Registry {
             root,
@@ -656,9 +656,11 @@ impl Registry {
                     continue;
                 }
                 let dir = self.topic_dir(t.id).join(p.to_string());
-                fs::create_dir_all(&dir).map_err(|source| StorageError::Io {
-                    path: dir.clone(),
-                    source,
+                narad_storage::dirs::create_dir_all_durable(&dir).map_err(|source| {
+                    StorageError::Io {
+                        path: dir.clone(),
+                        source,
+                    }
                 })?;
                 let metrics = self.metrics.partition(&t.name, p);
                 let part = Partition::open(dir, t.id, p, self.log_cfg.clone(), metrics)?;
@@ -802,7 +804,61 @@ fn sweep_move_staging(root: &Path) {
 }
 
 #[cfg(test)]
-mod sweep_tests {
+mod tests {
+    use super::*;
+    use narad_meta::{Assignment, TopicConfig};
+    use narad_storage::dirs::record_dir_syncs;
+
+    #[test]
+    fn a_new_partition_is_durable_from_its_log_up_to_the_data_dir() {
+        let data = tempfile::tempdir().unwrap();
+        let root = data.path().join("topics");
+        let (reg, synced) = record_dir_syncs(|| {
+            Registry::new(root.clone(), LogConfig::default(), Arc::new(Metrics::new())).unwrap()
+        });
+        assert_eq!(synced, vec![root.clone(), data.path().to_path_buf()]);
+        let mut view = MetaState::default();
+        let topic = |owner: &str| Assignment {
+            owner: Some(owner.into()),
+            target: None,
+            move_id: 0,
+        };
+        view.topics.insert(
+            "orders".into(),
+            Arc::new(Topic {
+                id: 5,
+                name: "orders".into(),
+                config: TopicConfig {
+                    partitions: 2,
+                    retention_ms: 0,
+                    visibility_timeout_ms: 30_000,
+                    max_in_flight_per_partition: 1024,
+                    max_acked_ahead_per_partition: 1024,
+                },
+                created_at_ms: 0,
+                owner: None,
+                schemas: vec![],
+                assignments: vec![topic("other"), topic("me")],
+            }),
+        );
+        view.next_topic_id = 6;
+        let (r, synced) = record_dir_syncs(|| reg.reconcile(&view, "me"));
+        r.unwrap();
+        let p = root.join("5").join("1");
+        // Each new entry's directory is fsynced: the log's, the partition's, the topic's.
+        for d in [p.join("log"), p.clone(), root.join("5"), root.clone()] {
+            assert!(
+                synced.contains(&d),
+                "{} not fsynced: {synced:?}",
+                d.display()
+            );
+        }
+        assert!(
+            !root.join("5").join("0").exists(),
+            "another node's partition"
+        );
+    }
+
     #[test]
     fn leftover_move_staging_copies_are_removed_and_partitions_kept() {
         let root = tempfile::tempdir().unwrap();
@@ -811,7 +867,7 @@ mod sweep_tests {
         std::fs::create_dir_all(&live).unwrap();
         std::fs::create_dir_all(&staging).unwrap();
         std::fs::write(live.join("00000000000000000000.log"), b"x").unwrap();
-        super::sweep_move_staging(root.path());
+        sweep_move_staging(root.path());
         assert!(live.join("00000000000000000000.log").exists());
         assert!(!root.path().join("7").join("2.move-41").exists());
     }

@@ -708,9 +708,15 @@ async fn attempt(
     progress: &mut Progress,
 ) -> Result<Outcome, String> {
     let log_dir = staging.join("log");
-    tokio::fs::create_dir_all(&log_dir)
+    {
+        let log_dir = log_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            narad_storage::dirs::create_dir_all_durable(&log_dir)
+                .map_err(|e| format!("create {}: {e}", log_dir.display()))
+        })
         .await
-        .map_err(|e| format!("create {}: {e}", log_dir.display()))?;
+        .map_err(|e| format!("create task failed: {e}"))??;
+    }
     let part_ref = PartitionRef {
         topic_id: topic.id,
         partition: p,
@@ -871,7 +877,7 @@ async fn prepare_copy(node: &Node, staging: &Path, fin: Final) -> Result<(), Str
             }
             let path = staging.join(&f.path);
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                narad_storage::dirs::create_dir_all_durable(parent).map_err(|e| e.to_string())?;
             }
             write_synced(&path, &f.bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         }
@@ -886,8 +892,7 @@ async fn prepare_copy(node: &Node, staging: &Path, fin: Final) -> Result<(), Str
         .map_err(|e| format!("the copy does not verify: {e}"))?;
         for d in [staging.join("log"), staging.join("fanout"), staging.clone()] {
             if d.is_dir() {
-                std::fs::File::open(&d)
-                    .and_then(|f| f.sync_all())
+                narad_storage::dirs::sync_dir(&d)
                     .map_err(|e| format!("fsync {}: {e}", d.display()))?;
             }
         }
@@ -921,7 +926,7 @@ async fn install_and_flip(
         remove_dir(&d)?;
         std::fs::rename(&s, &d)?;
         if let Some(parent) = d.parent() {
-            std::fs::File::open(parent)?.sync_all()?;
+            narad_storage::dirs::sync_dir(parent)?;
         }
         Ok(())
     })

@@ -22,6 +22,8 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use narad_storage::dirs::sync_dir;
+
 /// The first format (one 32-byte record, replaced by rename on every store).
 const MAGIC: &[u8; 4] = b"NFC1";
 const LEN: usize = 4 + 8 + 8 + 8 + 4;
@@ -114,10 +116,7 @@ impl CursorDir {
     /// [`CursorFile`] of the same cursor no longer reaches the file afterwards.
     pub fn store(&self, id: CursorId, next: u64) -> io::Result<()> {
         if !self.dir.is_dir() {
-            fs::create_dir_all(&self.dir)?;
-            if let Some(parent) = self.dir.parent() {
-                sync_dir(parent)?;
-            }
+            narad_storage::dirs::create_dir_all_durable(&self.dir)?;
         }
         let path = self.path(id);
         let tmp = path.with_extension("tmp");
@@ -271,10 +270,6 @@ fn decode_record<const N: usize>(b: &[u8], magic: &[u8; 4]) -> Option<[u64; N]> 
     Some(std::array::from_fn(|i| {
         u64::from_le_bytes(b[4 + 8 * i..12 + 8 * i].try_into().unwrap())
     }))
-}
-
-fn sync_dir(dir: &Path) -> io::Result<()> {
-    fs::File::open(dir)?.sync_all()
 }
 
 /// A record of the first format (only tests write it now).

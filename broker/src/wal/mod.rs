@@ -187,9 +187,7 @@ fn segment_path(dir: &Path, lane: usize, first_lsn: u64) -> PathBuf {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), WalError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(dir))
+    narad_storage::dirs::sync_dir(dir).map_err(io_err(dir))
 }
 
 fn create_segment(dir: &Path, lane: usize, first_lsn: u64) -> Result<(PathBuf, File), WalError> {
@@ -207,7 +205,7 @@ fn create_segment(dir: &Path, lane: usize, first_lsn: u64) -> Result<(PathBuf, F
 impl Wal {
     /// Opens the WAL in `dir`, recovers what is there, and starts the writer threads.
     pub fn open(dir: &Path, opts: WalOptions) -> Result<Opened, WalError> {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        narad_storage::dirs::create_dir_all_durable(dir).map_err(io_err(dir))?;
         let checkpoint = read_checkpoint(dir)?;
         let found = list_segments(dir)?;
         let mut recovered = Vec::new();
@@ -773,6 +771,21 @@ mod tests {
             key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
             payload: Bytes::copy_from_slice(payload.as_bytes()),
         }
+    }
+
+    #[test]
+    fn a_new_wal_dir_and_its_segments_are_durable() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = data.path().join("ingress");
+        let (o, synced) =
+            narad_storage::dirs::record_dir_syncs(|| Wal::open(&dir, WalOptions::default()));
+        let o = o.unwrap();
+        // The directory's own entry (in the data dir), then the segment files' (in it).
+        assert_eq!(
+            synced,
+            vec![dir.clone(), data.path().to_path_buf(), dir.clone()]
+        );
+        o.wal.close();
     }
 
     #[test]

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod dirs;
 mod error;
 pub mod frame;
 pub mod index;

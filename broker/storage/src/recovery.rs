@@ -38,9 +38,7 @@ pub(crate) struct Recovered {
     pub last_ts: u64,
 }
 
-pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
-}
+pub(crate) use crate::dirs::sync_dir;
 
 fn parse_base(name: &str, ext: &str) -> Option<u64> {
     let stem = name.strip_suffix(ext)?;
@@ -76,10 +74,7 @@ pub(crate) fn list_segments(dir: &Path, remove_orphans: bool) -> Result<Vec<u64>
 
 pub(crate) fn recover(dir: &Path, cfg: &LogConfig) -> Result<Recovered> {
     if !dir.is_dir() {
-        fs::create_dir_all(dir).map_err(io_err(dir))?;
-        if let Some(parent) = dir.parent() {
-            sync_dir(parent).map_err(io_err(parent))?;
-        }
+        crate::dirs::create_dir_all_durable(dir).map_err(io_err(dir))?;
     }
     let bases = list_segments(dir, true)?;
     if bases.is_empty() {

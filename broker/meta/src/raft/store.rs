@@ -134,9 +134,12 @@ impl std::ops::Deref for Db {
 impl Store {
     /// Opens (creating if needed) `<dir>/raft.redb` and its tables.
     pub fn open(dir: &Path) -> Result<Store, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        narad_storage::dirs::create_dir_all_durable(dir)
+            .map_err(|e| format!("create {}: {e}", dir.display()))?;
         let path = dir.join(DB_FILE);
         let db = Database::create(&path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        // The database file's entry: redb fsyncs the file, not the directory that holds it.
+        narad_storage::dirs::sync_dir(dir).map_err(|e| format!("fsync {}: {e}", dir.display()))?;
         let store = Store {
             db: Arc::new(Db {
                 db,
@@ -524,5 +527,20 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_metastore_is_durable_with_its_database_file() {
+        let data = tempfile::tempdir().unwrap();
+        let dir = data.path().join("metastore");
+        let (store, synced) = narad_storage::dirs::record_dir_syncs(|| Store::open(&dir));
+        store.unwrap();
+        // The directory's entry in the data dir, then raft.redb's entry in the directory.
+        assert_eq!(synced, vec![dir.clone(), data.path().to_path_buf(), dir]);
     }
 }
