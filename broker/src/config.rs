@@ -19,8 +19,40 @@ pub struct Config {
     pub security: SecurityConfig,
     /// `fanout.*` (SPEC §8).
     pub fanout: crate::fanout::FanoutConfig,
+    /// Engine tuning (`NARAD_WAL_LANES`, `NARAD_DISPATCH_*`; see [`Tuning`]).
+    pub tuning: Tuning,
     /// `NARAD_TEST_*` knobs (tests only; see [`TestKnobs`]).
     pub test: TestKnobs,
+}
+
+/// Engine tuning, from the environment only: not among the SPEC's user settings, for
+/// benchmarks and experiments on a given disk. The defaults are what production runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tuning {
+    /// `NARAD_WAL_LANES` (1–8, default 2): WAL writer threads, each with its own segment
+    /// files. With two, a produce that arrives while one lane waits for its fsync is
+    /// written and fsynced by the other at once.
+    pub wal_lanes: usize,
+    /// `NARAD_DISPATCH_LINGER_US` (0–1,000,000, default 5,000): how long a partition's first
+    /// WAL record may wait for more before it commits while other commits are in flight. It
+    /// only delays visibility, never the `202`, and an idle disk commits at once. Under load
+    /// every partition commit (fsync, read-back) costs CPU, so fuller batches leave more for
+    /// requests: measured with 32 producers and 32 consumers, 5 ms instead of 1 ms cut CPU
+    /// per message by 9% on a 3-node cluster and did not raise delivery latency at 1500
+    /// msgs/s.
+    pub dispatch_linger: Duration,
+    /// `NARAD_DISPATCH_PARALLEL` (1–16, default 4): most local partition commits in flight.
+    pub dispatch_parallel: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            wal_lanes: 2,
+            dispatch_linger: Duration::from_micros(5_000),
+            dispatch_parallel: 4,
+        }
+    }
 }
 
 /// The environment switch without which no `NARAD_TEST_*` knob takes effect: a knob set
@@ -245,6 +277,7 @@ impl Default for Config {
                 cluster_tls_key_file: None,
                 cluster_tls_ca_file: None,
             },
+            tuning: Tuning::default(),
             test: TestKnobs::default(),
         }
     }
@@ -719,6 +752,7 @@ impl Config {
 
     fn apply_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let get = |k: &str| env(k).filter(|v| !v.is_empty());
+        self.apply_tuning(&get)?;
         if let Some(v) = get("NARAD_HTTP_ADDR") {
             self.http.addr = v;
         }
@@ -844,6 +878,34 @@ impl Config {
             if let Some(v) = get(key) {
                 *slot = Some(PathBuf::from(v));
             }
+        }
+        Ok(())
+    }
+
+    /// `NARAD_WAL_LANES`, `NARAD_DISPATCH_LINGER_US`, `NARAD_DISPATCH_PARALLEL` (see
+    /// [`Tuning`]); a value out of range stops the node rather than being ignored.
+    fn apply_tuning(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let ranged = |key: &str, lo: u64, hi: u64| -> Result<Option<u64>, ConfigError> {
+            let Some(v) = get(key) else { return Ok(None) };
+            let n: u64 = parse_num(key, &v)?;
+            if !(lo..=hi).contains(&n) {
+                return Err(bad(format!("{key} must be between {lo} and {hi}, not {n}")));
+            }
+            Ok(Some(n))
+        };
+        let t = &mut self.tuning;
+        if let Some(n) = ranged("NARAD_WAL_LANES", 1, 8)? {
+            t.wal_lanes = n as usize;
+        }
+        if let Some(n) = ranged("NARAD_DISPATCH_LINGER_US", 0, 1_000_000)? {
+            t.dispatch_linger = Duration::from_micros(n);
+        }
+        if let Some(n) = ranged(
+            "NARAD_DISPATCH_PARALLEL",
+            1,
+            crate::wal::dispatcher::MAX_PARALLEL as u64,
+        )? {
+            t.dispatch_parallel = n as usize;
         }
         Ok(())
     }
@@ -1043,6 +1105,92 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Config::load(&args, &move |k: &str| env.get(k).cloned())
+    }
+
+    #[test]
+    fn tuning_from_env_is_checked() {
+        assert_eq!(
+            load(ServerArgs::default(), &[]).unwrap().tuning,
+            Tuning::default()
+        );
+        let c = load(
+            ServerArgs::default(),
+            &[
+                ("NARAD_WAL_LANES", "1"),
+                ("NARAD_DISPATCH_LINGER_US", "0"),
+                ("NARAD_DISPATCH_PARALLEL", "16"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.tuning,
+            Tuning {
+                wal_lanes: 1,
+                dispatch_linger: Duration::ZERO,
+                dispatch_parallel: 16,
+            }
+        );
+        for (k, v) in [
+            ("NARAD_WAL_LANES", "0"),
+            ("NARAD_WAL_LANES", "9"),
+            ("NARAD_WAL_LANES", "two"),
+            ("NARAD_DISPATCH_LINGER_US", "1000001"),
+            ("NARAD_DISPATCH_LINGER_US", "-1"),
+            ("NARAD_DISPATCH_PARALLEL", "0"),
+            ("NARAD_DISPATCH_PARALLEL", "17"),
+        ] {
+            let e = load(ServerArgs::default(), &[(k, v)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(k), "{k}={v}: {e}");
+        }
+    }
+
+    /// The names `Config::load` looks up: every variable it reads, test knobs included.
+    fn names_read() -> std::collections::BTreeSet<String> {
+        let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
+        let env = |k: &str| {
+            seen.borrow_mut().insert(k.to_string());
+            (k == TEST_KNOBS_SWITCH).then(|| "true".to_string())
+        };
+        Config::load(&ServerArgs::default(), &env).unwrap();
+        seen.into_inner()
+    }
+
+    #[test]
+    fn every_variable_the_chart_and_the_operator_set_is_one_the_broker_reads() {
+        let read = names_read();
+        for name in TEST_KNOB_VARS
+            .iter()
+            .chain(&["NARAD_WAL_LANES", "NARAD_HTTP_TLS_CERT_FILE"])
+        {
+            assert!(read.contains(*name), "{name} is not looked up: {read:?}");
+        }
+        // `- name: NARAD_…` in the chart's StatefulSet; `env("NARAD_…"` and `"NARAD_…",` in
+        // the operator's.
+        let chart = include_str!("../../charts/narad/templates/statefulset.yaml");
+        let operator = include_str!("../../operator/src/resources/statefulset.rs");
+        let names = |text: &str, before: &str| -> Vec<String> {
+            text.match_indices(before)
+                .map(|(i, _)| {
+                    let rest = &text[i + before.len()..];
+                    let end = rest
+                        .find(|c: char| !(c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_'))
+                        .unwrap_or(rest.len());
+                    format!("NARAD_{}", &rest[..end])
+                })
+                .collect()
+        };
+        let from_chart = names(chart, "name: NARAD_");
+        let from_operator = names(operator, "\"NARAD_");
+        assert!(from_chart.len() >= 20, "{from_chart:?}");
+        assert!(from_operator.len() >= 15, "{from_operator:?}");
+        for name in from_chart.iter().chain(&from_operator) {
+            assert!(
+                read.contains(name),
+                "{name} is set for the broker by the chart or the operator, but the broker never reads it"
+            );
+        }
     }
 
     #[test]

@@ -32,16 +32,6 @@ use crate::security::{audit, Authenticator};
 use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
 
-/// Default dispatcher linger (see `wal::dispatcher`); `NARAD_DISPATCH_LINGER_US` overrides it.
-/// It only applies while other commits run (an idle disk commits at once) and only delays
-/// visibility, never the `202`. Under load every partition commit (fsync, read-back) costs
-/// CPU, so fuller batches leave more for requests: measured with 32 producers and 32
-/// consumers, 5 ms instead of 1 ms cut CPU per message by 9% on a 3-node cluster (more of its
-/// commits are small, and cross node RPC) and did not raise delivery latency at 1500 msgs/s.
-const DEFAULT_DISPATCH_LINGER_US: u64 = 5000;
-/// Default most partition commits in flight; `NARAD_DISPATCH_PARALLEL` overrides it.
-const DEFAULT_DISPATCH_PARALLEL: usize = 4;
-
 /// Threads for the fan-out engine's blocking work (reads, child commits, cursor files), at
 /// a lower CPU priority than produce: one can read while the other waits for an fsync.
 const FANOUT_IO_THREADS: usize = 2;
@@ -1003,10 +993,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let opened = Wal::open(
         &data_dir.join("ingress"),
         WalOptions {
-            lanes: std::env::var("NARAD_WAL_LANES")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(2),
+            lanes: config.tuning.wal_lanes,
             ..WalOptions::default()
         },
     )
@@ -1075,12 +1062,6 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     });
     rpc_handler.set_node(node.clone());
 
-    let linger = Duration::from_micros(
-        std::env::var("NARAD_DISPATCH_LINGER_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_DISPATCH_LINGER_US),
-    );
     let dispatcher = Dispatcher::new(
         opened.wal.clone(),
         Arc::new(NodeRouter {
@@ -1088,11 +1069,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             registry: registry.clone(),
         }),
         metrics.clone(),
-        linger,
-        std::env::var("NARAD_DISPATCH_PARALLEL")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_DISPATCH_PARALLEL),
+        config.tuning.dispatch_linger,
+        config.tuning.dispatch_parallel,
     );
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
 
