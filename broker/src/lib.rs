@@ -30,5 +30,7 @@ pub mod rpc;
 pub mod schema;
 pub mod security;
 pub mod telemetry;
+#[cfg(test)]
+mod test_support;
 pub mod tls;
 pub mod wal;

@@ -806,7 +806,6 @@ fn sweep_move_staging(root: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use narad_meta::{Assignment, TopicConfig};
     use narad_storage::dirs::record_dir_syncs;
 
     #[test]
@@ -818,28 +817,9 @@ mod tests {
         });
         assert_eq!(synced, vec![root.clone(), data.path().to_path_buf()]);
         let mut view = MetaState::default();
-        let topic = |owner: &str| Assignment {
-            owner: Some(owner.into()),
-            target: None,
-            move_id: 0,
-        };
         view.topics.insert(
             "orders".into(),
-            Arc::new(Topic {
-                id: 5,
-                name: "orders".into(),
-                config: TopicConfig {
-                    partitions: 2,
-                    retention_ms: 0,
-                    visibility_timeout_ms: 30_000,
-                    max_in_flight_per_partition: 1024,
-                    max_acked_ahead_per_partition: 1024,
-                },
-                created_at_ms: 0,
-                owner: None,
-                schemas: vec![],
-                assignments: vec![topic("other"), topic("me")],
-            }),
+            Arc::new(crate::test_support::topic(5, "orders", &["other", "me"])),
         );
         view.next_topic_id = 6;
         let (r, synced) = record_dir_syncs(|| reg.reconcile(&view, "me"));

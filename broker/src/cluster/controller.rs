@@ -552,7 +552,7 @@ async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use narad_meta::{Assignment, Member, Topic, TopicConfig};
+    use narad_meta::Member;
 
     fn member(id: &str, dead: bool, draining: bool) -> Member {
         Member {
@@ -576,28 +576,7 @@ mod tests {
         for (i, (name, owners)) in topics.iter().enumerate() {
             s.topics.insert(
                 name.to_string(),
-                Arc::new(Topic {
-                    id: i as u64,
-                    name: name.to_string(),
-                    config: TopicConfig {
-                        partitions: owners.len() as u32,
-                        retention_ms: 0,
-                        visibility_timeout_ms: 30_000,
-                        max_in_flight_per_partition: 1024,
-                        max_acked_ahead_per_partition: 1024,
-                    },
-                    created_at_ms: 0,
-                    owner: None,
-                    schemas: vec![],
-                    assignments: owners
-                        .iter()
-                        .map(|o| Assignment {
-                            owner: Some(o.to_string()),
-                            target: None,
-                            move_id: 0,
-                        })
-                        .collect(),
-                }),
+                Arc::new(crate::test_support::topic(i as u64, name, owners)),
             );
         }
         s
