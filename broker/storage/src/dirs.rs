@@ -46,12 +46,12 @@ pub fn create_dir_all_durable(dir: &Path) -> io::Result<()> {
     } else {
         missing
     };
-    let top = to_sync.last().copied().unwrap_or(dir);
-    if let Some(parent) = top.parent().filter(|p| !p.as_os_str().is_empty()) {
-        to_sync.push(parent);
-    } else if top.parent().is_some() {
+    let top = *to_sync.last().expect("invariant: at least `dir`");
+    match top.parent() {
         // A relative path with one component: its parent is the working directory.
-        to_sync.push(Path::new("."));
+        Some(p) if p.as_os_str().is_empty() => to_sync.push(Path::new(".")),
+        Some(p) => to_sync.push(p),
+        None => {}
     }
     for d in to_sync {
         sync_dir(d)?;
