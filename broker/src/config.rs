@@ -1,8 +1,37 @@
 //! Server configuration (SPEC §7.1, §8): defaults < JSON config file < `NARAD_*` env < flags.
 //! Each module gets only its own sub-config.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
+
+mod env_names;
+pub use env_names::{is_service_link, EnvReport};
+
+/// Every `NARAD_*` name `narad` reads: what [`Config::load`] looks up and the client
+/// commands' [`narad_cli::ENV_NAMES`].
+pub fn known_env_names() -> BTreeSet<String> {
+    let seen = std::cell::RefCell::new(BTreeSet::new());
+    let record = |k: &str| {
+        seen.borrow_mut().insert(k.to_string());
+        None::<String>
+    };
+    // With nothing set, every name is looked up (the test knobs to refuse them).
+    let _ = Config::default().apply_env(&record);
+    let mut names = seen.into_inner();
+    names.extend(narad_cli::ENV_NAMES.iter().map(|n| n.to_string()));
+    names
+}
+
+/// Refuses the `NARAD_*` names of `names` (an environment's) that lie in a section the
+/// server reads but are not among [`known_env_names`] (typos of settings), naming the
+/// closest known one; reports the other unknown `NARAD_*` names (scripts' own, not
+/// settings). Kubernetes service links always pass. See `config/env_names.rs`.
+pub fn check_env_names<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+) -> Result<EnvReport, ConfigError> {
+    env_names::check(names, &known_env_names())
+}
 
 /// Default of `topic.max_topics`.
 pub const DEFAULT_MAX_TOPICS: u64 = 10_000;
@@ -1147,19 +1176,9 @@ mod tests {
     }
 
     /// The names `Config::load` looks up: every variable it reads, test knobs included.
-    fn names_read() -> std::collections::BTreeSet<String> {
-        let seen = std::cell::RefCell::new(std::collections::BTreeSet::new());
-        let env = |k: &str| {
-            seen.borrow_mut().insert(k.to_string());
-            (k == TEST_KNOBS_SWITCH).then(|| "true".to_string())
-        };
-        Config::load(&ServerArgs::default(), &env).unwrap();
-        seen.into_inner()
-    }
-
     #[test]
     fn every_variable_the_chart_and_the_operator_set_is_one_the_broker_reads() {
-        let read = names_read();
+        let read = known_env_names();
         for name in TEST_KNOB_VARS
             .iter()
             .chain(&["NARAD_WAL_LANES", "NARAD_HTTP_TLS_CERT_FILE"])

@@ -121,8 +121,15 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 }
 
 async fn serve(args: ServerArgs) -> anyhow::Result<()> {
+    let names: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .collect();
+    let env_names = narad::config::check_env_names(names.iter().map(String::as_str))?;
     let config = Config::load(&args, &|k| std::env::var(k).ok())?;
     narad::telemetry::init(&config.log.level, &config.log.format);
+    if !env_names.ignored.is_empty() {
+        tracing::info!(names = ?env_names.ignored, "NARAD_* variables that are no setting of the server, left to whoever set them");
+    }
     if !config.security.enabled && !config.dev {
         tracing::warn!("security is off: every request is allowed");
     }

@@ -570,9 +570,9 @@ impl Drop for Server {
         self.kill9();
         if std::thread::panicking() {
             eprintln!("{}", self.log_report());
-            if std::env::var_os("NARAD_TEST_KEEP").is_some() {
+            if std::env::var_os("NARAD_TESTS_KEEP").is_some() {
                 if let Some(t) = self.tmp.take() {
-                    eprintln!("NARAD_TEST_KEEP: kept {}", t.keep().display());
+                    eprintln!("NARAD_TESTS_KEEP: kept {}", t.keep().display());
                 }
             }
         }

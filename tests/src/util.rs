@@ -44,14 +44,16 @@ pub fn now_s() -> u64 {
     now_ms() / 1000
 }
 
-/// A seeded RNG for a randomized test. The seed comes from `NARAD_TEST_SEED` when set,
-/// else from the clock, and is printed so a failing run can be replayed.
+/// A seeded RNG for a randomized test. The seed comes from `NARAD_TESTS_SEED` when set,
+/// else from the clock, and is printed so a failing run can be replayed. (The harness's own
+/// variables are `NARAD_TESTS_*`: `NARAD_TEST_*` is the server's knob section, where a
+/// name it does not know stops it.)
 pub fn test_rng(test: &str) -> StdRng {
-    let seed = std::env::var("NARAD_TEST_SEED")
+    let seed = std::env::var("NARAD_TESTS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| now_ms() ^ u64::from(std::process::id()) << 32);
-    eprintln!("[{test}] NARAD_TEST_SEED={seed}");
+    eprintln!("[{test}] NARAD_TESTS_SEED={seed}");
     StdRng::seed_from_u64(seed)
 }
 

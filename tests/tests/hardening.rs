@@ -165,6 +165,43 @@ async fn weak_or_test_only_settings_stop_the_node() {
     );
 }
 
+/// A `NARAD_*` name in a section the server reads but not one of its settings (a typo such as
+/// `NARAD_SECURITY_ENABLE`, which would otherwise leave security at its default without a
+/// word) stops the node and names the setting meant. Other `NARAD_*` names (a script's own,
+/// Kubernetes service links) do not.
+#[tokio::test]
+async fn misspelt_settings_stop_the_node_and_other_narad_names_do_not() {
+    let out = ServerOpts::secured(ROOT_PW)
+        .env("NARAD_SECURITY_ENABLE", "false")
+        .env("NARAD_HTTP_READTIMEOUT", "5s")
+        .start_refused();
+    assert!(
+        out.contains("NARAD_SECURITY_ENABLE (did you mean NARAD_SECURITY_ENABLED?)")
+            && out.contains("NARAD_HTTP_READTIMEOUT (did you mean NARAD_HTTP_READ_TIMEOUT?)"),
+        "{out}"
+    );
+    let out = ServerOpts::default()
+        .env("NARAD_CLUSTER_TLS_CERT", "/etc/tls.crt")
+        .start_refused();
+    assert!(out.contains("NARAD_CLUSTER_TLS_CERT_FILE?"), "{out}");
+
+    let server = Server::start(
+        ServerOpts::default()
+            .env("NARAD_BIN", "/usr/local/bin/narad")
+            .env("NARAD_SERVICE_HOST", "10.96.0.10")
+            .env("NARAD_PORT_7942_TCP_ADDR", "10.96.0.10")
+            .env("NARAD_HTTP_SERVICE_PORT_METRICS", "9090")
+            .env("NARAD_ADDR", "http://127.0.0.1:7942"),
+    )
+    .await;
+    server.http().get("/healthz").await.expect(200);
+    let log = server.log_tail(200);
+    assert!(
+        log.contains("no setting of the server") && log.contains("NARAD_BIN"),
+        "{log}"
+    );
+}
+
 /// Finding 17: usernames `.` and `..` are refused like any other invalid name.
 #[tokio::test]
 async fn dot_usernames_are_refused() {

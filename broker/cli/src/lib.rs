@@ -9,6 +9,16 @@
 //! `output` (tables, units, message printing).
 
 pub mod bench;
+
+/// Every environment variable the client commands read (`narad server start` accepts them
+/// too: one shell serves both).
+pub const ENV_NAMES: &[&str] = &[
+    "NARAD_ADDR",
+    "NARAD_USER",
+    "NARAD_PASS",
+    "NARAD_CA_FILE",
+    "NARAD_CONFIG_DIR",
+];
 pub mod cluster;
 pub mod conn;
 pub mod ctx;
@@ -114,3 +124,26 @@ pub async fn server_report(mut args: ReportArgs, leading: &ConnArgs) -> anyhow::
 
 #[cfg(test)]
 mod cli_tests;
+
+#[cfg(test)]
+mod env_names_tests {
+    /// Every `env("NARAD_…")` the client commands look up is in [`super::ENV_NAMES`] (which
+    /// `narad server start` accepts), and nothing else is.
+    #[test]
+    fn env_names_lists_every_name_the_commands_read() {
+        let mut read: Vec<String> = [include_str!("conn.rs"), include_str!("ctx.rs")]
+            .iter()
+            .flat_map(|src| {
+                src.match_indices("env(\"NARAD_").map(move |(i, m)| {
+                    let rest = &src[i + m.len() - "NARAD_".len()..];
+                    rest[..rest.find('"').unwrap()].to_string()
+                })
+            })
+            .collect();
+        read.sort();
+        read.dedup();
+        let mut listed: Vec<String> = super::ENV_NAMES.iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(read, listed);
+    }
+}
