@@ -275,7 +275,10 @@ impl Wal {
             metrics: WalMetrics::default(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let rx = Arc::new(Mutex::new(rx));
+        // std's Mutex, not parking_lot's: the lane that waits at the queue holds it while it
+        // blocks in recv, so the other lane, back from its fsync, always finds it taken;
+        // parking_lot would spin with sched_yield before parking, std parks on a futex.
+        let rx = Arc::new(std::sync::Mutex::new(rx));
         let (durable_tx, durable_rx) = mpsc::unbounded_channel();
         for (lane, (path, file)) in files.into_iter().enumerate() {
             let writer = Writer {
@@ -359,11 +362,12 @@ struct Writer {
 impl Writer {
     /// Takes everything queued (the lanes take turns at the queue), writes it as one frame,
     /// fsyncs, answers.
-    fn run(mut self, rx: Arc<Mutex<mpsc::UnboundedReceiver<Staged>>>) {
+    fn run(mut self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
         let mut carry: Option<Staged> = None;
         loop {
             let batch = {
-                let mut rx = rx.lock();
+                // A lane that panicked while holding it left the queue intact.
+                let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
                 let first = match carry.take() {
                     Some(s) => s,
                     None => match rx.blocking_recv() {
