@@ -119,6 +119,22 @@ impl Phases {
         (p, task)
     }
 
+    /// Waits until the watcher has seen `phase` last: a step settles on a GET of the status,
+    /// which may see the final phase up to one poll before the watcher does; without this
+    /// wait the next step would count the previous step's phase as the one current at its
+    /// start.
+    async fn caught_up(&self, phase: &str) {
+        eventually_within(
+            Duration::from_secs(10),
+            &format!("the phase watcher seeing {phase}"),
+            || async {
+                let v = self.0.lock().unwrap();
+                (v.last().map(|(_, p)| p.as_str()) == Some(phase)).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// The phases shown since `from` (and the one current at `from`).
     fn since(&self, from: Instant) -> Vec<String> {
         let v = self.0.lock().unwrap();
@@ -482,6 +498,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
     let problems = Problems::default();
     let (members, _) = cluster.wait_settled("install", REPLICAS, &version).await;
     check_routable(&problems, &members, CLUSTER, &ns);
+    phases.caught_up("Running").await;
     let ready = |conds: Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>| {
         conds.is_some_and(|c| is_true(&c, cond::READY))
     };
@@ -553,6 +570,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
     let (members, _) = cluster.wait_settled("upgrade", REPLICAS, &next).await;
     let t_upgrade = t.elapsed();
     check_routable(&problems, &members, CLUSTER, &ns);
+    phases.caught_up("Running").await;
     phases.check(&problems, "upgrade", t, &["Running", "Upgrading"]);
     eprintln!(
         "upgrade {version} → {next} (3 pods): {t_upgrade:?}; {}",
@@ -583,6 +601,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
             }
             let (members, took) = cluster.wait_settled(&what, n, &next).await;
             check_routable(&problems, &members, CLUSTER, &ns);
+            phases.caught_up("Running").await;
             phases.check(&problems, &what, t, &["Running", "Scaling"]);
             eprintln!("{what}: {took:?}; {}", load.progress());
             scale_times.push((what, took));

@@ -155,8 +155,19 @@ pub fn cluster_status(
             .is_some_and(|v| v != nc.spec.version);
     // A step ends when its last new pod is ready: the replaced or added pod is on the update
     // revision and registered before its readiness passes, and that is not a degradation.
+    // Nor are two things that replacing a pod brings with it: a leader election (the
+    // replaced pod was the leader: no leader for a moment, a majority still alive) and a
+    // members call that failed (the Service routed it to the pod going away). Only a
+    // majority of the members known to be down ends the step's benefit of the doubt; a pod
+    // that never becomes ready is `stalled`.
+    let majority_or_unknown = match &o.members {
+        Ok(m) => !m.is_empty() && alive * 2 > m.len(),
+        Err(_) => true,
+    };
     let finishing = match prev.phase.as_deref() {
-        Some(p @ ("Upgrading" | "Scaling")) if quorum && o.ready_replicas < want => Some(p),
+        Some(p @ ("Upgrading" | "Scaling")) if majority_or_unknown && o.ready_replicas < want => {
+            Some(p)
+        }
         _ => None,
     }
     .filter(|_| o.stalled.is_none());
@@ -1128,6 +1139,52 @@ mod tests {
             cluster_status(&nc, &running, &o, &t()).phase.as_deref(),
             Some("Scaling")
         );
+    }
+
+    /// The last pod of an upgrade is being replaced (none on the old revision is left, not
+    /// all ready): a leader election or a members call that failed is still the upgrade,
+    /// not a degradation; a majority of the members down is.
+    #[test]
+    fn status_finishing_an_upgrade_through_an_election_or_an_unanswered_call() {
+        let upgrading = NaradClusterStatus {
+            phase: Some("Upgrading".into()),
+            ..Default::default()
+        };
+        let nc = cluster(json!({"version": "1.5.0"}));
+        let observed = |members| Observed {
+            ready_replicas: 2,
+            sts_replicas: Some(3),
+            members,
+            rolling: false,
+            stalled: None,
+            rollout: None,
+            scale: None,
+        };
+        let mut electing = healthy("1.5.0");
+        electing[1].leader = false;
+        electing[0].status = "dead".into();
+        let phase = |prev: &NaradClusterStatus, o: &Observed| {
+            cluster_status(&nc, prev, o, &t()).phase.unwrap()
+        };
+        assert_eq!(
+            phase(&upgrading, &observed(Ok(electing.clone()))),
+            "Upgrading"
+        );
+        assert_eq!(
+            phase(&upgrading, &observed(Err("connection refused".into()))),
+            "Upgrading"
+        );
+        let mut lost = electing;
+        lost[2].status = "dead".into();
+        assert_eq!(phase(&upgrading, &observed(Ok(lost.clone()))), "Degraded");
+        // Outside a step the same pictures are degraded.
+        let running = NaradClusterStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        let nc = cluster(json!({"version": "1.5.0"}));
+        let s = cluster_status(&nc, &running, &observed(Err("refused".into())), &t());
+        assert_eq!(s.phase.as_deref(), Some("Degraded"));
     }
 
     #[test]
