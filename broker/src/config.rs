@@ -1175,7 +1175,6 @@ mod tests {
         }
     }
 
-    /// The names `Config::load` looks up: every variable it reads, test knobs included.
     #[test]
     fn every_variable_the_chart_and_the_operator_set_is_one_the_broker_reads() {
         let read = known_env_names();

@@ -183,16 +183,20 @@ struct Cluster {
     ns: String,
 }
 
+/// `GET /v1/cluster/members` through `admin`: the members, or `None` without a 200 in 3 s.
+async fn members_via(admin: &Http) -> Option<Vec<Value>> {
+    let r = admin
+        .request(Method::GET, "/v1/cluster/members")
+        .timeout(Duration::from_secs(3))
+        .try_send()
+        .await
+        .ok()?;
+    (r.status == 200).then(|| r.json()["members"].as_array().cloned().unwrap_or_default())
+}
+
 impl Cluster {
     async fn members(&self) -> Option<Vec<Value>> {
-        let r = self
-            .admin
-            .request(Method::GET, "/v1/cluster/members")
-            .timeout(Duration::from_secs(3))
-            .try_send()
-            .await
-            .ok()?;
-        (r.status == 200).then(|| r.json()["members"].as_array().cloned().unwrap_or_default())
+        members_via(&self.admin).await
     }
 
     /// `Some(members)` once the NaradCluster is Running and Ready with `n` ready replicas
@@ -663,26 +667,7 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
         problems.add(e);
     }
     let t = Instant::now();
-    helm(&[
-        "install",
-        "nd",
-        "charts/narad",
-        "-n",
-        &ns,
-        "--set",
-        &format!("image.tag={next}"),
-        "--set",
-        "image.pullPolicy=Never",
-        "--set",
-        "resources.requests.cpu=100m",
-        "--set",
-        "resources.requests.memory=128Mi",
-        "--set",
-        "persistence.size=1Gi",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]);
+    install_chart("nd", &ns, &next, &[]);
     eprintln!(
         "helm install of the broker chart (3 pods Ready): {:?}",
         t.elapsed()
@@ -862,6 +847,34 @@ async fn secure_cluster(c: &Client, ns: &str, version: &str, problems: &Problems
     cluster.delete().await;
 }
 
+/// `helm install --wait` of the broker chart as `release` with image `tag`, the requests that
+/// fit the node, and `--set` for each of `sets`; on failure it panics with the pods, claims and
+/// events of the namespace.
+fn install_chart(release: &str, ns: &str, tag: &str, sets: &[String]) {
+    let mut args: Vec<String> = ["install", release, "charts/narad", "-n", ns]
+        .map(String::from)
+        .into();
+    let common = [
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".into(),
+        "resources.requests.cpu=100m".into(),
+        "resources.requests.memory=128Mi".into(),
+        "persistence.size=1Gi".into(),
+    ];
+    for set in common.iter().chain(sets) {
+        args.push("--set".into());
+        args.push(set.clone());
+    }
+    args.extend(["--wait", "--timeout", "5m"].map(String::from));
+    if let Err(e) = helm_try(&args.iter().map(String::as_str).collect::<Vec<_>>()) {
+        panic!(
+            "{e}\npods and claims:\n{}\nevents:\n{}",
+            kubectl(ns, &["get", "pods,pvc", "-o", "wide"]),
+            kubectl(ns, &["get", "events", "--sort-by=.lastTimestamp"]),
+        );
+    }
+}
+
 /// `helm install` of the broker chart as release `nds` with `security.clusterTLS`,
 /// `security.apiTLS` (Secrets of cert-manager's shape, made here) and `service.ports.metrics`:
 /// three members alive over the mutual-TLS cluster port, each advertising its pod's name;
@@ -872,46 +885,22 @@ async fn secure_chart(c: &Client, ns: &str, image_tag: &str, problems: &Problems
     let ca = narad_tests::certs::TestCa::new("pods-test-chart-ca");
     tls_secrets(c, ns, name, &ca, dir.path()).await;
     let t = Instant::now();
-    let mut args = vec![
-        "install".to_string(),
-        name.into(),
-        "charts/narad".into(),
-        "-n".into(),
-        ns.into(),
-    ];
-    for set in [
-        format!("image.tag={image_tag}"),
-        "image.pullPolicy=Never".into(),
-        "resources.requests.cpu=100m".into(),
-        "resources.requests.memory=128Mi".into(),
-        "persistence.size=1Gi".into(),
-        "security.clusterTLS.enabled=true".into(),
-        format!("security.clusterTLS.secretName={name}-cluster-tls"),
-        "security.apiTLS.enabled=true".into(),
-        format!("security.apiTLS.secretName={name}-api-tls"),
-        format!("service.ports.metrics={METRICS_PORT}"),
-    ] {
-        args.push("--set".into());
-        args.push(set);
-    }
-    args.extend(["--wait", "--timeout", "5m"].map(String::from));
-    if let Err(e) = helm_try(&args.iter().map(String::as_str).collect::<Vec<_>>()) {
-        panic!(
-            "{e}\npods and claims:\n{}\nevents:\n{}",
-            kubectl(ns, &["get", "pods,pvc", "-o", "wide"]),
-            kubectl(ns, &["get", "events", "--sort-by=.lastTimestamp"]),
-        );
-    }
+    install_chart(
+        name,
+        ns,
+        image_tag,
+        &[
+            "security.clusterTLS.enabled=true".into(),
+            format!("security.clusterTLS.secretName={name}-cluster-tls"),
+            "security.apiTLS.enabled=true".into(),
+            format!("security.apiTLS.secretName={name}-api-tls"),
+            format!("service.ports.metrics={METRICS_PORT}"),
+        ],
+    );
     let (ip, admin_password) = service_and_admin(c, ns, name).await;
     let admin = https_admin(name, ns, &ip, &ca, &admin_password);
     let (members, _) = eventually_within(STEP, "the TLS chart's 3 members alive", || async {
-        let r = admin
-            .request(Method::GET, "/v1/cluster/members")
-            .timeout(Duration::from_secs(3))
-            .try_send()
-            .await
-            .ok()?;
-        let members = r.json()["members"].as_array().cloned()?;
+        let members = members_via(&admin).await?;
         (members.len() == 3 && members.iter().all(|m| m["status"] == "alive")).then_some(members)
     })
     .await;

@@ -9,6 +9,15 @@
 //! `output` (tables, units, message printing).
 
 pub mod bench;
+pub mod cluster;
+pub mod conn;
+pub mod ctx;
+pub mod output;
+pub mod publish;
+pub mod replay;
+pub mod subscribe;
+pub mod topic;
+pub mod user;
 
 /// Every environment variable the client commands read (`narad server start` accepts them
 /// too: one shell serves both).
@@ -19,15 +28,6 @@ pub const ENV_NAMES: &[&str] = &[
     "NARAD_CA_FILE",
     "NARAD_CONFIG_DIR",
 ];
-pub mod cluster;
-pub mod conn;
-pub mod ctx;
-pub mod output;
-pub mod publish;
-pub mod replay;
-pub mod subscribe;
-pub mod topic;
-pub mod user;
 
 pub use cluster::ReportArgs;
 pub use conn::ConnArgs;
