@@ -9,6 +9,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -28,6 +29,9 @@ const CACHE_ENTRIES: usize = 4;
 /// Segments never grow past this (index positions are u32; one frame may overshoot).
 const MAX_SEGMENT_BYTES: u64 = 1 << 31;
 const PAGE: u64 = 4096;
+/// Most time the active segment's index header (end offset, sparse entries) lags the
+/// high watermark after single-frame commits; recovery scans from the last entry written.
+const INDEX_REFRESH: Duration = Duration::from_millis(50);
 
 /// The committed state the writer rolls back to when an append or a commit fails.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +64,11 @@ struct Writer {
     /// Set when a failed write could not be rolled back: writes fail until reopened.
     poisoned: Option<String>,
     ckpt: Checkpoint,
+    /// When, and for which segment (base), the index header was last written after a
+    /// commit.
+    index_written: Option<(Instant, u64)>,
+    /// A commit since then did not write it (written at close and drop).
+    index_stale: bool,
 }
 
 /// One partition's log.
@@ -99,6 +108,8 @@ impl PartitionLog {
                 pending: false,
                 poisoned: None,
                 ckpt,
+                index_written: None,
+                index_stale: false,
             }),
             cache: Mutex::new(VecDeque::with_capacity(CACHE_ENTRIES)),
             loads: AtomicU64::new(0),
@@ -254,15 +265,26 @@ impl PartitionLog {
             return Ok(hwm);
         }
         match self.sync_and_verify(&w, hwm, next) {
-            Ok(segs) => {
+            Ok((segs, frames)) => {
                 for s in &segs {
                     s.readable
                         .store(s.size.load(Ordering::Acquire), Ordering::Release);
                 }
                 let active = segs.last().expect("active segment");
-                if let Err(e) = active.persist_index(&mut active.w.lock(), false, false) {
-                    tracing::warn!(path = %active.index_path.display(), error = %e, "cannot write the index (rebuilt at open)");
+                // The header's end offset is recovery's evidence that offsets below it were
+                // committed. A commit of one frame needs none: any frame written after it
+                // attests the high watermark it moved (see `recovery`). A commit of several
+                // frames does (a damaged first frame followed by a valid second one of the
+                // same commit is corruption, not a torn write), and so does a new segment.
+                let due = frames > 1
+                    || w.index_written.is_none_or(|(at, base)| {
+                        base != active.base || at.elapsed() >= INDEX_REFRESH
+                    });
+                if due {
+                    persist_active_index(active);
+                    w.index_written = Some((Instant::now(), active.base));
                 }
+                w.index_stale = !due;
                 w.ckpt = Checkpoint::of(active);
                 w.pending = false;
                 self.hwm.store(next, Ordering::Release);
@@ -276,7 +298,13 @@ impl PartitionLog {
         }
     }
 
-    fn sync_and_verify(&self, w: &Writer, hwm: u64, next: u64) -> Result<Vec<Arc<Segment>>> {
+    /// The segments of the range and how many frames it holds.
+    fn sync_and_verify(
+        &self,
+        w: &Writer,
+        hwm: u64,
+        next: u64,
+    ) -> Result<(Vec<Arc<Segment>>, usize)> {
         let segs: Vec<Arc<Segment>> = self
             .segments
             .read()
@@ -290,6 +318,7 @@ impl PartitionLog {
             .and_then(|f| f.sync_data())
             .map_err(io_err(&last.log_path))?;
         let mut expected = hwm;
+        let mut frames = 0;
         for s in &segs {
             let start = if s.base == w.ckpt.seg_base {
                 w.ckpt.pos
@@ -315,6 +344,7 @@ impl PartitionLog {
                     Probe::Valid(h, _) if h.base_offset == expected => {
                         pos += h.len as u64;
                         expected = h.end_offset();
+                        frames += 1;
                     }
                     Probe::Valid(h, _) => {
                         return Err(fail(format!(
@@ -333,7 +363,7 @@ impl PartitionLog {
                 reason: format!("read back ends at offset {expected}, appended up to {next}"),
             });
         }
-        Ok(segs)
+        Ok((segs, frames))
     }
 
     /// Undoes everything written since the last commit: removes segments created since,
@@ -769,10 +799,22 @@ impl PartitionLog {
 
     /// Closes files (for idle eviction and shutdown). Reads after close reopen lazily or fail.
     pub fn close(&self) {
+        self.write_stale_index();
         for s in self.segments.read().iter() {
             s.close_files();
         }
         self.cache.lock().clear();
+    }
+
+    /// Writes the active segment's index header if a commit left it behind, so that a
+    /// log closed or dropped (a graceful stop) reopens from its latest index point. Not
+    /// while frames appended since the last commit are pending: the header would then claim
+    /// them committed.
+    fn write_stale_index(&self) {
+        let mut w = self.writer.lock();
+        if !w.pending && std::mem::take(&mut w.index_stale) {
+            persist_active_index(&self.active());
+        }
     }
 
     /// Deletes the whole log directory (topic deletion).
@@ -788,6 +830,18 @@ impl PartitionLog {
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for PartitionLog {
+    fn drop(&mut self) {
+        self.write_stale_index();
+    }
+}
+
+fn persist_active_index(active: &Segment) {
+    if let Err(e) = active.persist_index(&mut active.w.lock(), false, false) {
+        tracing::warn!(path = %active.index_path.display(), error = %e, "cannot write the index (rebuilt at open)");
     }
 }
 

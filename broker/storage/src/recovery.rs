@@ -4,9 +4,13 @@
 //! Invariants the writer keeps, which recovery relies on:
 //! - every segment but the last was fsynced (data and sealed index) before the next one was
 //!   created, so a torn write can only be in the last segment;
-//! - the index header of the active segment is rewritten after every successful commit, so
-//!   (once it reaches the disk) its end offset says "everything below was fsynced";
-//! - every frame carries the high watermark of the log when it was written.
+//! - every frame carries the high watermark of the log when it was written, so a frame
+//!   written after a commit attests that everything the commit covered was fsynced;
+//! - the index header of the active segment is rewritten after every successful commit of
+//!   more than one frame, or that started a segment (and at least every 50 ms after others),
+//!   so (once it reaches the disk) its end offset says "everything below was fsynced" where
+//!   no later frame could say it: for the first frames of a multi-frame commit. (Of a
+//!   one-frame commit, a later frame is the only evidence that could follow it.)
 //!
 //! In the last segment, at the first invalid frame (bad header, length past the end, CRC
 //! mismatch, offset discontinuity) recovery looks for any later valid frame with a plausible

@@ -174,17 +174,24 @@ impl Segment {
     /// the last write plus the header. `sync` fsyncs it (sealing).
     pub fn persist_index(&self, w: &mut SegWriter, full: bool, sync: bool) -> io::Result<()> {
         let header = self.index_header(self.sealed.load(Ordering::Acquire));
-        let entries = self.index.read().clone();
         let persisted = w.persisted_entries;
+        // Only the entries not in the file yet are copied (the whole index only for a full
+        // rewrite): a commit's header update costs the same early and late in a segment.
+        let (rewrite, new_entries, count) = {
+            let entries = self.index.read();
+            let rewrite = full || persisted > entries.len();
+            let from = if rewrite { 0 } else { persisted };
+            (rewrite, entries[from..].to_vec(), entries.len())
+        };
         let f = self.index_file(w)?;
-        if full || persisted > entries.len() {
-            let img = index::encode_file(&header, &entries);
+        if rewrite {
+            let img = index::encode_file(&header, &new_entries);
             f.write_all_at(&img, 0)?;
             f.set_len(img.len() as u64)?;
         } else {
-            if entries.len() > persisted {
+            if !new_entries.is_empty() {
                 let mut buf = Vec::new();
-                index::encode_entries(self.base, &entries[persisted..], &mut buf);
+                index::encode_entries(self.base, &new_entries, &mut buf);
                 f.write_all_at(
                     &buf,
                     (INDEX_HEADER_LEN + persisted * INDEX_ENTRY_LEN) as u64,
@@ -195,7 +202,7 @@ impl Segment {
         if sync {
             f.sync_data()?;
         }
-        w.persisted_entries = entries.len();
+        w.persisted_entries = count;
         Ok(())
     }
 }
