@@ -5,6 +5,8 @@
 //! - `node`: the composition root; `Node` holds handles to everything below and nothing else.
 //! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
 //!   produced records into partition logs. Its module doc states the durability contract.
+//! - `group_commit`: concurrent callers' records into one partition commit (a produce to a
+//!   partition this node owns skips the WAL and commits here; peers' commit batches too).
 //! - `fanout`: child topics (SPEC §5): cursors copying committed parent records into child
 //!   partitions through the same commit path.
 //! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
@@ -22,6 +24,7 @@ pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fanout;
+pub mod group_commit;
 pub mod metrics;
 pub mod node;
 pub mod partition;

@@ -87,6 +87,17 @@ pub struct Partition {
     frozen_for: Mutex<Option<u64>>,
     /// Closed after a move handed the partition to another node: refuses commits forever.
     closed: AtomicBool,
+    /// Callers waiting for a group commit ([`crate::group_commit`]).
+    group: crate::group_commit::GroupCommit,
+}
+
+impl crate::group_commit::Committer for Partition {
+    fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
+        Partition::commit_batch(self, batch)
+    }
+    fn group(&self) -> &crate::group_commit::GroupCommit {
+        &self.group
+    }
 }
 
 /// Why a commit into a partition did not happen.
@@ -154,12 +165,14 @@ impl Partition {
             committed: Notify::new(),
             frozen_for: Mutex::new(None),
             closed: AtomicBool::new(false),
+            group: Default::default(),
         })
     }
 
     /// Appends and commits one batch (blocking: fsync, re-read and verify, then the high
-    /// watermark moves). The one write path into a partition log, for the local dispatcher
-    /// and for batches peers commit over node RPC alike.
+    /// watermark moves). The one write path into a partition log: the dispatcher, fan-out
+    /// and group commits ([`crate::group_commit`]: produces to a partition this node owns,
+    /// batches peers commit over node RPC) all come here.
     pub fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
         self.touch();
         let _one_at_a_time = self.write_lock.lock();

@@ -1,5 +1,6 @@
 //! Produce routes (SPEC §3.4): single and batch. A `202` is sent only once the records are
-//! fsynced in the ingress WAL.
+//! fsynced on this node: committed and verified in a partition log this node owns, or in the
+//! ingress WAL.
 
 use axum::body::Body;
 use axum::extract::{Extension, RawQuery, State};
@@ -85,11 +86,103 @@ fn validate_schema(node: &Node, topic: &Topic, body: &[u8]) -> ApiResult<()> {
     Ok(())
 }
 
-async fn stage(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
+/// Stores accepted records on this node (SPEC §1). A record for a partition this node owns
+/// (and has open) is committed straight into that partition's log: fsynced, read back and
+/// verified, hence visible, before the `202`, with no WAL copy in front of it. Every other
+/// record, and one whose direct commit did not happen (a partition frozen for a move, a
+/// failing disk), is fsynced in the WAL, from which the dispatcher commits it.
+async fn stage(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
+    let records = if node.config.tuning.wal_skip_local {
+        commit_owned(node, topic, records).await
+    } else {
+        records
+    };
+    if records.is_empty() {
+        return Ok(());
+    }
     node.wal
         .append(records)
         .await
         .map_err(|e| ApiError::unavailable(e.to_string(), 1))
+}
+
+/// Commits the records whose partition this node owns and has open (group commit per
+/// partition); returns the others and those whose commit did not happen.
+async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Vec<WalRecord> {
+    let owned = |p: u32| {
+        if !node.cluster.is_mine(topic, p) {
+            return None;
+        }
+        let rt = node.registry.topic(topic.id)?;
+        let part = rt.partition(p)?;
+        Some((rt, part))
+    };
+    let Some(first) = records.first().map(|r| r.partition) else {
+        return records;
+    };
+    // One partition (every single produce): no grouping.
+    if records.iter().all(|r| r.partition == first) {
+        return match owned(first) {
+            Some((rt, part)) => commit_direct(&rt, &part, records).await,
+            None => records,
+        };
+    }
+    let mut by_partition: std::collections::BTreeMap<u32, Vec<WalRecord>> = Default::default();
+    for r in records {
+        by_partition.entry(r.partition).or_default().push(r);
+    }
+    let mut rest = Vec::new();
+    let mut commits = Vec::new();
+    for (p, recs) in by_partition {
+        match owned(p) {
+            Some((rt, part)) => commits.push(async move { commit_direct(&rt, &part, recs).await }),
+            None => rest.extend(recs),
+        }
+    }
+    for failed in futures::future::join_all(commits).await {
+        rest.extend(failed);
+    }
+    rest
+}
+
+/// Commits records of one local partition; returns them if the commit did not happen.
+async fn commit_direct(
+    rt: &TopicRuntime,
+    part: &std::sync::Arc<crate::partition::Partition>,
+    records: Vec<WalRecord>,
+) -> Vec<WalRecord> {
+    let n = records.len();
+    let (topic_id, partition) = (part.topic_id, part.index);
+    let pinned: Vec<bool> = records.iter().map(|r| r.pinned).collect();
+    let batch = records
+        .into_iter()
+        .map(|r| narad_storage::NewRecord {
+            key: r.key,
+            payload: r.payload,
+        })
+        .collect();
+    match crate::group_commit::commit_grouped(part, batch).await {
+        Ok(()) => {
+            rt.wake_consumers(n);
+            Vec::new()
+        }
+        Err(failed) => {
+            tracing::warn!(topic_id, partition, records = n, refused = failed.refused, reason = %failed.reason,
+                "direct commit into an owned partition did not happen; the records go through the wal");
+            failed
+                .records
+                .into_iter()
+                .zip(pinned)
+                .map(|(r, pinned)| WalRecord {
+                    topic_id,
+                    partition,
+                    pinned,
+                    key: r.key,
+                    payload: r.payload,
+                })
+                .collect()
+        }
+    }
 }
 
 /// Whether this node is draining (decommission, SPEC §6.5): it stores no new produce, so its
@@ -117,11 +210,11 @@ fn decommissioned(node: &Node, why: &str) -> ApiError {
 
 /// Stores accepted records: in this node's WAL, or, on a draining node, in the WAL of a live
 /// node that is not draining (SPEC §6.5), whose `202` the producer then gets.
-async fn store(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
+async fn store(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
     if node.cluster.clustered && draining(node) {
         forward(node, records).await
     } else {
-        stage(node, records).await
+        stage(node, topic, records).await
     }
 }
 
@@ -219,7 +312,7 @@ pub async fn serve_forwarded(node: &Node, body: Bytes) -> RpcReply {
             payload: r.payload,
         })
         .collect();
-    match stage(node, records).await {
+    match stage(node, &topic, records).await {
         Ok(()) => RpcReply::json(202, &BatchProduceResponse { accepted }),
         Err(e) => error_reply(&e),
     }
@@ -278,6 +371,7 @@ pub async fn produce(
     let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
     store(
         &node,
+        &topic,
         vec![WalRecord {
             topic_id: topic.id,
             partition,
@@ -410,7 +504,7 @@ pub async fn produce_batch(
         });
     }
     let accepted = records.len();
-    store(&node, records).await?;
+    store(&node, &topic, records).await?;
     Ok(json(
         StatusCode::ACCEPTED,
         &BatchProduceResponse { accepted },

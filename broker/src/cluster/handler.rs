@@ -316,31 +316,30 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
             payload: r.payload,
         })
         .collect();
-    let p = part.clone();
-    let from = from.to_string();
-    match tokio::task::spawn_blocking(move || {
-        let r = p.commit_batch(&records);
-        if tracing::enabled!(target: "narad_trace", tracing::Level::TRACE) {
-            let ids: Vec<String> = records
+    let ids: Option<Vec<String>> = tracing::enabled!(target: "narad_trace", tracing::Level::TRACE)
+        .then(|| {
+            records
                 .iter()
-                .map(|r| String::from_utf8_lossy(&r.payload[..r.payload.len().min(20)]).into_owned())
-                .collect();
-            tracing::trace!(target: "narad_trace", from, partition = p.index, hwm = p.log.high_watermark(), ok = r.is_ok(), records = ?ids, "owner commit");
-        }
-        r
-    })
-    .await
-    {
-        Ok(Ok(())) => {
+                .map(|r| {
+                    String::from_utf8_lossy(&r.payload[..r.payload.len().min(20)]).into_owned()
+                })
+                .collect()
+        });
+    // Batches from several senders to this partition share a commit.
+    let result = crate::group_commit::commit_grouped(&part, records).await;
+    if let Some(ids) = ids {
+        tracing::trace!(target: "narad_trace", from, partition = part.index, hwm = part.log.high_watermark(), ok = result.is_ok(), records = ?ids, "owner commit");
+    }
+    match result {
+        Ok(()) => {
             rt.wake_consumers(n);
             RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))
         }
-        Ok(Err(crate::partition::CommitError::Refused(m))) => RpcReply::error(503, &m),
-        Ok(Err(e)) => {
+        Err(e) if e.refused => RpcReply::error(503, &e.reason),
+        Err(e) => {
             node.metrics.error("dispatcher", "commit");
-            RpcReply::error(500, &format!("commit failed: {e}"))
+            RpcReply::error(500, &format!("commit failed: {}", e.reason))
         }
-        Err(e) => RpcReply::error(500, &format!("commit task failed: {e}")),
     }
 }
 

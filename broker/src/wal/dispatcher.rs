@@ -1,4 +1,4 @@
-//! The dispatcher: the only writer into partition logs. It takes durable WAL records,
+//! The dispatcher: commits the WAL's records into partition logs. It takes durable WAL records,
 //! batches them per (topic, partition), commits up to 16 batches in parallel (append, fsync,
 //! read back and verify, move the high watermark), wakes the partition's consumers, and
 //! only then lets the WAL drop the records. Records for a healthy partition flow past a
