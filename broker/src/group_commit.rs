@@ -226,6 +226,19 @@ mod tests {
         f.group.queue.lock().waiters.len()
     }
 
+    fn spawn(f: &Arc<Fake>, names: &[&str]) -> tokio::task::JoinHandle<Result<(), GroupFailure>> {
+        let (f, r) = (f.clone(), recs(names));
+        tokio::spawn(async move { commit_grouped(&f, r).await })
+    }
+
+    /// The commit thread took everything queued and waits at the gate.
+    async fn first_commit_started(f: &Fake) {
+        until("the first commit to start", || {
+            queued(f) == 0 && f.group.queue.lock().running
+        })
+        .await;
+    }
+
     async fn until(what: &str, cond: impl Fn() -> bool) {
         for _ in 0..2000 {
             if cond() {
@@ -240,22 +253,12 @@ mod tests {
     async fn callers_that_arrive_during_a_commit_share_the_next_one() {
         let f = Arc::new(Fake::default());
         let gate = f.gate.lock().unwrap();
-        let first = tokio::spawn({
-            let f = f.clone();
-            async move { commit_grouped(&f, recs(&["a"])).await }
-        });
-        // The commit thread took "a" and waits at the gate; b, c and d queue behind it.
-        until("the first commit to start", || {
-            queued(&f) == 0 && f.group.queue.lock().running
-        })
-        .await;
+        let first = spawn(&f, &["a"]);
+        // The commit thread took "a" and waits at the gate; b, c, d and e queue behind it.
+        first_commit_started(&f).await;
         let rest: Vec<_> = [&["b"][..], &["c", "d"], &["e"]]
             .into_iter()
-            .map(|names| {
-                let f = f.clone();
-                let r = recs(names);
-                tokio::spawn(async move { commit_grouped(&f, r).await })
-            })
+            .map(|names| spawn(&f, names))
             .collect();
         until("three callers to queue", || queued(&f) == 3).await;
         drop(gate);
@@ -269,10 +272,10 @@ mod tests {
         let mut second = batches[1].clone();
         second.sort();
         assert_eq!(second, ["b", "c", "d", "e"]);
-        assert!(
-            !f.group.queue.lock().running,
-            "the thread ends with the queue"
-        );
+        until("the thread to end with the queue", || {
+            !f.group.queue.lock().running
+        })
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,23 +283,11 @@ mod tests {
         let f = Arc::new(Fake::default());
         f.refuse.store(true, Ordering::SeqCst);
         let gate = f.gate.lock().unwrap();
-        let first = tokio::spawn({
-            let f = f.clone();
-            async move { commit_grouped(&f, recs(&["x"])).await }
-        });
-        until("the first commit to start", || {
-            queued(&f) == 0 && f.group.queue.lock().running
-        })
-        .await;
-        let a = tokio::spawn({
-            let f = f.clone();
-            async move { commit_grouped(&f, recs(&["a1", "a2"])).await }
-        });
+        let first = spawn(&f, &["x"]);
+        first_commit_started(&f).await;
+        let a = spawn(&f, &["a1", "a2"]);
         until("a to queue", || queued(&f) == 1).await;
-        let b = tokio::spawn({
-            let f = f.clone();
-            async move { commit_grouped(&f, recs(&["b1"])).await }
-        });
+        let b = spawn(&f, &["b1"]);
         until("b to queue", || queued(&f) == 2).await;
         drop(gate);
         let back = |r: Result<(), GroupFailure>| {

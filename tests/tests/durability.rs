@@ -143,15 +143,18 @@ async fn acknowledged_messages_survive_repeated_kill9() {
     report.assert_ok();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_202_survives_a_kill9_right_after_it() {
-    let mut server = Server::start_default().await;
+/// Produces 16 × 50 tagged messages, kills the node with SIGKILL right after the last
+/// `202`, restarts it and checks that every acknowledged message is delivered. Returns the
+/// sum of the high watermarks read right after the last `202` (before the kill).
+async fn kill9_right_after_the_last_202(opts: ServerOpts) -> u64 {
+    let mut server = Server::start(opts).await;
     let url = server.url();
     let http = Http::new(&url);
     http.create_topic_named(TOPIC).await;
 
     let ledger = Ledger::new();
     produce_tagged_concurrently(&url, TOPIC, 16, 50, &ledger).await;
+    let visible: u64 = http.high_watermarks(TOPIC).await.unwrap().values().sum();
     // The last 202 has just arrived: pull the plug before anything else can happen.
     server.kill9();
     server.restart().await;
@@ -166,4 +169,24 @@ async fn every_202_survives_a_kill9_right_after_it() {
         eprintln!("drain incomplete: {e:#}");
     }
     report.assert_ok();
+    visible
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_202_survives_a_kill9_right_after_it() {
+    // A single node owns every partition: each produce is committed into its partition log
+    // (no WAL copy), so it is visible when answered.
+    let visible = kill9_right_after_the_last_202(ServerOpts::default()).await;
+    assert_eq!(
+        visible,
+        16 * 50,
+        "every answered produce is visible at once"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_202_survives_a_kill9_right_after_it_through_the_wal() {
+    // Every record through the WAL and the dispatcher: durable at the 202, visible later.
+    kill9_right_after_the_last_202(ServerOpts::default().env("NARAD_WAL_SKIP_LOCAL", "false"))
+        .await;
 }
