@@ -1,5 +1,5 @@
-//! Test hosts in network namespaces, for cutting one node off the network (needs root and
-//! iproute2, as CI has).
+//! Test hosts in network namespaces, for cutting one node off the network (needs root,
+//! iproute2 and iptables, as CI has; [`available`] tells a test whether to skip).
 //!
 //! [`NetLab::create`] makes a bridge `nb<tag>` in the root namespace with `10.<a>.<b>.1/24`
 //! and, per host, a namespace `nn<tag>-<i>` joined to the bridge by a veth pair, its end
@@ -34,6 +34,48 @@ fn run(args: &[&str]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether `tool` can be run (it is on `PATH`).
+fn have(tool: &str) -> bool {
+    Command::new(tool).arg("--version").output().is_ok()
+}
+
+/// What this machine lacks for a [`NetLab`] (root, iproute2's `ip`, `iptables`), if anything;
+/// tests skip with this reason unless `NARAD_REQUIRE_NETNS=1` (as CI sets) makes it a failure.
+pub fn missing_prerequisite() -> Option<String> {
+    let root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false);
+    let missing: Vec<&str> = [
+        (!root).then_some("root (network namespaces)"),
+        (!have("ip")).then_some("ip (Debian package iproute2)"),
+        (!have("iptables")).then_some("iptables (Debian package iptables)"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    (!missing.is_empty()).then(|| format!("this machine lacks {}", missing.join(", ")))
+}
+
+/// Whether a test that needs a [`NetLab`] must run here: `false` (and the reason printed)
+/// when the machine lacks a prerequisite and `NARAD_REQUIRE_NETNS=1` is not set; panics when
+/// it lacks one and the variable is set.
+pub fn available(test: &str) -> bool {
+    let Some(why) = missing_prerequisite() else {
+        return true;
+    };
+    let required = std::env::var("NARAD_REQUIRE_NETNS").is_ok_and(|v| v == "1");
+    assert!(!required, "NARAD_REQUIRE_NETNS=1 but {why}");
+    eprintln!(
+        "{test}: skipped: {why} (install them, or set NARAD_REQUIRE_NETNS=1 to fail instead)"
+    );
+    false
 }
 
 impl NetLab {
