@@ -97,27 +97,23 @@ pub async fn commit_grouped<C: Committer>(
 
 /// The commit thread: commits the queue until it is empty.
 fn run<C: Committer>(c: &C) {
-    // Should this thread die anyway, the callers still queued are answered (their senders
-    // dropped) and the next caller starts a new thread.
-    struct Reset<'a>(&'a GroupCommit);
-    impl Drop for Reset<'_> {
+    // Should this thread die outside a commit anyway, the callers still queued are answered
+    // (their senders dropped) and the next caller starts a new thread.
+    struct OnPanic<'a>(&'a GroupCommit);
+    impl Drop for OnPanic<'_> {
         fn drop(&mut self) {
-            let mut q = self.0.queue.lock();
-            q.running = false;
             if std::thread::panicking() {
+                let mut q = self.0.queue.lock();
+                q.running = false;
                 q.records.clear();
                 q.waiters.clear();
             }
         }
     }
-    let _reset = Reset(c.group());
+    let _on_panic = OnPanic(c.group());
     loop {
-        let (batch, waiters) = {
-            let mut q = c.group().queue.lock();
-            if q.waiters.is_empty() {
-                return;
-            }
-            take(&mut q)
+        let Some((batch, waiters)) = next_batch(&mut c.group().queue.lock()) else {
+            return;
         };
         // A panicking commit fails its batch as an error would (its callers get their
         // records back), and the queue goes on.
@@ -152,6 +148,17 @@ fn run<C: Committer>(c: &C) {
     }
 }
 
+/// The next batch, or `None` when the queue is empty: then the thread ends, and it is marked
+/// ended under the same lock as the check, so a caller that queues after it starts the next
+/// thread instead of waiting behind one that is gone.
+fn next_batch(q: &mut Queue) -> Option<(Vec<NewRecord>, Vec<Waiter>)> {
+    if q.waiters.is_empty() {
+        q.running = false;
+        return None;
+    }
+    Some(take(q))
+}
+
 /// The next batch: whole callers from the front, up to the dispatcher's batch limits (at
 /// least one caller).
 fn take(q: &mut Queue) -> (Vec<NewRecord>, Vec<Waiter>) {
@@ -165,7 +172,7 @@ fn take(q: &mut Queue) -> (Vec<NewRecord>, Vec<Waiter>) {
         bytes += w.bytes;
     }
     let waiters: Vec<Waiter> = q.waiters.drain(..n).collect();
-    let batch = if n == waiters.len() && q.waiters.is_empty() {
+    let batch = if q.waiters.is_empty() {
         std::mem::take(&mut q.records)
     } else {
         q.records.drain(..records).collect()
@@ -312,6 +319,28 @@ mod tests {
         assert_eq!(e.records.len(), 1, "the records come back");
         commit_grouped(&f, recs(&["q"])).await.unwrap();
         assert_eq!(f.batches.lock().clone(), vec![vec!["q".to_string()]]);
+    }
+
+    #[test]
+    fn the_thread_is_marked_ended_in_the_same_lock_as_it_finds_the_queue_empty() {
+        let mut q = Queue {
+            running: true,
+            ..Queue::default()
+        };
+        let (done, _rx) = oneshot::channel();
+        q.records.push(NewRecord {
+            key: None,
+            payload: Bytes::from_static(b"x"),
+        });
+        q.waiters.push_back(Waiter {
+            count: 1,
+            bytes: 1,
+            done,
+        });
+        assert!(next_batch(&mut q).is_some());
+        assert!(q.running, "still committing");
+        assert!(next_batch(&mut q).is_none());
+        assert!(!q.running, "a caller queueing now must start a new thread");
     }
 
     #[test]
