@@ -509,15 +509,6 @@ impl TopicRuntime {
     }
 }
 
-/// Where a record for (topic id, partition) goes.
-pub enum Resolve {
-    Local(Arc<TopicRuntime>, Arc<Partition>),
-    /// The topic no longer exists: drop the record.
-    Gone,
-    /// Not open yet (a create or growth still being applied): try again shortly.
-    NotReady,
-}
-
 /// The topics with partitions on this node.
 pub struct Registry {
     root: PathBuf,
@@ -760,21 +751,11 @@ impl Registry {
         Ok(())
     }
 
-    /// Resolves a WAL record's destination.
-    pub fn resolve(
-        &self,
-        topic_id: u64,
-        partition: u32,
-        meta_has_topic: impl Fn(u64) -> bool,
-    ) -> Resolve {
-        match self.topic(topic_id) {
-            Some(rt) => match rt.partition(partition) {
-                Some(p) => Resolve::Local(rt, p),
-                None => Resolve::NotReady,
-            },
-            None if meta_has_topic(topic_id) => Resolve::NotReady,
-            None => Resolve::Gone,
-        }
+    /// Partition `p` of topic `topic_id` with its topic's runtime, if it is open here.
+    pub fn local(&self, topic_id: u64, p: u32) -> Option<(Arc<TopicRuntime>, Arc<Partition>)> {
+        let rt = self.topic(topic_id)?;
+        let part = rt.partition(p)?;
+        Some((rt, part))
     }
 
     /// Persists every moved frontier.

@@ -110,12 +110,10 @@ async fn stage(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult
 /// partition); returns the others and those whose commit did not happen.
 async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Vec<WalRecord> {
     let owned = |p: u32| {
-        if !node.cluster.is_mine(topic, p) {
-            return None;
-        }
-        let rt = node.registry.topic(topic.id)?;
-        let part = rt.partition(p)?;
-        Some((rt, part))
+        node.cluster
+            .is_mine(topic, p)
+            .then(|| node.registry.local(topic.id, p))
+            .flatten()
     };
     let Some(first) = records.first().map(|r| r.partition) else {
         return records;

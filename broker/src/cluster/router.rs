@@ -24,11 +24,7 @@ impl Router for NodeRouter {
         match Cluster::owner(&topic, partition) {
             None => Route::NotReady,
             Some(o) if o == self.cluster.node_id => {
-                match self
-                    .registry
-                    .topic(topic_id)
-                    .and_then(|rt| rt.partition(partition).map(|p| (rt, p)))
-                {
+                match self.registry.local(topic_id, partition) {
                     Some((rt, p)) => Route::Local(rt, p),
                     None => Route::NotReady,
                 }
