@@ -14,8 +14,9 @@
 //! # Durability
 //!
 //! `append` writes frames (one `pwrite` per segment touched) but exposes nothing. `commit`
-//! fdatasyncs, drops the written range from the page cache, re-reads it from the device,
-//! checks every frame (CRC32C, layout, contiguous offsets), then advances the high
+//! fdatasyncs, re-reads the written range from the device (`O_DIRECT`, so the cached pages
+//! stay for readers; where refused, after dropping the range from the page cache), checks
+//! every frame (CRC32C, layout, contiguous offsets), then advances the high
 //! watermark. A failed append or commit truncates the log back to the high watermark, so
 //! the caller can simply retry.
 //!
@@ -55,8 +56,9 @@ pub struct LogConfig {
     pub segment_max_age: Duration,
     /// Sparse index: one entry at least every this many bytes.
     pub index_interval_bytes: u32,
-    /// `commit` re-reads the new frames from the device (dropping them from the page cache
-    /// first) rather than through the page cache. Stronger (it catches a device that
+    /// `commit` re-reads the new frames from the device (with `O_DIRECT`, or where the file
+    /// system refuses it, after dropping them from the page cache) rather than through the
+    /// page cache. Stronger (it catches a device that
     /// acknowledged a write it did not keep), at the cost of one device read per commit.
     pub verify_from_device: bool,
 }

@@ -69,6 +69,9 @@ struct Writer {
     index_written: Option<(Instant, u64)>,
     /// A commit since then did not write it (written at close and drop).
     index_stale: bool,
+    /// The file system refused `O_DIRECT`: verification drops the range from the page cache
+    /// and re-reads it instead.
+    no_direct_io: bool,
 }
 
 /// One partition's log.
@@ -110,6 +113,7 @@ impl PartitionLog {
                 ckpt,
                 index_written: None,
                 index_stale: false,
+                no_direct_io: false,
             }),
             cache: Mutex::new(VecDeque::with_capacity(CACHE_ENTRIES)),
             loads: AtomicU64::new(0),
@@ -264,13 +268,15 @@ impl PartitionLog {
         if next == hwm {
             return Ok(hwm);
         }
-        match self.sync_and_verify(&w, hwm, next) {
+        match self.sync_and_verify(&mut w, hwm, next) {
             Ok((segs, frames)) => {
                 for s in &segs {
                     s.readable
                         .store(s.size.load(Ordering::Acquire), Ordering::Release);
                 }
-                let active = segs.last().expect("active segment");
+                let (active, sealed) = segs.split_last().expect("active segment");
+                // A sealed segment is never verified again.
+                sealed.iter().for_each(|s| s.close_direct());
                 // The header's end offset is recovery's evidence that offsets below it were
                 // committed. A commit of one frame needs none: any frame written after it
                 // attests the high watermark it moved (see `recovery`). A commit of several
@@ -301,7 +307,7 @@ impl PartitionLog {
     /// The segments of the range and how many frames it holds.
     fn sync_and_verify(
         &self,
-        w: &Writer,
+        w: &mut Writer,
         hwm: u64,
         next: u64,
     ) -> Result<(Vec<Arc<Segment>>, usize)> {
@@ -326,13 +332,7 @@ impl PartitionLog {
                 0
             };
             let end = s.size.load(Ordering::Acquire);
-            let file = s.file().map_err(io_err(&s.log_path))?;
-            // Re-read from the device, not from the page cache.
-            if end > start && self.cfg.verify_from_device {
-                let from = start / PAGE * PAGE;
-                drop_cache(&file, from, end.div_ceil(PAGE) * PAGE - from);
-            }
-            let mut rd = ChunkReader::new(file, end, SCAN_CHUNK);
+            let mut rd = self.verify_reader(w, s, start, end)?;
             let mut pos = start;
             while pos < end {
                 let fail = |reason: String| StorageError::VerifyFailed {
@@ -364,6 +364,39 @@ impl PartitionLog {
             });
         }
         Ok((segs, frames))
+    }
+
+    /// The reader a commit verifies `[start, end)` of segment `s` with. From the device, not
+    /// from the page cache, when `verify_from_device`: through `O_DIRECT` (the cached pages
+    /// stay, so neither consumers nor the next append into the last page read the device
+    /// again), or where the file system refuses it, after dropping the range from the cache.
+    fn verify_reader(
+        &self,
+        w: &mut Writer,
+        s: &Segment,
+        start: u64,
+        end: u64,
+    ) -> Result<ChunkReader> {
+        if self.cfg.verify_from_device && end > start && !w.no_direct_io {
+            match s.direct_file() {
+                Ok(f) => return Ok(ChunkReader::from_device(f, end, SCAN_CHUNK)),
+                Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| {
+                        tracing::warn!(dir = %self.dir.display(), error = %e,
+                            "the file system refuses O_DIRECT; commits verify by dropping the page cache and re-reading")
+                    });
+                    w.no_direct_io = true;
+                }
+                Err(e) => return Err(io_err(&s.log_path)(e)),
+            }
+        }
+        let file = s.file().map_err(io_err(&s.log_path))?;
+        if self.cfg.verify_from_device && end > start {
+            let from = start / PAGE * PAGE;
+            drop_cache(&file, from, end.div_ceil(PAGE) * PAGE - from);
+        }
+        Ok(ChunkReader::new(file, end, SCAN_CHUNK))
     }
 
     /// Undoes everything written since the last commit: removes segments created since,

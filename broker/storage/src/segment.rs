@@ -25,6 +25,9 @@ pub(crate) const BATCH_CHUNK: usize = 256 * 1024;
 const RESYNC_WINDOW: usize = 64 * 1024;
 /// Read-ahead of sequential scans (recovery, verification, rebuild).
 pub(crate) const SCAN_CHUNK: usize = 1024 * 1024;
+/// What `O_DIRECT` reads align their offset, length and buffer to: a multiple of every
+/// logical block size Linux file systems use.
+pub(crate) const DIRECT_ALIGN: usize = 4096;
 
 pub(crate) fn log_file_name(base: u64) -> String {
     format!("{base:020}.log")
@@ -49,6 +52,8 @@ pub(crate) struct Segment {
     pub log_path: PathBuf,
     pub index_path: PathBuf,
     file: RwLock<Option<Arc<File>>>,
+    /// The data file opened with `O_DIRECT`, for commit verification (writer only).
+    direct: Mutex<Option<Arc<File>>>,
     /// Bytes written (including uncommitted frames).
     pub size: AtomicU64,
     /// Committed bytes: readers never read past this.
@@ -73,6 +78,7 @@ impl Segment {
             log_path: dir.join(log_file_name(base)),
             index_path: dir.join(index_file_name(base)),
             file: RwLock::new(None),
+            direct: Mutex::new(None),
             size: AtomicU64::new(0),
             readable: AtomicU64::new(0),
             end_offset: AtomicU64::new(base),
@@ -123,9 +129,31 @@ impl Segment {
         *self.file.write() = Some(f);
     }
 
+    /// The data file opened read-only with `O_DIRECT` (reads bypass the page cache and come
+    /// from the device), opened once. An error of kind `Unsupported` where the file system
+    /// refuses `O_DIRECT` (tmpfs, some FUSE and overlay mounts).
+    pub fn direct_file(&self) -> io::Result<Arc<File>> {
+        let mut g = self.direct.lock();
+        if let Some(f) = g.as_ref() {
+            return Ok(f.clone());
+        }
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "segment deleted"));
+        }
+        let f = Arc::new(open_direct(&self.log_path)?);
+        *g = Some(f.clone());
+        Ok(f)
+    }
+
+    /// Closes the `O_DIRECT` handle (a sealed segment is never verified again).
+    pub fn close_direct(&self) {
+        *self.direct.lock() = None;
+    }
+
     /// Drops the open handles (readers holding a clone finish undisturbed).
     pub fn close_files(&self) {
         *self.file.write() = None;
+        self.close_direct();
         self.w.lock().index_file = None;
     }
 
@@ -221,8 +249,61 @@ pub(crate) fn read_full_at(file: &File, buf: &mut [u8], pos: u64) -> io::Result<
     Ok(done)
 }
 
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::EINVAL) => io::Error::new(io::ErrorKind::Unsupported, e),
+            _ => e,
+        })
+}
+
+#[cfg(not(target_os = "linux"))]
+fn open_direct(_: &Path) -> io::Result<File> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "O_DIRECT is Linux only here",
+    ))
+}
+
+/// Reads `len` bytes at `pos` through an `O_DIRECT` handle (fewer only at end of file): the
+/// aligned range around them is read from the device into an aligned buffer, and the page
+/// cache is neither consulted nor changed (clean cached pages stay for readers).
+pub(crate) fn read_direct_at(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {
+    let a = DIRECT_ALIGN as u64;
+    let from = pos / a * a;
+    let to = (pos + len as u64).div_ceil(a) * a;
+    let span = (to - from) as usize;
+    let mut v = vec![0u8; span + DIRECT_ALIGN];
+    let off = v.as_ptr().align_offset(DIRECT_ALIGN);
+    let buf = &mut v[off..off + span];
+    let mut got = 0;
+    while got < span {
+        match file.read_at(&mut buf[got..], from + got as u64) {
+            Ok(0) => break,
+            Ok(n) => {
+                got += n;
+                // A read that ends off the alignment has reached the end of the file (and the
+                // next offset could not be read with O_DIRECT anyway).
+                if n % DIRECT_ALIGN != 0 {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let lead = (pos - from) as usize;
+    let avail = got.saturating_sub(lead).min(len);
+    Ok(Bytes::from(v).slice(off + lead..off + lead + avail))
+}
+
 /// Drops the clean page-cache pages of a range so that the next read comes from the device
-/// (commit verification re-reads what was fsynced from disk, not from memory).
+/// (commit verification where the file system refuses `O_DIRECT`).
 pub(crate) fn drop_cache(file: &File, pos: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
@@ -248,6 +329,8 @@ pub(crate) struct ChunkReader {
     chunk: usize,
     buf: Bytes,
     buf_pos: u64,
+    /// `file` is an `O_DIRECT` handle (reads go through [`read_direct_at`]).
+    direct: bool,
 }
 
 impl ChunkReader {
@@ -258,6 +341,15 @@ impl ChunkReader {
             chunk,
             buf: Bytes::new(),
             buf_pos: 0,
+            direct: false,
+        }
+    }
+
+    /// A reader over an `O_DIRECT` handle: every byte it returns comes from the device.
+    pub fn from_device(file: Arc<File>, end: u64, chunk: usize) -> Self {
+        ChunkReader {
+            direct: true,
+            ..ChunkReader::new(file, end, chunk)
         }
     }
 
@@ -271,6 +363,11 @@ impl ChunkReader {
 
     fn fill(&mut self, pos: u64, want: usize) -> io::Result<()> {
         let n = (want.max(self.chunk) as u64).min(self.end.saturating_sub(pos)) as usize;
+        if self.direct {
+            self.buf = read_direct_at(&self.file, pos, n)?;
+            self.buf_pos = pos;
+            return Ok(());
+        }
         let mut v = vec![0u8; n];
         let got = read_full_at(&self.file, &mut v, pos)?;
         v.truncate(got);
@@ -517,6 +614,32 @@ mod tests {
         std::fs::write(&p, bytes).unwrap();
         let f = Arc::new(File::open(&p).unwrap());
         (dir, ChunkReader::new(f, bytes.len() as u64, 7))
+    }
+
+    proptest::proptest! {
+        /// Whatever the offset and length, an `O_DIRECT` read returns exactly the file's
+        /// bytes there (fewer only at the end of the file), and a chunked reader over an
+        /// `O_DIRECT` handle returns what a buffered one does.
+        #[test]
+        fn direct_reads_return_the_files_bytes(size in 0usize..20_000, pos in 0u64..21_000,
+                                               len in 0usize..13_000, chunk in 1usize..9_000) {
+            let img: Vec<u8> = (0..size).map(|i| (i * 31 % 253) as u8).collect();
+            let dir = tempfile::tempdir().unwrap();
+            let p = dir.path().join("f");
+            std::fs::write(&p, &img).unwrap();
+            let f = match open_direct(&p) {
+                Ok(f) => Arc::new(f),
+                Err(e) if e.kind() == io::ErrorKind::Unsupported => return Ok(()),
+                Err(e) => panic!("{e}"),
+            };
+            let want = &img[(pos as usize).min(size)..(pos as usize + len).min(size)];
+            proptest::prop_assert_eq!(&read_direct_at(&f, pos, len).unwrap()[..], want);
+            let end = size as u64;
+            let mut direct = ChunkReader::from_device(f, end, chunk);
+            let mut buffered = ChunkReader::new(Arc::new(File::open(&p).unwrap()), end, chunk);
+            proptest::prop_assert_eq!(direct.get(pos, len).unwrap(), buffered.get(pos, len).unwrap());
+            proptest::prop_assert_eq!(direct.get_upto(pos, len).unwrap(), buffered.get_upto(pos, len).unwrap());
+        }
     }
 
     #[test]
