@@ -44,6 +44,12 @@ const RECORD_HEADER_LEN: usize = 8 + 4 + 1 + 4 + 4;
 const FLAG_PINNED: u8 = 1;
 const FLAG_HAS_KEY: u8 = 2;
 const CHECKPOINT_FILE: &str = "checkpoint";
+/// A lane's segment file is extended with written zeros this much at a time, ahead of the
+/// frames: a frame then overwrites allocated blocks inside the file's size, and its
+/// `fdatasync` flushes the data alone, without the inode write an append needs (the size
+/// changes only with each extension). Recovery reads the zeros after the last frame as
+/// unused space, not as a torn write.
+const PREALLOC_BYTES: u64 = 1024 * 1024;
 
 /// Errors of the WAL.
 #[derive(Debug, thiserror::Error)]
@@ -289,6 +295,7 @@ impl Wal {
                 file,
                 path,
                 len: 0,
+                allocated: 0,
                 opts: opts.clone(),
                 buf: Vec::new(),
                 durable_tx: durable_tx.clone(),
@@ -355,7 +362,10 @@ struct Writer {
     lane: usize,
     file: File,
     path: PathBuf,
+    /// End of the frames written.
     len: u64,
+    /// Bytes of the file written so far: frames, then zeros (see [`PREALLOC_BYTES`]).
+    allocated: u64,
     opts: WalOptions,
     buf: Vec<u8>,
     durable_tx: mpsc::UnboundedSender<Vec<DurableRecord>>,
@@ -428,8 +438,8 @@ impl Writer {
         );
         let started = std::time::Instant::now();
         let result = self
-            .file
-            .write_all_at(&self.buf, self.len)
+            .preallocate(self.len + self.buf.len() as u64)
+            .and_then(|_| self.file.write_all_at(&self.buf, self.len))
             .and_then(|_| self.file.sync_data());
         self.shared
             .metrics
@@ -486,6 +496,7 @@ impl Writer {
                     .write_errors
                     .fetch_add(1, Ordering::Relaxed);
                 // Cut what may have been written so the log stays clean.
+                self.allocated = self.len;
                 if let Err(e2) = self
                     .file
                     .set_len(self.len)
@@ -507,7 +518,29 @@ impl Writer {
         }
     }
 
+    /// Extends the file with written zeros to cover `end` (made durable by the frame's
+    /// fsync that follows).
+    fn preallocate(&mut self, end: u64) -> io::Result<()> {
+        if end <= self.allocated {
+            return Ok(());
+        }
+        let target = end.next_multiple_of(PREALLOC_BYTES);
+        let zeros = vec![0u8; (target - self.allocated).min(PREALLOC_BYTES) as usize];
+        while self.allocated < target {
+            let n = (target - self.allocated).min(zeros.len() as u64) as usize;
+            self.file.write_all_at(&zeros[..n], self.allocated)?;
+            self.allocated += n as u64;
+        }
+        Ok(())
+    }
+
     fn roll(&mut self) -> Result<(), WalError> {
+        // A sealed segment ends at its last frame: only a lane's newest one has unused space.
+        self.file
+            .set_len(self.len)
+            .and_then(|_| self.file.sync_all())
+            .map_err(io_err(&self.path))?;
+        self.allocated = self.len;
         let first = self.shared.lsns.lock().next;
         let (path, file) = create_segment(&self.shared.dir, self.lane, first)?;
         fsync_dir(&self.shared.dir)?;
@@ -525,6 +558,7 @@ impl Writer {
         self.file = file;
         self.path = path;
         self.len = 0;
+        self.allocated = 0;
         Ok(())
     }
 }
@@ -639,6 +673,14 @@ fn recover_segment(path: &Path, last: bool) -> Result<Vec<DurableRecord>, WalErr
                 pos += len;
             }
             None => {
+                // Zeros to the end of the newest segment: the space preallocated ahead of
+                // the frames, not a torn write. Cut like one (the segment is sealed now).
+                let unused = last && data[pos..].iter().all(|&b| b == 0);
+                if unused {
+                    tracing::debug!(path = %path.display(), position = pos, "wal preallocated tail cut");
+                    truncate_segment(path, pos)?;
+                    break;
+                }
                 let valid_after = (pos + 1..data.len().saturating_sub(HEADER_LEN - 1)).any(|p| {
                     data[p..p + 4] == MAGIC.to_le_bytes() && decode_frame(&data[p..]).is_some()
                 });
@@ -655,18 +697,20 @@ fn recover_segment(path: &Path, last: bool) -> Result<Vec<DurableRecord>, WalErr
                     });
                 }
                 tracing::warn!(path = %path.display(), position = pos, dropped_bytes = data.len() - pos, "wal torn tail truncated");
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io_err(path))?;
-                f.set_len(pos as u64)
-                    .and_then(|_| f.sync_all())
-                    .map_err(io_err(path))?;
+                truncate_segment(path, pos)?;
                 break;
             }
         }
     }
     Ok(out)
+}
+
+fn truncate_segment(path: &Path, len: usize) -> Result<(), WalError> {
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_len(len as u64).and_then(|_| f.sync_all()))
+        .map_err(io_err(path))
 }
 
 /// Segment files as (lane, path), oldest first.
@@ -959,6 +1003,55 @@ mod tests {
         assert!(cp > 0, "the checkpoint moved past the committed prefix");
     }
 
+    /// Where the frames at the start of a segment image end.
+    fn frames_end(data: &[u8]) -> usize {
+        let mut pos = 0;
+        while let Some((_, len)) = decode_frame(&data[pos..]) {
+            pos += len;
+        }
+        pos
+    }
+
+    #[tokio::test]
+    async fn frames_overwrite_preallocated_zeros_which_recovery_and_rolls_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            lanes: 1,
+            segment_max_bytes: 1500,
+            ..Default::default()
+        };
+        let seg0 = segment_path(dir.path(), 0, 0);
+        {
+            let o = Wal::open(dir.path(), opts.clone()).unwrap();
+            o.wal.append(vec![rec(1, 0, None, "a")]).await.unwrap();
+            // The file is extended ahead of the frames, with written zeros.
+            let data = fs::read(&seg0).unwrap();
+            assert_eq!(data.len() as u64, PREALLOC_BYTES);
+            let end = frames_end(&data);
+            assert!(end > 0 && data[end..].iter().all(|&b| b == 0));
+            // Past segment_max_bytes the lane rolls: the sealed file ends at its last frame.
+            o.wal
+                .append(vec![rec(1, 0, None, &"x".repeat(2000))])
+                .await
+                .unwrap();
+            let data = fs::read(&seg0).unwrap();
+            assert_eq!(frames_end(&data), data.len());
+            o.wal.append(vec![rec(1, 0, None, "c")]).await.unwrap();
+        }
+        let seg2 = segment_path(dir.path(), 0, 2);
+        assert_eq!(fs::metadata(&seg2).unwrap().len(), PREALLOC_BYTES);
+        // Reopened twice: the first open cuts the newest segment's zeros (it is sealed from
+        // then on, so the second open, where it is no longer the newest, finds it clean).
+        for _ in 0..2 {
+            let o = Wal::open(dir.path(), opts.clone()).unwrap();
+            let got: Vec<&[u8]> = o.recovered.iter().map(|r| &r.record.payload[..]).collect();
+            assert_eq!(got.len(), 3);
+            assert_eq!((got[0], got[2]), (&b"a"[..], &b"c"[..]));
+            let data = fs::read(&seg2).unwrap();
+            assert_eq!(frames_end(&data), data.len());
+        }
+    }
+
     #[tokio::test]
     async fn torn_tail_is_truncated_and_corruption_before_valid_data_fails() {
         let dir = tempfile::tempdir().unwrap();
@@ -972,11 +1065,13 @@ mod tests {
             o.wal.append(vec![rec(1, 0, None, "keep-2")]).await.unwrap();
         }
         let seg = segment_path(dir.path(), 0, 0);
-        let good_len = fs::metadata(&seg).unwrap().len();
-        // A torn frame at the tail.
-        let mut f = OpenOptions::new().append(true).open(&seg).unwrap();
-        f.write_all(&MAGIC.to_le_bytes()).unwrap();
-        f.write_all(&[200, 0, 0, 0, 1, 2, 3]).unwrap();
+        let good_len = frames_end(&fs::read(&seg).unwrap()) as u64;
+        assert!(good_len > 0);
+        // A torn frame after the last one, in the preallocated zeros.
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.write_all_at(&MAGIC.to_le_bytes(), good_len).unwrap();
+        f.write_all_at(&[200, 0, 0, 0, 1, 2, 3], good_len + 4)
+            .unwrap();
         drop(f);
         let o = Wal::open(dir.path(), opts.clone()).unwrap();
         assert_eq!(o.recovered.len(), 2);
