@@ -62,13 +62,14 @@ pub struct Tuning {
     /// files. With two, a produce that arrives while one lane waits for its fsync is
     /// written and fsynced by the other at once.
     pub wal_lanes: usize,
-    /// `NARAD_DISPATCH_LINGER_US` (0–1,000,000, default 5,000): how long a partition's first
-    /// WAL record may wait for more before it commits while other commits are in flight. It
-    /// only delays visibility, never the `202`, and an idle disk commits at once. Under load
-    /// every partition commit (fsync, read-back) costs CPU, so fuller batches leave more for
-    /// requests: measured with 32 producers and 32 consumers, 5 ms instead of 1 ms cut CPU
-    /// per message by 9% on a 3-node cluster and did not raise delivery latency at 1500
-    /// msgs/s.
+    /// `NARAD_DISPATCH_LINGER_US` (0–1,000,000, default 5,000): least time between the
+    /// starts of two commits of WAL records into one partition. A partition whose last
+    /// commit started that long ago commits at once; a busy one commits at most once per
+    /// linger with everything that arrived meanwhile. It only delays visibility, never the
+    /// `202`. Every partition commit (fsync, read-back, or a node RPC) costs CPU: with 32
+    /// producers at 4,000 msgs/s into 8 partitions through the WAL, partition commits per
+    /// message fell from 0.87 to 0.36 against committing at once whenever no other commit
+    /// ran.
     pub dispatch_linger: Duration,
     /// `NARAD_DISPATCH_PARALLEL` (1–16, default 4): most local partition commits in flight.
     pub dispatch_parallel: usize,

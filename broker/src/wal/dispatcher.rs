@@ -90,11 +90,9 @@ pub struct Dispatcher {
     router: Arc<dyn Router>,
     metrics: Arc<crate::metrics::Metrics>,
     pending: HashMap<Key, VecDeque<DurableRecord>>,
-    /// When each pending queue last went from empty to non-empty.
-    first_pending_at: HashMap<Key, Instant>,
-    /// How long a partition's first pending record may wait for more before it commits
-    /// while other commits are in flight: fewer, larger commits leave the disk's fsyncs to
-    /// the WAL. With nothing in flight, records commit at once.
+    /// When each partition's last commit started (kept for `linger` only).
+    last_start: HashMap<Key, Instant>,
+    /// Least time between the starts of two commits of one partition (see [`due`]).
     linger: Duration,
     /// Most commits in flight (at most `MAX_PARALLEL`): under load, partitions waiting for
     /// a slot gather larger batches, so the disk sees fewer, larger fsyncs.
@@ -130,7 +128,7 @@ impl Dispatcher {
             router,
             metrics,
             pending: HashMap::new(),
-            first_pending_at: HashMap::new(),
+            last_start: HashMap::new(),
             linger,
             parallel: parallel.clamp(1, MAX_PARALLEL),
             busy: HashMap::new(),
@@ -145,22 +143,15 @@ impl Dispatcher {
         if let Some(r) = recs.first() {
             trace_records("received", (r.record.topic_id, r.record.partition), &recs);
         }
-        let now = Instant::now();
         for r in recs {
             let key = (r.record.topic_id, r.record.partition);
-            self.first_pending_at.entry(key).or_insert(now);
             self.pending.entry(key).or_default().push_back(r);
         }
     }
 
     /// Whether a partition's pending records should commit now, else when.
     fn due(&self, key: &Key, queued: usize, now: Instant) -> Result<(), Instant> {
-        let at = self.first_pending_at.get(key).copied().unwrap_or(now) + self.linger;
-        if queued >= LINGER_RECORDS || at <= now {
-            Ok(())
-        } else {
-            Err(at)
-        }
+        due(self.last_start.get(key).copied(), self.linger, queued, now)
     }
 
     /// Runs until the WAL's channel closes and everything pending is committed.
@@ -233,16 +224,15 @@ impl Dispatcher {
         }
         let now = Instant::now();
         self.stuck_until.retain(|_, until| *until > now);
-        // With no commit in flight the disk is idle: commit at once. Linger only while
-        // other commits run, when waiting a little buys a larger batch.
-        let idle = jobs.is_empty();
+        let linger = self.linger;
+        self.last_start.retain(|_, at| *at + linger > now);
         let ready: Vec<Key> = self
             .pending
             .iter()
             .filter(|(k, q)| {
                 !self.busy.contains_key(k)
                     && (!self.retry_at.contains_key(k) || self.is_stuck(k))
-                    && (idle || self.due(k, q.len(), now).is_ok())
+                    && self.due(k, q.len(), now).is_ok()
             })
             .map(|(k, _)| *k)
             .collect();
@@ -351,10 +341,8 @@ impl Dispatcher {
         }
         if queue.is_empty() {
             self.pending.remove(&key);
-            self.first_pending_at.remove(&key);
-        } else {
-            self.first_pending_at.insert(key, now);
         }
+        self.last_start.insert(key, now);
         records
     }
 
@@ -383,13 +371,9 @@ impl Dispatcher {
             let moved: Vec<DurableRecord> = queue.iter().cloned().collect();
             trace_records(&format!("reroute to {to}"), key, &moved);
         }
-        self.first_pending_at.remove(&key);
         self.retry_at.remove(&key);
         let n = queue.len();
         let target = (key.0, to);
-        self.first_pending_at
-            .entry(target)
-            .or_insert_with(Instant::now);
         let q = self.pending.entry(target).or_default();
         for mut r in queue {
             r.record.partition = to;
@@ -407,9 +391,6 @@ impl Dispatcher {
     }
 
     fn requeue(&mut self, key: Key, records: Vec<DurableRecord>) {
-        self.first_pending_at
-            .entry(key)
-            .or_insert_with(Instant::now);
         let q = self.pending.entry(key).or_default();
         for r in records.into_iter().rev() {
             q.push_front(r);
@@ -445,6 +426,25 @@ impl Dispatcher {
     }
 }
 
+/// When a partition whose last commit started at `last_start` and that has `queued`
+/// records pending may commit: at once with `LINGER_RECORDS` pending or when its last commit
+/// started `linger` ago or longer (so a partition idle that long commits at once), else at
+/// `last_start + linger` (`Err`). A busy partition thus commits at most once per `linger`,
+/// with everything that arrived meanwhile: each partition commit costs an fsync and a
+/// read-back, and the records already are durable in the WAL, so waiting delays only their
+/// visibility, never a `202`.
+fn due(
+    last_start: Option<Instant>,
+    linger: Duration,
+    queued: usize,
+    now: Instant,
+) -> Result<(), Instant> {
+    match last_start {
+        Some(at) if queued < LINGER_RECORDS && at + linger > now => Err(at + linger),
+        _ => Ok(()),
+    }
+}
+
 /// Appends and commits one batch to a local partition (blocking: fsync).
 fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
     let batch: Vec<NewRecord> = records
@@ -461,4 +461,30 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
 /// `Partition::commit_batch`. Blocking.
 pub(crate) fn commit_records(part: &Partition, batch: &[NewRecord]) -> Result<(), String> {
     part.commit_batch(batch).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partition_commits_at_most_once_per_linger_unless_its_queue_is_full() {
+        let t0 = Instant::now();
+        let l = Duration::from_millis(5);
+        // Never committed, or idle for a linger or longer: at once.
+        assert_eq!(due(None, l, 1, t0), Ok(()));
+        assert_eq!(due(Some(t0), l, 1, t0 + l), Ok(()));
+        assert_eq!(due(Some(t0), l, 1, t0 + 3 * l), Ok(()));
+        // Committed less than a linger ago: when the linger since that start is over.
+        let ms = Duration::from_millis(1);
+        assert_eq!(due(Some(t0), l, 1, t0 + ms), Err(t0 + l));
+        assert_eq!(
+            due(Some(t0), l, LINGER_RECORDS - 1, t0 + 4 * ms),
+            Err(t0 + l)
+        );
+        // A full queue does not wait.
+        assert_eq!(due(Some(t0), l, LINGER_RECORDS, t0 + ms), Ok(()));
+        // No linger: never waits.
+        assert_eq!(due(Some(t0), Duration::ZERO, 1, t0), Ok(()));
+    }
 }
