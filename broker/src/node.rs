@@ -979,6 +979,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let log_cfg = LogConfig {
         segment_max_bytes: config.storage.segment_max_bytes,
         verify_from_device: config.storage.verify_from_device,
+        preallocate: true,
         ..LogConfig::default()
     };
     let registry = Arc::new(Registry::new(

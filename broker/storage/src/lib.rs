@@ -61,6 +61,11 @@ pub struct LogConfig {
     /// page cache. Stronger (it catches a device that
     /// acknowledged a write it did not keep), at the cost of one device read per commit.
     pub verify_from_device: bool,
+    /// The active segment's file is extended with written zeros ahead of its frames (64 KiB
+    /// to 1 MiB at a time), so that a commit's fdatasync overwrites allocated blocks within
+    /// the file's size and flushes no metadata; a sealed segment is cut to its frames. Off
+    /// by default here (the file length is then the frames' length); the broker turns it on.
+    pub preallocate: bool,
 }
 
 impl Default for LogConfig {
@@ -70,6 +75,7 @@ impl Default for LogConfig {
             segment_max_age: Duration::from_secs(3600),
             index_interval_bytes: 4096,
             verify_from_device: true,
+            preallocate: false,
         }
     }
 }

@@ -203,7 +203,7 @@ impl PartitionLog {
             }
             let cur = buf_start + buf.len() as u64;
             if cur > 0 && cur + frame_bytes as u64 > max {
-                Self::flush(&seg, &buf, buf_start)?;
+                self.flush(&seg, &buf, buf_start)?;
                 buf.clear();
                 seg = self.roll(w, off)?;
                 buf_start = 0;
@@ -224,15 +224,19 @@ impl PartitionLog {
             seg.max_ts.store(ts, Ordering::Release);
             i = j;
         }
-        Self::flush(&seg, &buf, buf_start)?;
+        self.flush(&seg, &buf, buf_start)?;
         Ok(off)
     }
 
-    fn flush(seg: &Segment, buf: &[u8], at: u64) -> Result<()> {
+    fn flush(&self, seg: &Segment, buf: &[u8], at: u64) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
         let f = seg.file().map_err(io_err(&seg.log_path))?;
+        if self.cfg.preallocate {
+            seg.preallocate(&f, at + buf.len() as u64)
+                .map_err(io_err(&seg.log_path))?;
+        }
         f.write_all_at(buf, at).map_err(io_err(&seg.log_path))?;
         seg.size.store(at + buf.len() as u64, Ordering::Release);
         Ok(())
@@ -243,7 +247,7 @@ impl PartitionLog {
     fn roll(&self, w: &mut Writer, new_base: u64) -> Result<Arc<Segment>> {
         let old = self.active();
         old.file()
-            .and_then(|f| f.sync_data())
+            .and_then(|f| old.cut_preallocated(&f).and_then(|_| f.sync_data()))
             .map_err(io_err(&old.log_path))?;
         old.sealed.store(true, Ordering::Release);
         old.persist_index(&mut old.w.lock(), true, true)
@@ -437,6 +441,7 @@ impl PartitionLog {
                 .and_then(|_| f.sync_all())
                 .map_err(io_err(&seg.log_path))?;
             seg.size.store(ck.pos, Ordering::Release);
+            seg.allocated.store(ck.pos, Ordering::Release);
             seg.readable.store(ck.pos, Ordering::Release);
             seg.end_offset.store(hwm, Ordering::Release);
             seg.first_ts.store(ck.first_ts, Ordering::Release);

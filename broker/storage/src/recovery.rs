@@ -12,7 +12,9 @@
 //!   no later frame could say it: for the first frames of a multi-frame commit. (Of a
 //!   one-frame commit, a later frame is the only evidence that could follow it.)
 //!
-//! In the last segment, at the first invalid frame (bad header, length past the end, CRC
+//! In the last segment, zeros from the first invalid position to the end of the file are the
+//! space written ahead of the frames (`LogConfig::preallocate`), or a write of which nothing
+//! reached the disk: cut without a warning. Otherwise, at the first invalid frame (bad header, length past the end, CRC
 //! mismatch, offset discontinuity) recovery looks for any later valid frame with a plausible
 //! offset (>= the expected one). If there is one and there is evidence that the damaged
 //! offsets had been committed (index header end offset, or a later frame's attested high
@@ -31,8 +33,8 @@ use std::sync::Arc;
 use crate::error::{io_err, Result, StorageError};
 use crate::index::{self, IndexEntry};
 use crate::segment::{
-    index_file_name, log_file_name, probe, resync, ChunkReader, Probe, Segment, READ_CHUNK,
-    SCAN_CHUNK,
+    index_file_name, log_file_name, probe, resync, zeros_to_end, ChunkReader, Probe, Segment,
+    READ_CHUNK, SCAN_CHUNK,
 };
 use crate::LogConfig;
 
@@ -157,6 +159,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
                     Probe::Valid(h, _) if h.base_offset == want);
                 if spot_ok {
                     seg.size.store(len, Ordering::Release);
+                    seg.allocated.store(len, Ordering::Release);
                     seg.readable.store(len, Ordering::Release);
                     seg.end_offset.store(next_base, Ordering::Release);
                     seg.first_ts.store(p.header.first_ts, Ordering::Release);
@@ -238,6 +241,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
             "offsets missing at the end of a sealed segment; they are unreadable");
     }
     seg.size.store(len, Ordering::Release);
+    seg.allocated.store(len, Ordering::Release);
     seg.readable.store(len, Ordering::Release);
     seg.end_offset.store(next_base, Ordering::Release);
     seg.first_ts.store(first_ts, Ordering::Release);
@@ -335,6 +339,16 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
             ),
             Probe::Invalid(r) => r,
         };
+        if zeros_to_end(&mut rd, pos).map_err(io_err(&path))? {
+            // The zeros written ahead of the frames (`preallocate`), or a write of which
+            // nothing reached the disk: cut quietly (appends preallocate again).
+            tracing::debug!(path = %path.display(), position = pos, bytes = len - pos,
+                "cutting the zeros after the last frame");
+            file.set_len(pos).map_err(io_err(&path))?;
+            file.sync_all().map_err(io_err(&path))?;
+            len = pos;
+            break;
+        }
         let (first_later, attested) =
             later_frames(&mut rd, pos, expected).map_err(io_err(&path))?;
         if let Some((q, later_offset)) = first_later {
@@ -367,6 +381,7 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
             "records that had been committed are missing from the end of the log (lost by the disk?)");
     }
     seg.size.store(len, Ordering::Release);
+    seg.allocated.store(len, Ordering::Release);
     seg.readable.store(len, Ordering::Release);
     seg.end_offset.store(expected, Ordering::Release);
     seg.first_ts.store(first_ts, Ordering::Release);

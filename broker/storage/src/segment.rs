@@ -25,6 +25,11 @@ pub(crate) const BATCH_CHUNK: usize = 256 * 1024;
 const RESYNC_WINDOW: usize = 64 * 1024;
 /// Read-ahead of sequential scans (recovery, verification, rebuild).
 pub(crate) const SCAN_CHUNK: usize = 1024 * 1024;
+/// Least and most the active segment's file is extended by at a time ahead of its frames
+/// (with `LogConfig::preallocate`); between the two, as much as the segment holds already, so
+/// an idle partition carries at most 64 KiB of zeros and a busy one extends once per MiB.
+const PREALLOC_MIN: u64 = 64 * 1024;
+const PREALLOC_MAX: u64 = 1024 * 1024;
 /// What `O_DIRECT` reads align their offset, length and buffer to: a multiple of every
 /// logical block size Linux file systems use.
 pub(crate) const DIRECT_ALIGN: usize = 4096;
@@ -58,6 +63,9 @@ pub(crate) struct Segment {
     pub size: AtomicU64,
     /// Committed bytes: readers never read past this.
     pub readable: AtomicU64,
+    /// Bytes of the file written: the frames (`size`), then zeros written ahead of them
+    /// (`preallocate`); never below `size`.
+    pub allocated: AtomicU64,
     /// Next offset after the last record written to this segment.
     pub end_offset: AtomicU64,
     /// Timestamp of the first record (0 = empty).
@@ -81,6 +89,7 @@ impl Segment {
             direct: Mutex::new(None),
             size: AtomicU64::new(0),
             readable: AtomicU64::new(0),
+            allocated: AtomicU64::new(0),
             end_offset: AtomicU64::new(base),
             first_ts: AtomicU64::new(0),
             max_ts: AtomicU64::new(0),
@@ -143,6 +152,35 @@ impl Segment {
         let f = Arc::new(open_direct(&self.log_path)?);
         *g = Some(f.clone());
         Ok(f)
+    }
+
+    /// Makes sure the file has been written (frames or zeros) up to `end`, extending it with
+    /// zeros ahead: a frame written inside the file's size over written blocks changes no
+    /// metadata, so the commit's `fdatasync` flushes the data alone instead of also the inode
+    /// (file size) or, on a journaling file system, a journal commit. Recovery and
+    /// verification read zeros after the last frame of the active segment as unused space.
+    pub fn preallocate(&self, f: &File, end: u64) -> io::Result<()> {
+        let have = self.allocated.load(Ordering::Acquire);
+        if end <= have {
+            return Ok(());
+        }
+        // [have, end) is what the caller writes next; zeros go after it.
+        let step = have.clamp(PREALLOC_MIN, PREALLOC_MAX);
+        let target = (end + step).next_multiple_of(DIRECT_ALIGN as u64);
+        f.write_all_at(&vec![0u8; (target - end) as usize], end)?;
+        self.allocated.store(target, Ordering::Release);
+        Ok(())
+    }
+
+    /// Cuts the file back to its frames (`size`), when zeros were written after them: a
+    /// sealed segment ends at its last frame. The caller fsyncs.
+    pub fn cut_preallocated(&self, f: &File) -> io::Result<()> {
+        let size = self.size.load(Ordering::Acquire);
+        if self.allocated.load(Ordering::Acquire) > size {
+            f.set_len(size)?;
+        }
+        self.allocated.store(size, Ordering::Release);
+        Ok(())
     }
 
     /// Closes the `O_DIRECT` handle (a sealed segment is never verified again).
@@ -398,6 +436,23 @@ impl ChunkReader {
         let len = (max as u64).min(self.end.saturating_sub(pos)) as usize;
         Ok(self.get(pos, len)?.unwrap_or_default())
     }
+}
+
+/// Whether every byte from `from` to the reader's end is zero (the space preallocated after
+/// the last frame of an active segment, rather than a torn write).
+pub(crate) fn zeros_to_end(rd: &mut ChunkReader, from: u64) -> io::Result<bool> {
+    let mut p = from;
+    while p < rd.end() {
+        let chunk = rd.get_upto(p, SCAN_CHUNK)?;
+        if chunk.is_empty() {
+            break;
+        }
+        if chunk.iter().any(|&b| b != 0) {
+            return Ok(false);
+        }
+        p += chunk.len() as u64;
+    }
+    Ok(true)
 }
 
 /// The outcome of looking at the bytes at one position.

@@ -393,3 +393,47 @@ fn rejected_commit_across_a_roll_removes_the_new_segments() {
     let log = PartitionLog::open(tmp.path(), small_cfg(600)).unwrap();
     assert_eq!(check_all(&log), 203);
 }
+
+/// With `preallocate`, only the active segment carries zeros after its frames: a roll cuts
+/// the sealed file to its frames (so the next open trusts its index instead of rebuilding
+/// it), a failed commit's rollback cuts them too, and a reopen ends the file at its frames.
+#[test]
+fn preallocated_zeros_are_cut_when_a_segment_is_sealed_rolled_back_or_reopened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = LogConfig {
+        preallocate: true,
+        ..small_cfg(4_000)
+    };
+    let log = PartitionLog::open(tmp.path(), cfg.clone()).unwrap();
+    fill(&log, 90, 3, 1);
+    let files = log.segment_files();
+    assert!(files.len() >= 3);
+    let on_disk = |name: &str| fs::metadata(tmp.path().join(name)).unwrap().len();
+    let (active, sealed) = files.split_last().unwrap();
+    for f in sealed {
+        assert!(f.sealed);
+        assert_eq!(on_disk(&f.name), f.size, "{} ends at its frames", f.name);
+    }
+    assert!(
+        on_disk(&active.name) > active.size,
+        "zeros ahead of the frames"
+    );
+    // A commit that fails verification rolls back to the high watermark, zeros included.
+    log.append(&batch(90, 1), 2).unwrap();
+    let frames_end = active.size;
+    overwrite(&tmp.path().join(&active.name), frames_end + 30, &[0xAA; 4]);
+    assert!(matches!(
+        log.commit(),
+        Err(StorageError::VerifyFailed { .. })
+    ));
+    assert_eq!(on_disk(&active.name), frames_end);
+    fill(&log, 5, 1, 3);
+    drop(log);
+    let log = PartitionLog::open(tmp.path(), cfg).unwrap();
+    assert_eq!(check_all(&log), 95);
+    let files = log.segment_files();
+    for f in &files {
+        assert_eq!(on_disk(&f.name), f.size, "{} after reopen", f.name);
+    }
+    assert!(narad_storage::verify_dir(tmp.path()).unwrap().is_clean());
+}

@@ -7,16 +7,16 @@ use std::fs;
 use std::path::Path;
 
 use common::*;
-use narad_storage::{verify_dir, PartitionLog, StorageError};
+use narad_storage::{verify_dir, LogConfig, PartitionLog, StorageError};
 use rand::{Rng, SeedableRng};
 
 /// A log of several segments whose last segment holds many single-frame commits; returns
-/// the (active file length, next offset) after each commit into the active segment.
-fn build(dir: &Path) -> Vec<(u64, u64)> {
-    let log = PartitionLog::open(dir, small_cfg(4_000)).unwrap();
+/// the (active segment's frame bytes, next offset) after each commit into it.
+fn build(dir: &Path, cfg: LogConfig) -> Vec<(u64, u64)> {
+    let log = PartitionLog::open(dir, cfg).unwrap();
     fill(&log, 60, 3, 1);
-    let active = segment_files(dir).pop().unwrap();
-    let mut bounds = vec![(fs::metadata(&active).unwrap().len(), log.next_offset())];
+    let frames = |log: &PartitionLog| log.segment_files().pop().unwrap().size;
+    let mut bounds = vec![(frames(&log), log.next_offset())];
     // grow the active segment without rolling: one frame per commit
     for i in 0..40u64 {
         let k = 1 + i % 4;
@@ -26,8 +26,7 @@ fn build(dir: &Path) -> Vec<(u64, u64)> {
         if segment_files(dir).len() != before {
             bounds.clear();
         }
-        let active = segment_files(dir).pop().unwrap();
-        bounds.push((fs::metadata(&active).unwrap().len(), log.next_offset()));
+        bounds.push((frames(&log), log.next_offset()));
     }
     assert!(segment_files(dir).len() >= 3);
     bounds.retain(|&(len, _)| len > 0);
@@ -36,9 +35,23 @@ fn build(dir: &Path) -> Vec<(u64, u64)> {
 
 #[test]
 fn torn_tail_at_random_cut_points_is_truncated() {
+    torn_tail_at_random_cut_points(small_cfg(4_000));
+}
+
+/// With zeros written ahead of the frames, the cuts land in frames and in the zeros alike;
+/// whatever the zeros become, recovery ends the file at the last whole frame.
+#[test]
+fn torn_tail_at_random_cut_points_is_truncated_when_preallocating() {
+    torn_tail_at_random_cut_points(LogConfig {
+        preallocate: true,
+        ..small_cfg(4_000)
+    });
+}
+
+fn torn_tail_at_random_cut_points(cfg: LogConfig) {
     let tmp = tempfile::tempdir().unwrap();
     let pristine = tmp.path().join("pristine");
-    let bounds = build(&pristine);
+    let bounds = build(&pristine, cfg.clone());
     let active_name = segment_files(&pristine)
         .pop()
         .unwrap()
@@ -51,8 +64,14 @@ fn torn_tail_at_random_cut_points_is_truncated() {
         .trim_end_matches(".log")
         .parse()
         .unwrap();
-    let full_len = bounds.last().unwrap().0;
+    let full_len = fs::metadata(pristine.join(&active_name)).unwrap().len();
     assert!(bounds.len() > 5);
+    if cfg.preallocate {
+        assert!(
+            full_len > bounds.last().unwrap().0,
+            "zeros after the frames"
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     for case in 0..60 {
         let dir = tmp.path().join(format!("case{case}"));
@@ -80,7 +99,7 @@ fn torn_tail_at_random_cut_points_is_truncated() {
             .find(|&&(len, _)| len <= cut)
             .copied()
             .unwrap_or((0, active_base));
-        let log = PartitionLog::open(&dir, small_cfg(4_000))
+        let log = PartitionLog::open(&dir, cfg.clone())
             .unwrap_or_else(|e| panic!("case {case} (mode {mode}, cut {cut}): {e}"));
         assert_eq!(
             log.high_watermark(),
@@ -97,7 +116,7 @@ fn torn_tail_at_random_cut_points_is_truncated() {
         // appending afterwards works and survives another reopen
         fill(&log, 7, 3, 3);
         drop(log);
-        let log = PartitionLog::open(&dir, small_cfg(4_000)).unwrap();
+        let log = PartitionLog::open(&dir, cfg.clone()).unwrap();
         assert_eq!(check_all(&log), keep_next + 7);
         assert!(verify_dir(&dir).unwrap().is_clean(), "case {case}");
         drop(log);

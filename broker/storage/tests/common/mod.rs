@@ -64,6 +64,7 @@ pub fn small_cfg(segment_max_bytes: u64) -> LogConfig {
         segment_max_age: Duration::from_secs(3600),
         index_interval_bytes: 256,
         verify_from_device: true,
+        preallocate: false,
     }
 }
 
