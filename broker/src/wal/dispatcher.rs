@@ -457,8 +457,9 @@ fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
     commit_records(part, &batch)
 }
 
-/// The one commit path into a local partition log (the dispatcher's and fan-out's); see
-/// `Partition::commit_batch`. Blocking.
+/// How the dispatcher and fan-out commit into a local partition: `Partition::commit_batch`
+/// (the one write path into a partition log, which group commits use too), with the error
+/// as text. Blocking.
 pub(crate) fn commit_records(part: &Partition, batch: &[NewRecord]) -> Result<(), String> {
     part.commit_batch(batch).map_err(|e| e.to_string())
 }
