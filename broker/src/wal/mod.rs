@@ -518,19 +518,17 @@ impl Writer {
         }
     }
 
-    /// Extends the file with written zeros to cover `end` (made durable by the frame's
-    /// fsync that follows).
+    /// Makes sure the file is written up to the next multiple of [`PREALLOC_BYTES`] at or
+    /// after `end`: `[len, end)` is the frame the caller writes next, zeros go after it
+    /// (made durable by the frame's fsync that follows).
     fn preallocate(&mut self, end: u64) -> io::Result<()> {
         if end <= self.allocated {
             return Ok(());
         }
         let target = end.next_multiple_of(PREALLOC_BYTES);
-        let zeros = vec![0u8; (target - self.allocated).min(PREALLOC_BYTES) as usize];
-        while self.allocated < target {
-            let n = (target - self.allocated).min(zeros.len() as u64) as usize;
-            self.file.write_all_at(&zeros[..n], self.allocated)?;
-            self.allocated += n as u64;
-        }
+        self.file
+            .write_all_at(&vec![0u8; (target - end) as usize], end)?;
+        self.allocated = target;
         Ok(())
     }
 

@@ -58,8 +58,8 @@ pub struct LogConfig {
     pub index_interval_bytes: u32,
     /// `commit` re-reads the new frames from the device (with `O_DIRECT`, or where the file
     /// system refuses it, after dropping them from the page cache) rather than through the
-    /// page cache. Stronger (it catches a device that
-    /// acknowledged a write it did not keep), at the cost of one device read per commit.
+    /// page cache. Stronger (it catches a device that acknowledged a write it did not
+    /// keep), at the cost of one device read per commit.
     pub verify_from_device: bool,
     /// The active segment's file is extended with written zeros ahead of its frames (64 KiB
     /// to 1 MiB at a time), so that a commit's fdatasync overwrites allocated blocks within

@@ -14,8 +14,8 @@
 //!
 //! In the last segment, zeros from the first invalid position to the end of the file are the
 //! space written ahead of the frames (`LogConfig::preallocate`), or a write of which nothing
-//! reached the disk: cut without a warning. Otherwise, at the first invalid frame (bad header, length past the end, CRC
-//! mismatch, offset discontinuity) recovery looks for any later valid frame with a plausible
+//! reached the disk: cut without a warning. Otherwise, at the first invalid frame (bad
+//! header, length past the end, CRC mismatch, offset discontinuity) recovery looks for any later valid frame with a plausible
 //! offset (>= the expected one). If there is one and there is evidence that the damaged
 //! offsets had been committed (index header end offset, or a later frame's attested high
 //! watermark, beyond the damaged offset), this is corruption before valid data: `Corrupt`,
