@@ -480,13 +480,15 @@ impl Writer {
                     .fetch_add(pending, Ordering::AcqRel);
                 // Hand over before answering, so a record is never only in the answer.
                 let _ = self.durable_tx.send(durable);
-                for s in batch {
-                    let _ = s.done.send(Ok(()));
-                }
+                // Roll before answering (once per segment): whoever saw the answer sees the
+                // sealed file cut back to its last frame.
                 if self.len >= self.opts.segment_max_bytes {
                     if let Err(e) = self.roll() {
                         tracing::error!(error = %e, "wal segment roll failed; continuing in the current segment");
                     }
+                }
+                for s in batch {
+                    let _ = s.done.send(Ok(()));
                 }
             }
             Err(e) => {
