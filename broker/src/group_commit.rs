@@ -121,7 +121,7 @@ fn run<C: Committer>(c: &C) {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.commit_batch(&batch)))
             {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some((matches!(e, CommitError::Refused(_)), e.to_string())),
+                Ok(Err(e)) => Some((e.is_refusal(), e.to_string())),
                 Err(_) => {
                     tracing::error!("a partition commit panicked; its records are handed back");
                     Some((false, "the commit panicked".to_string()))
@@ -210,7 +210,10 @@ mod tests {
                     .collect(),
             );
             if self.refuse.load(Ordering::SeqCst) {
-                return Err(CommitError::Refused("frozen for move 7".into()));
+                return Err(CommitError::Frozen {
+                    partition: 0,
+                    move_id: 7,
+                });
             }
             Ok(())
         }

@@ -11,11 +11,21 @@
 //!   partitions through the same commit path.
 //! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
 //!   `Registry` of local topics.
+//! - `partitioner`: the key → partition hash produce and fan-out share (SPEC §2.3).
 //! - `queue`: `LeaseTable`, the pure queue core (leases, redelivery, frontier, caps).
 //! - `schema`: JSON Schema compile, validate and the compatibility rule.
 //! - `api`: the HTTP routes; owns no state.
+//! - `cluster`: the node's view of its peers (`Cluster`: connections, metadata writes
+//!   forwarded to the leader, catch-up reads, owner lookups), membership, the leader's
+//!   controller, partition moves, the node-RPC server side (`handler`), its payloads
+//!   (`wire`) and the table of every opcode's types, timeout and fallback (`calls`).
+//! - `rpc`: the cluster port's frames, HMAC handshake, multiplexed client and server, and
+//!   the Raft transport over it.
+//! - `security`: users, grants, authentication (cache, throttle) and authorization; `tls`:
+//!   the reloading TLS configurations of both ports.
 //! - `metrics`, `telemetry`: Prometheus metrics and structured logs.
-//! - `error`: `ApiError`, the one error edge mapped to SPEC §3.11.
+//! - `error`: `ApiError` with its stable `ErrorCode`, the one error edge: mapped to HTTP
+//!   (SPEC §3.11) and carried over node RPC.
 //!
 //! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
 
@@ -28,6 +38,7 @@ pub mod group_commit;
 pub mod metrics;
 pub mod node;
 pub mod partition;
+pub mod partitioner;
 pub mod queue;
 pub mod rpc;
 pub mod schema;

@@ -197,22 +197,16 @@ impl Node {
             .collect();
         let started = Instant::now();
         let calls = others.iter().map(|id| {
-            let body = serde_json::to_vec(&crate::cluster::wire::StatsRequest {
+            let req = crate::cluster::wire::StatsRequest {
                 topic_id: topic.id,
                 topic: topic.name.clone(),
                 partitions: Vec::new(),
                 min_index: Some(index),
-            })
-            .expect("invariant: a stats request serialises");
+            };
             async move {
                 let r = self
                     .cluster
-                    .call(
-                        id,
-                        crate::rpc::Opcode::TopicPartitionStats,
-                        bytes::Bytes::from(body),
-                        MEMBER_CATCH_UP + Duration::from_millis(500),
-                    )
+                    .ask_within(id, &req, MEMBER_CATCH_UP + Duration::from_millis(500))
                     .await;
                 if let Err(e) = r {
                     tracing::debug!(member = %id, index, error = %e.message, "member did not confirm a topic change");
@@ -312,41 +306,26 @@ impl Node {
                 if !alive {
                     return unavailable("dead");
                 }
-                let body = serde_json::to_vec(&crate::cluster::wire::StatsRequest {
+                let req = crate::cluster::wire::StatsRequest {
                     topic_id: topic.id,
                     topic: topic.name.clone(),
                     partitions: ps.clone(),
                     min_index: None,
-                })
-                .expect("invariant: a stats request serialises");
-                match self
-                    .cluster
-                    .call(
-                        &owner,
-                        crate::rpc::Opcode::TopicPartitionStats,
-                        bytes::Bytes::from(body),
-                        crate::rpc::DEFAULT_TIMEOUT,
-                    )
-                    .await
-                {
-                    Ok(r) if r.is_success() => {
-                        match serde_json::from_slice::<Vec<PartitionStats>>(&r.body) {
-                            Ok(got) => {
-                                let missing = unavailable("alive");
-                                ps.iter()
-                                    .map(|p| {
-                                        got.iter()
-                                            .chain(missing.iter())
-                                            .find(|g| g.index == *p)
-                                            .cloned()
-                                            .expect("invariant: missing covers every partition")
-                                    })
-                                    .collect()
-                            }
-                            Err(_) => unavailable("unreachable"),
-                        }
+                };
+                match self.cluster.ask(&owner, &req).await {
+                    Ok(got) => {
+                        let missing = unavailable("alive");
+                        ps.iter()
+                            .map(|p| {
+                                got.iter()
+                                    .chain(missing.iter())
+                                    .find(|g| g.index == *p)
+                                    .cloned()
+                                    .expect("invariant: missing covers every partition")
+                            })
+                            .collect()
                     }
-                    _ => unavailable("unreachable"),
+                    Err(_) => unavailable("unreachable"),
                 }
             }
         });
@@ -358,35 +337,28 @@ impl Node {
         out
     }
 
-    /// Asks every other owner of a partition of `parent`, concurrently, `op` with a
-    /// `FanoutCursorsRequest`; the successful replies (owners that fail are left out).
-    async fn ask_parent_owners(
+    /// Asks every other owner of a partition of `parent`, concurrently, the call `ask` makes
+    /// of a `FanoutCursorsRequest`; the answers (owners that fail are left out).
+    async fn ask_parent_owners<C: crate::cluster::calls::Call>(
         &self,
         parent: &Topic,
-        op: crate::rpc::Opcode,
-    ) -> Vec<crate::rpc::RpcReply> {
+        ask: impl Fn(crate::cluster::wire::FanoutCursorsRequest) -> C,
+    ) -> Vec<C::Reply> {
         let owners: std::collections::BTreeSet<&str> = parent
             .assignments
             .iter()
             .filter_map(|a| a.owner.as_deref())
             .filter(|o| *o != self.node_id)
             .collect();
-        let body = bytes::Bytes::from(
-            serde_json::to_vec(&crate::cluster::wire::FanoutCursorsRequest {
-                parent_id: parent.id,
-                parent: parent.name.clone(),
-            })
-            .expect("invariant: a cursors request serialises"),
-        );
-        let calls = owners.iter().map(|o| {
-            self.cluster
-                .call(o, op, body.clone(), crate::rpc::DEFAULT_TIMEOUT)
+        let req = ask(crate::cluster::wire::FanoutCursorsRequest {
+            parent_id: parent.id,
+            parent: parent.name.clone(),
         });
+        let calls = owners.iter().map(|o| self.cluster.ask(o, &req));
         futures::future::join_all(calls)
             .await
             .into_iter()
             .flatten()
-            .filter(|r| r.is_success())
             .collect()
     }
 
@@ -399,15 +371,10 @@ impl Node {
         parent: &Topic,
     ) -> std::collections::BTreeMap<String, (u64, bool)> {
         let mut lags = self.fanout.partition_lags(view, parent);
-        for reply in self
-            .ask_parent_owners(parent, crate::rpc::Opcode::FanoutCursors)
+        for remote in self
+            .ask_parent_owners(parent, crate::cluster::calls::CursorLags)
             .await
         {
-            let Ok(remote) = serde_json::from_slice::<
-                std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
-            >(&reply.body) else {
-                continue;
-            };
             for (child, parts) in remote {
                 lags.entry(child).or_default().extend(parts);
             }
@@ -438,15 +405,10 @@ impl Node {
         if view.remote_links_of(&parent.name).is_empty() {
             return std::collections::BTreeMap::new();
         }
-        for reply in self
-            .ask_parent_owners(parent, crate::rpc::Opcode::RemoteLinkStates)
+        for states in self
+            .ask_parent_owners(parent, crate::cluster::calls::RemoteLinkStates)
             .await
         {
-            let Ok(states) = serde_json::from_slice::<
-                std::collections::BTreeMap<String, crate::cluster::wire::RemoteLinkState>,
-            >(&reply.body) else {
-                continue;
-            };
             for (link, s) in states {
                 if let Some(state) = LinkState::parse(&s.state) {
                     all.entry(link).or_default().push(LinkStatus {

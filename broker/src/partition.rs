@@ -103,15 +103,39 @@ impl crate::group_commit::Committer for Partition {
 /// Why a commit into a partition did not happen.
 #[derive(Debug)]
 pub enum CommitError {
-    /// Frozen for a move or moved away: the sender retries (and reroutes); `503`.
-    Refused(String),
+    /// Frozen for move `move_id` (its final copy is being taken): the sender retries, and
+    /// reroutes; `503`.
+    Frozen {
+        partition: u32,
+        move_id: u64,
+    },
+    /// The partition moved to another node: the sender retries at the new owner; `503`.
+    MovedAway {
+        partition: u32,
+    },
     Storage(StorageError),
+}
+
+impl CommitError {
+    /// Refused by the partition (nothing written; a retry elsewhere or later succeeds), as
+    /// opposed to failed.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            CommitError::Frozen { .. } | CommitError::MovedAway { .. }
+        )
+    }
 }
 
 impl std::fmt::Display for CommitError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CommitError::Refused(m) => f.write_str(m),
+            CommitError::Frozen { partition, move_id } => {
+                write!(f, "partition {partition} is frozen for move {move_id}")
+            }
+            CommitError::MovedAway { partition } => {
+                write!(f, "partition {partition} moved to another node")
+            }
             CommitError::Storage(e) => e.fmt(f),
         }
     }
@@ -177,16 +201,15 @@ impl Partition {
         self.touch();
         let _one_at_a_time = self.write_lock.lock();
         if self.closed.load(Ordering::Acquire) {
-            return Err(CommitError::Refused(format!(
-                "partition {} moved to another node",
-                self.index
-            )));
+            return Err(CommitError::MovedAway {
+                partition: self.index,
+            });
         }
-        if let Some(m) = *self.frozen_for.lock() {
-            return Err(CommitError::Refused(format!(
-                "partition {} is frozen for move {m}",
-                self.index
-            )));
+        if let Some(move_id) = *self.frozen_for.lock() {
+            return Err(CommitError::Frozen {
+                partition: self.index,
+                move_id,
+            });
         }
         let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
         let started = Instant::now();

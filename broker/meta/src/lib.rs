@@ -66,6 +66,13 @@ pub enum MetaError {
     /// The state machine refused the command.
     #[error(transparent)]
     Apply(#[from] ApplyError),
+    /// This node is not the metadata leader (`leader`: the one it knows of): nothing applied;
+    /// the caller retries at the leader (→ 503).
+    #[error("metadata unavailable: {}", match leader {
+        Some(l) => format!("not the metadata leader; the leader is {l}"),
+        None => "no metadata leader".to_string(),
+    })]
+    NotLeader { leader: Option<String> },
     /// No leader / no quorum: nothing applied (→ 503).
     #[error("metadata unavailable: {0}")]
     Unavailable(String),
@@ -264,12 +271,9 @@ impl Meta {
                 resp.data.map(|d| (d, index)).map_err(MetaError::Apply)
             }
             // Not the leader, or the entry was overwritten by a new leader: never applied.
-            Ok(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(MetaError::Unavailable(match f.leader_node {
-                    Some(n) => format!("not the metadata leader; the leader is {}", n.name),
-                    None => "no metadata leader".into(),
-                }))
-            }
+            Ok(Ok(Err(ClientWriteError::ForwardToLeader(f)))) => Err(MetaError::NotLeader {
+                leader: f.leader_node.map(|n| n.name),
+            }),
             Ok(Ok(Err(e @ ClientWriteError::ChangeMembershipError(_)))) => {
                 Err(MetaError::Unavailable(e.to_string()))
             }

@@ -307,8 +307,10 @@ async fn write_to_leader(metas: &[Meta], cmd: MetaCommand) -> (Meta, MetaRespons
         let leader = leader_of(metas, None).await;
         match leader.write(cmd.clone()).await {
             Ok(r) => return (leader, r),
-            Err(MetaError::Unavailable(m)) if Instant::now() < deadline => {
-                eprintln!("retrying write: {m}");
+            Err(e @ (MetaError::Unavailable(_) | MetaError::NotLeader { .. }))
+                if Instant::now() < deadline =>
+            {
+                eprintln!("retrying write: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Err(e) => panic!("{e}"),
@@ -345,7 +347,9 @@ async fn three_node_cluster_over_a_transport() {
     let follower = metas.iter().find(|m| !m.is_leader()).unwrap().clone();
     leader.barrier().await.unwrap();
     match follower.write(create("other", 3)).await {
-        Err(MetaError::Unavailable(m)) => assert!(m.contains("not the metadata leader"), "{m}"),
+        Err(MetaError::NotLeader { leader: l }) => {
+            assert_eq!(l.as_deref(), Some(&leader.node_id()[..]))
+        }
         other => panic!("{other:?}"),
     }
     for meta in &metas {

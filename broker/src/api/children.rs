@@ -64,9 +64,7 @@ pub async fn attach(
             Err(e @ HostRefused::Forbidden { .. }) => {
                 return Err(ApiError::bad_request(e.to_string()))
             }
-            Err(e @ HostRefused::NotAllowed(_)) => {
-                return Err(ApiError::new(StatusCode::FORBIDDEN, e.to_string()))
-            }
+            Err(e @ HostRefused::NotAllowed(_)) => return Err(ApiError::forbidden(e.to_string())),
         }
         return attach_remote(node, caller, parent, req.child, endpoint).await;
     }

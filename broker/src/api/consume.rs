@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use super::{find_topic, json, json_response, parse_json, read_body, AppState, Name, Query};
 use crate::cluster::wire::{ConsumeRequest, SettleKind, SettleRequest};
-use crate::cluster::{error_reply, Cluster, TopicLookup};
-use crate::error::{ApiError, ApiResult};
+use crate::cluster::{Cluster, TopicLookup};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::node::Node;
 use crate::partition::{Leased, QueuePolicy, TopicRuntime};
 use crate::queue::SettleError;
@@ -304,7 +304,7 @@ async fn probe_remotes(
             // the owner, which come back when their visibility timeout runs out (no handle
             // reached anyone), so the consume goes on with the other owners.
             Err(e) => {
-                tracing::debug!(owner = %owner, status = e.status.as_u16(), error = %e.message, "consume probe failed");
+                tracing::debug!(owner = %owner, status = e.status().as_u16(), error = %e.message, "consume probe failed");
                 continue;
             }
         };
@@ -425,7 +425,7 @@ fn reply_response(reply: RpcReply) -> Response {
         return StatusCode::NO_CONTENT.into_response();
     }
     if !reply.is_success() {
-        return crate::cluster::reply_error(&reply).into_response();
+        return ApiError::from_reply(&reply).into_response();
     }
     json_response(status, reply.body.to_vec())
 }
@@ -528,18 +528,27 @@ pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply 
     let topic = match node.topic_by_id_current(req.topic_id).await {
         TopicLookup::Known(t) => t,
         TopicLookup::Deleted => {
-            return error_reply(&ApiError::topic_not_found(&req.topic));
+            return ApiError::topic_not_found(&req.topic).to_reply();
         }
         TopicLookup::Unknown => {
-            return RpcReply::error(503, "topic not known on its owner yet; retry");
+            return RpcReply::fail(
+                ErrorCode::Unavailable,
+                "topic not known on its owner yet; retry",
+            );
         }
     };
     if let Some(p) = req.partition {
         if p >= topic.config.partitions {
-            return RpcReply::error(400, &format!("partition {p} out of range"));
+            return RpcReply::fail(
+                ErrorCode::BadRequest,
+                &format!("partition {p} out of range"),
+            );
         }
         if !node.cluster.is_mine(&topic, p) {
-            return RpcReply::error(503, &format!("partition {p} is not owned by this node"));
+            return RpcReply::fail(
+                ErrorCode::Unavailable,
+                &format!("partition {p} is not owned by this node"),
+            );
         }
     }
     if let Some(offset) = req.offset {
@@ -547,12 +556,12 @@ pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply 
         return match replay(node, &topic, p, offset) {
             Ok(Some(body)) => RpcReply::new(200, crate::rpc::proto::JSON, body),
             Ok(None) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
-            Err(e) => error_reply(&e),
+            Err(e) => e.to_reply(),
         };
     }
     let rt = match node.runtime(&topic) {
         Ok(rt) => rt,
-        Err(e) => return error_reply(&e),
+        Err(e) => return e.to_reply(),
     };
     let wait = Duration::from_millis(req.wait_ms).min(node.config.http.max_consume_wait);
     let want = req.max.unwrap_or(1).clamp(1, MAX_BATCH as u32) as usize;
@@ -570,7 +579,7 @@ pub async fn serve_forwarded(node: &Arc<Node>, req: ConsumeRequest) -> RpcReply 
     {
         Ok(Found::Local(body)) => RpcReply::new(200, crate::rpc::proto::JSON, body),
         Ok(_) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
-        Err(e) => error_reply(&e),
+        Err(e) => e.to_reply(),
     }
 }
 
@@ -724,7 +733,7 @@ async fn settle_remote(
 ) -> Vec<AckResult> {
     let n = handles.len();
     let fail = |e: &ApiError| AckResult {
-        status: e.status.as_u16(),
+        status: e.status().as_u16(),
         error: Some(e.message.clone()),
     };
     let request = |handles: Vec<String>| {
@@ -753,7 +762,7 @@ async fn settle_remote(
                 n
             ],
         },
-        Ok(r) => vec![fail(&crate::cluster::reply_error(&r)); n],
+        Ok(r) => vec![fail(&ApiError::from_reply(&r)); n],
         // An owner of an older build: one settle per handle with the opcode of its kind.
         Err(crate::rpc::RpcError::PeerTooOld { .. }) => {
             let mut out = Vec::with_capacity(n);
@@ -767,7 +776,7 @@ async fn settle_remote(
                             status: 204,
                             error: None,
                         },
-                        Ok(r) => fail(&crate::cluster::reply_error(&r)),
+                        Ok(r) => fail(&ApiError::from_reply(&r)),
                         Err(e) => fail(&e),
                     },
                 );
@@ -808,7 +817,7 @@ async fn settle_remote_one(
                 key_owner
             ));
             AckResult {
-                status: e.status.as_u16(),
+                status: e.status().as_u16(),
                 error: Some(e.message),
             }
         })
@@ -819,8 +828,10 @@ async fn settle_remote_one(
 pub fn settle_forwarded(node: &Arc<Node>, req: SettleRequest, batch: bool) -> RpcReply {
     let topic = match node.cluster.topic_by_id(req.topic_id) {
         TopicLookup::Known(t) => t,
-        TopicLookup::Deleted => return error_reply(&ApiError::topic_not_found(&req.topic)),
-        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet; retry"),
+        TopicLookup::Deleted => return ApiError::topic_not_found(&req.topic).to_reply(),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet; retry")
+        }
     };
     let one = |h: &str| -> ApiResult<()> {
         let (p, _, _) = parse_handle(h)?;
@@ -842,7 +853,7 @@ pub fn settle_forwarded(node: &Arc<Node>, req: SettleRequest, batch: bool) -> Rp
                     error: None,
                 },
                 Err(e) => AckResult {
-                    status: e.status.as_u16(),
+                    status: e.status().as_u16(),
                     error: Some(e.message),
                 },
             })
@@ -851,8 +862,8 @@ pub fn settle_forwarded(node: &Arc<Node>, req: SettleRequest, batch: bool) -> Rp
     }
     match req.handles.first().map(|h| one(h)) {
         Some(Ok(())) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
-        Some(Err(e)) => error_reply(&e),
-        None => RpcReply::error(400, "receipt_handle required"),
+        Some(Err(e)) => e.to_reply(),
+        None => RpcReply::fail(ErrorCode::BadRequest, "receipt_handle required"),
     }
 }
 
@@ -873,14 +884,10 @@ pub async fn ack(
             Some(owner) => {
                 let r = settle_remote_one(&node, &topic, owner, handle.to_string(), how).await;
                 if r.status != 204 {
-                    let status =
-                        StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                    let e = ApiError::new(status, r.error.unwrap_or_default());
-                    return Err(if status == StatusCode::SERVICE_UNAVAILABLE {
-                        ApiError::unavailable(e.message, 1)
-                    } else {
-                        e
-                    });
+                    return Err(ApiError::new(
+                        ErrorCode::for_status(r.status),
+                        r.error.unwrap_or_default(),
+                    ));
                 }
             }
         }
@@ -918,7 +925,7 @@ pub async fn ack(
                 error: None,
             },
             Err(e) => AckResult {
-                status: e.status.as_u16(),
+                status: e.status().as_u16(),
                 error: Some(e.message),
             },
         });
@@ -1043,7 +1050,7 @@ mod prop_tests {
                     prop_assert_eq!(parts[1].parse::<u64>().ok(), Some(o));
                     prop_assert_eq!(parts[2].parse::<u64>().ok(), Some(n));
                 }
-                Err(e) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+                Err(e) => prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST),
             }
         }
 
@@ -1070,7 +1077,7 @@ mod prop_tests {
                     prop_assert!((1..=MAX_BATCH).contains(&(m as u64)));
                 }
                 (Err(e), Some(s)) => {
-                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST);
                     prop_assert!(s.parse::<u64>().map_or(true, |m| !(1..=MAX_BATCH).contains(&m)));
                 }
                 (r, v) => prop_assert!(false, "{:?} for {:?}", r, v),
@@ -1096,7 +1103,7 @@ mod prop_tests {
             match (parse_wait(Some(&v), cap), parse_go_duration_signed(&v)) {
                 (Ok(w), _) if v.is_empty() => prop_assert_eq!(w, Duration::ZERO),
                 (Ok(w), Ok(n)) => prop_assert_eq!(w, Duration::from_nanos(n.max(0) as u64).min(cap)),
-                (Err(e), Err(_)) => prop_assert_eq!(e.status, StatusCode::BAD_REQUEST),
+                (Err(e), Err(_)) => prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST),
                 (r, p) => prop_assert!(false, "{:?} {:?} for {:?}", r, p, v),
             }
             prop_assert_eq!(parse_wait(None, cap).unwrap(), Duration::ZERO);

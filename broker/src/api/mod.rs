@@ -32,12 +32,11 @@ use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use crate::error::{error_body, ApiError, ApiResult};
+use crate::error::{error_body, ApiError, ApiResult, ErrorCode};
 use crate::metrics::{HttpLabels, RouteLabels};
 use crate::node::Node;
 use crate::security::Caller;
 
-pub use produce::fnv1a32;
 pub use query::Query;
 
 /// Largest produce body and JSON request body (SPEC §11).
@@ -127,7 +126,7 @@ async fn refuse_codings(req: Request, next: Next) -> Response {
     let coded = takes_coded_body(req.extensions().get::<MatchedPath>());
     match unsupported_coding(req.headers(), coded) {
         Some(e) => {
-            let accept = e.status == StatusCode::UNSUPPORTED_MEDIA_TYPE;
+            let accept = e.code == ErrorCode::UnsupportedMediaType;
             let mut r = e.into_response();
             if accept {
                 r.headers_mut().insert(
@@ -170,7 +169,7 @@ fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<Ap
                 ApiError::bad_request("Transfer-Encoding applies chunked more than once"),
             ),
             Some(list) => Some(ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
+                ErrorCode::NotImplemented,
                 format!(
                     "Transfer-Encoding {:?} is not supported: send the body with Content-Length \
                      or with Transfer-Encoding: chunked alone",
@@ -180,7 +179,7 @@ fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<Ap
             None => Some(ApiError::bad_request("Transfer-Encoding is not valid text")),
         };
         if let Some(e) = refused {
-            return Some(ApiError { close: true, ..e });
+            return Some(e.closing());
         }
     }
     if coded {
@@ -194,7 +193,7 @@ fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<Ap
             list => {
                 let shown = list.map_or_else(|| "?".to_string(), |l| l.join(", "));
                 return Some(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    ErrorCode::UnsupportedMediaType,
                     format!(
                         "Content-Encoding {shown:?} is not supported: send the body \
                          uncompressed (identity)"
@@ -209,7 +208,7 @@ fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<Ap
 /// `415` for a produce body in a coding (or a stack of codings) this server does not decode.
 fn unsupported_content_coding(shown: &str) -> ApiError {
     ApiError::new(
-        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        ErrorCode::UnsupportedMediaType,
         format!(
             "Content-Encoding {shown:?} is not supported: send the body uncompressed \
              (identity) or in one of gzip, zstd"
@@ -400,10 +399,7 @@ fn body_read_error(e: axum::Error) -> ApiError {
     let inner = e.into_inner();
     match inner.downcast_ref::<server::BodyReadTimeout>() {
         // The rest of the body is not coming in time: answer and close.
-        Some(t) => ApiError {
-            close: true,
-            ..ApiError::new(StatusCode::REQUEST_TIMEOUT, t.to_string())
-        },
+        Some(t) => ApiError::new(ErrorCode::RequestTimeout, t.to_string()).closing(),
         None => ApiError::bad_request(format!("could not read the request body: {inner}")),
     }
 }
@@ -611,7 +607,7 @@ mod tests {
     }
 
     fn status(pairs: &[(&str, &str)]) -> Option<u16> {
-        unsupported_coding(&with(pairs), false).map(|e| e.status.as_u16())
+        unsupported_coding(&with(pairs), false).map(|e| e.status().as_u16())
     }
 
     #[test]
@@ -636,7 +632,7 @@ mod tests {
         assert_eq!(status(&[("content-encoding", "gzip")]), Some(415));
         assert_eq!(status(&[("content-encoding", "identity, br")]), Some(415));
         let coded = |pairs: &[(&str, &str)]| {
-            unsupported_coding(&with(pairs), true).map(|e| e.status.as_u16())
+            unsupported_coding(&with(pairs), true).map(|e| e.status().as_u16())
         };
         assert_eq!(coded(&[("content-encoding", "gzip")]), None);
         assert_eq!(coded(&[("content-encoding", "zstd")]), None);

@@ -15,8 +15,8 @@ use serde_json::value::RawValue;
 use super::encoding::Bodies;
 use super::{find_topic, json, read_coded, AppState, Name, Query, MAX_BODY};
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
-use crate::cluster::{error_reply, reply_error, rpc_error, Cluster, TopicLookup};
-use crate::error::{ApiError, ApiResult};
+use crate::cluster::{rpc_error, Cluster, TopicLookup};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::node::Node;
 use crate::partition::TopicRuntime;
 use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT};
@@ -38,16 +38,6 @@ const MAX_DRAIN: u64 = 16 * 1024 * 1024;
 /// Most bytes of an oversized batch body read and discarded.
 const MAX_BATCH_DRAIN: u64 = 2 * MAX_BATCH_BODY as u64;
 
-/// FNV-1a, 32 bits (SPEC §2.3).
-pub fn fnv1a32(bytes: &[u8]) -> u32 {
-    let mut h: u32 = 2_166_136_261;
-    for b in bytes {
-        h ^= *b as u32;
-        h = h.wrapping_mul(16_777_619);
-    }
-    h
-}
-
 /// SPEC §2.3: pinned, else key hash, else round robin; an unpinned choice whose owner
 /// membership marks dead walks forward to the first partition with a live owner (if none,
 /// the original choice stands: the WAL holds the message until the owner returns).
@@ -61,7 +51,7 @@ fn choose_partition(
     let n = topic.config.partitions;
     let p = match (pinned, key) {
         (Some(p), _) => return p,
-        (None, Some(k)) => fnv1a32(k) % n,
+        (None, Some(k)) => crate::partitioner::key_partition(k, n),
         (None, None) => rt.next_produce_partition(n),
     };
     if !node.cluster.clustered {
@@ -261,9 +251,9 @@ async fn forward(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
         {
             Ok(r) if r.is_success() => return Ok(()),
             Ok(r) if r.status == 503 => {
-                last = format!("{target} answered {}", reply_error(&r).message);
+                last = format!("{target} answered {}", ApiError::from_reply(&r).message);
             }
-            Ok(r) => return Err(reply_error(&r)),
+            Ok(r) => return Err(ApiError::from_reply(&r)),
             Err(e) if e.outcome_unknown() => return Err(rpc_error(&target, &e)),
             Err(e) => last = format!("{target}: {e}"),
         }
@@ -278,20 +268,22 @@ async fn forward(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
 pub async fn serve_forwarded(node: &Node, body: Bytes) -> RpcReply {
     let req = match ForwardProduce::decode(body) {
         Ok(r) => r,
-        Err(e) => return RpcReply::error(400, &e),
+        Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
     };
     let topic = match node.cluster.topic_by_id(req.topic_id) {
         TopicLookup::Known(t) => t,
-        TopicLookup::Deleted => return RpcReply::error(404, "topic deleted"),
-        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet"),
+        TopicLookup::Deleted => return RpcReply::fail(ErrorCode::TopicNotFound, "topic deleted"),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet")
+        }
     };
     if draining(node) {
-        return error_reply(&decommissioned(node, "asked to store a forwarded produce"));
+        return decommissioned(node, "asked to store a forwarded produce").to_reply();
     }
     let n = topic.config.partitions;
     if let Some(r) = req.records.iter().find(|r| r.partition >= n) {
-        return RpcReply::error(
-            400,
+        return RpcReply::fail(
+            ErrorCode::BadRequest,
             &format!(
                 "partition {} out of range: {} has {n}",
                 r.partition, topic.name
@@ -312,7 +304,7 @@ pub async fn serve_forwarded(node: &Node, body: Bytes) -> RpcReply {
         .collect();
     match stage(node, &topic, records).await {
         Ok(()) => RpcReply::json(202, &BatchProduceResponse { accepted }),
-        Err(e) => error_reply(&e),
+        Err(e) => e.to_reply(),
     }
 }
 
@@ -513,13 +505,6 @@ pub async fn produce_batch(
 mod tests {
     use super::*;
 
-    #[test]
-    fn fnv_vectors_from_the_spec() {
-        assert_eq!(fnv1a32(b"a"), 0xe40c292c);
-        assert_eq!(fnv1a32(b"customer-42"), 0xfe68adbe);
-        assert_eq!(fnv1a32(b"customer-42") % 3, 1);
-    }
-
     /// The forwarded `Produce` of a draining node (SPEC §6.5) carries a whole batch in one
     /// frame: per record it adds 13 bytes, while each element's JSON spends at least
     /// `{"payload":}` and a separator on top of its stored bytes.
@@ -621,7 +606,7 @@ mod prop_tests {
                     prop_assert_eq!(e.pinned.map(i64::from), partition);
                 }
                 Err(e) => {
-                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST);
                     prop_assert!(e.message.starts_with("message 3: "));
                     prop_assert!(
                         payload.is_empty() || partition.is_some_and(|p| p < 0 || p >= i64::from(n)),
@@ -675,7 +660,7 @@ mod prop_tests {
                     prop_assert!(e.pinned.is_none_or(|p| p < n));
                 }
                 Err(e) => prop_assert!(
-                    e.status == StatusCode::BAD_REQUEST || e.status == StatusCode::PAYLOAD_TOO_LARGE
+                    e.status() == StatusCode::BAD_REQUEST || e.status() == StatusCode::PAYLOAD_TOO_LARGE
                 ),
             }
         }

@@ -446,7 +446,7 @@ mod prop_tests {
                     prop_assert_eq!(l, (n as u64).min(MAX_LIST_LIMIT));
                 }
                 (Err(e), Some(n)) => {
-                    prop_assert_eq!(e.status, StatusCode::BAD_REQUEST);
+                    prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST);
                     prop_assert!(n.map_or(true, |n| n < 1));
                 }
                 (r, n) => prop_assert!(false, "{:?} for {:?}", r, n),

@@ -13,13 +13,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use narad_meta::{MetaCommand, MetaState, NodeId};
 use tokio::time::Instant;
 
-use super::wire::{AssignmentReply, AssignmentRequest};
+use super::wire::AssignmentRequest;
 use crate::node::Node;
-use crate::rpc::Opcode;
 
 /// Most moves in flight at once.
 pub const MAX_INFLIGHT: usize = 8;
@@ -348,25 +346,13 @@ async fn wal_outstanding(node: &Node, id: &str) -> Option<u64> {
     if id == node.node_id {
         return Some(node.wal.outstanding() as u64);
     }
-    let body = serde_json::to_vec(&AssignmentRequest {
+    let req = AssignmentRequest {
         topic_id: None,
         partition: 0,
-    })
-    .expect("invariant: serialises");
-    let r = node
-        .cluster
-        .call(
-            id,
-            Opcode::GetAssignment,
-            Bytes::from(body),
-            Duration::from_secs(5),
-        )
+    };
+    node.cluster
+        .ask(id, &req)
         .await
-        .ok()?;
-    if !r.is_success() {
-        return None;
-    }
-    serde_json::from_slice::<AssignmentReply>(&r.body)
         .ok()
         .map(|a| a.wal_outstanding)
 }

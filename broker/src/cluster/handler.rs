@@ -12,8 +12,8 @@ use super::wire::{
     HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
     SettleRequest, StatsRequest, TransferRequest,
 };
-use super::{error_reply, forward_opcode, TopicLookup};
-use crate::error::ApiError;
+use super::{forward_opcode, TopicLookup};
+use crate::error::{ApiError, ErrorCode};
 use crate::node::Node;
 use crate::partition::now_ms;
 use crate::rpc::{BoxFuture, Caller, Opcode, RpcHandler, RpcReply};
@@ -38,12 +38,12 @@ impl RpcHandler for NodeRpc {
         Box::pin(async move {
             let from = &*caller.node_id;
             let Some(node) = self.node.get().cloned() else {
-                return RpcReply::error(503, "node is starting");
+                return RpcReply::fail(ErrorCode::Starting, "node is starting");
             };
             // Second line behind the handshake: with security on, nothing is served to a
             // caller that proved no secret (a node never runs that way; see `rpc::auth`).
             if node.config.security.enabled && !caller.proven {
-                return RpcReply::error(403, crate::rpc::auth::AUTH_FAILED);
+                return RpcReply::fail(ErrorCode::Forbidden, crate::rpc::auth::AUTH_FAILED);
             }
             node.metrics
                 .rpc_served
@@ -115,7 +115,7 @@ impl RpcHandler for NodeRpc {
                         TopicLookup::Known(t) => {
                             RpcReply::json(200, &node.fanout.partition_lags(&node.meta.view(), &t))
                         }
-                        _ => RpcReply::error(503, "topic not known here"),
+                        _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
                     },
                     Err(r) => r,
                 },
@@ -137,7 +137,7 @@ impl RpcHandler for NodeRpc {
                                     .collect();
                                 RpcReply::json(200, &states)
                             }
-                            _ => RpcReply::error(503, "topic not known here"),
+                            _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
                         },
                         Err(r) => r,
                     }
@@ -153,11 +153,12 @@ impl RpcHandler for NodeRpc {
 }
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RpcReply> {
-    serde_json::from_slice(body).map_err(|e| RpcReply::error(400, &format!("bad request: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| RpcReply::fail(ErrorCode::BadRequest, &format!("bad request: {e}")))
 }
 
 fn meta_error_reply(e: MetaError) -> RpcReply {
-    error_reply(&ApiError::from(e))
+    ApiError::from(e).to_reply()
 }
 
 /// A metadata command forwarded to this node as leader.
@@ -168,30 +169,33 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
     };
     let mut cmd = req.command;
     if forward_opcode(&cmd) != Some(op) {
-        return RpcReply::error(
-            400,
+        return RpcReply::fail(
+            ErrorCode::BadRequest,
             &format!("command does not travel with opcode {}", op.code()),
         );
     }
     if let MetaCommand::RegisterMember { id, now_ms: at, .. } = &mut cmd {
         // Heartbeats are judged on the leader's clock.
         if id != from {
-            return RpcReply::error(403, "a node registers only itself");
+            return RpcReply::fail(ErrorCode::Forbidden, "a node registers only itself");
         }
         *at = now_ms();
         // A member the leader removed after its decommission stays out (it keeps running
         // until it is scaled down, and keeps heartbeating).
         if node.meta.is_leader() && !node.meta.voters().iter().any(|(v, _)| v == from) {
-            return RpcReply::error(409, "not a voter of this cluster (removed)");
+            return RpcReply::fail(ErrorCode::Conflict, "not a voter of this cluster (removed)");
         }
     }
     if node.cluster.handing_off() {
-        return RpcReply::error(503, "not the metadata leader; handing leadership off");
+        return RpcReply::fail(
+            ErrorCode::LeaderHandingOff,
+            "not the metadata leader; handing leadership off",
+        );
     }
     if !node.meta.is_leader() {
         let leader = node.meta.current_leader().map(|l| l.0);
-        return RpcReply::error(
-            503,
+        return RpcReply::fail(
+            ErrorCode::NotLeader,
             &match leader {
                 Some(l) => format!("not the metadata leader; the leader is {l}"),
                 None => "not the metadata leader; no leader known".into(),
@@ -210,7 +214,7 @@ async fn get_topic(node: &Node, body: &[u8]) -> RpcReply {
         Err(r) => return r,
     };
     if !node.meta.is_leader() {
-        return RpcReply::error(503, "not the metadata leader");
+        return RpcReply::fail(ErrorCode::NotLeader, "not the metadata leader");
     }
     match node.meta.barrier().await {
         Ok(index) => RpcReply::json(
@@ -244,8 +248,8 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
         );
     }
     if !node.meta.is_leader() {
-        return RpcReply::error(
-            503,
+        return RpcReply::fail(
+            ErrorCode::NotLeader,
             &format!(
                 "not the metadata leader; the leader is {}",
                 leader.as_deref().unwrap_or("unknown")
@@ -253,7 +257,7 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
         );
     }
     if !node.cluster.clustered {
-        return RpcReply::error(409, "a standalone node cannot be joined");
+        return RpcReply::fail(ErrorCode::Conflict, "a standalone node cannot be joined");
     }
     match node.meta.add_voter(&req.id, &req.cluster_addr).await {
         Ok(()) => RpcReply::json(
@@ -274,11 +278,11 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
 async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize>) -> RpcReply {
     let batch = match CommitBatch::decode(body) {
         Ok(b) => b,
-        Err(e) => return RpcReply::error(400, &e),
+        Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
     };
     if let Some(n) = exactly.filter(|n| *n != batch.records.len()) {
-        return RpcReply::error(
-            400,
+        return RpcReply::fail(
+            ErrorCode::BadRequest,
             &format!(
                 "this operation commits {n} record, got {}",
                 batch.records.len()
@@ -287,13 +291,15 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
     }
     let topic = match node.cluster.topic_by_id(batch.topic_id) {
         TopicLookup::Known(t) => t,
-        TopicLookup::Deleted => return RpcReply::error(404, "topic deleted"),
+        TopicLookup::Deleted => return RpcReply::fail(ErrorCode::TopicNotFound, "topic deleted"),
         // Our replica is behind the sender's: let it retry.
-        TopicLookup::Unknown => return RpcReply::error(503, "topic not known here yet"),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet")
+        }
     };
     if !node.cluster.is_mine(&topic, batch.partition) {
-        return RpcReply::error(
-            409,
+        return RpcReply::fail(
+            ErrorCode::NotOwner,
             &format!(
                 "partition {} of {} is not owned by {}",
                 batch.partition, topic.name, node.node_id
@@ -302,10 +308,10 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
     }
     let rt = match node.runtime(&topic) {
         Ok(rt) => rt,
-        Err(e) => return error_reply(&e),
+        Err(e) => return e.to_reply(),
     };
     let Some(part) = rt.partition(batch.partition) else {
-        return RpcReply::error(503, "partition not open here yet");
+        return RpcReply::fail(ErrorCode::Unavailable, "partition not open here yet");
     };
     let n = batch.records.len();
     let records: Vec<NewRecord> = batch
@@ -335,10 +341,10 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
             rt.wake_consumers(n);
             RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))
         }
-        Err(e) if e.refused => RpcReply::error(503, &e.reason),
+        Err(e) if e.refused => RpcReply::fail(ErrorCode::CommitRefused, &e.reason),
         Err(e) => {
             node.metrics.error("dispatcher", "commit");
-            RpcReply::error(500, &format!("commit failed: {}", e.reason))
+            RpcReply::fail(ErrorCode::Internal, &format!("commit failed: {}", e.reason))
         }
     }
 }
@@ -349,7 +355,7 @@ async fn stats(node: &Node, req: StatsRequest) -> RpcReply {
     }
     let topic = match node.topic_by_id_current(req.topic_id).await {
         TopicLookup::Known(t) => t,
-        _ => return RpcReply::error(503, "topic not known here"),
+        _ => return RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
     };
     let stats: Vec<narad_api::PartitionStats> = req
         .partitions

@@ -12,15 +12,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use narad_meta::MetaCommand;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::wire::{JoinReply, JoinRequest};
+use super::calls::Call;
+use super::wire::JoinRequest;
 use super::Cluster;
 use crate::partition::now_ms;
-use crate::rpc::Opcode;
 
 /// How often a join-only node asks to be admitted.
 const JOIN_EVERY: Duration = Duration::from_secs(2);
@@ -73,30 +72,24 @@ struct Asked {
 }
 
 async fn ask_to_join(cluster: &Cluster, probe: bool) -> Asked {
-    let body = Bytes::from(
-        serde_json::to_vec(&JoinRequest {
-            id: cluster.node_id.clone(),
-            cluster_addr: cluster.advertise_addr.clone(),
-            probe,
-        })
-        .expect("invariant: a join request serialises"),
-    );
+    let req = JoinRequest {
+        id: cluster.node_id.clone(),
+        cluster_addr: cluster.advertise_addr.clone(),
+        probe,
+    };
+    let (op, body) = (req.opcode(), req.encode());
+    // A probe is answered at once; a join waits for the membership change.
+    let timeout = if probe {
+        Duration::from_secs(2)
+    } else {
+        JoinRequest::TIMEOUT
+    };
     cluster.sync_peers(&cluster.meta.view());
     let mut out = Asked::default();
     let ids: Vec<String> = cluster.peers.ids();
     let calls = ids.iter().map(|id| {
         let body = body.clone();
-        async move {
-            cluster
-                .peers
-                .call(
-                    id,
-                    Opcode::JoinCluster,
-                    body,
-                    Duration::from_secs(if probe { 2 } else { 30 }),
-                )
-                .await
-        }
+        async move { cluster.peers.call(id, op, body, timeout).await }
     });
     for r in futures::future::join_all(calls).await {
         let Ok(reply) = r else { continue };
@@ -107,7 +100,7 @@ async fn ask_to_join(cluster: &Cluster, probe: bool) -> Asked {
             }
             continue;
         }
-        if let Ok(j) = serde_json::from_slice::<JoinReply>(&reply.body) {
+        if let Ok(j) = JoinRequest::decode(reply) {
             if j.initialized {
                 out.initialized += 1;
             } else {

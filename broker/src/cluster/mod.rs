@@ -12,6 +12,7 @@
 //! A standalone node (no `--peers`) has a `Cluster` too: it is its own leader and owner of
 //! everything, and nothing here leaves the process.
 
+pub mod calls;
 pub mod coalesce;
 pub mod controller;
 pub mod handler;
@@ -27,13 +28,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use axum::http::StatusCode;
 use bytes::Bytes;
 use narad_meta::{ApplyError, Meta, MetaCommand, MetaError, MetaResponse, MetaState, Topic};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::rpc::{Opcode, Peers, RpcError, RpcReply};
-use wire::{GetTopicReply, GetTopicRequest, ProposeReply, ProposeRequest};
+use calls::Call;
+use wire::{GetTopicRequest, ProposeRequest};
 
 /// How long a forwarded metadata write may take (SPEC §6.3: a forwarded create may wait up
 /// to 75 s).
@@ -222,10 +223,7 @@ impl Cluster {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             };
             self.meta.set_electing(false);
-            let body = Bytes::from(
-                serde_json::to_vec(&wire::TransferRequest { last_index })
-                    .expect("invariant: serialises"),
-            );
+            let transfer = wire::TransferRequest { last_index };
             // The successor's first election can fail: a leader elected less than a lease
             // ago still refuses votes. That failed round makes this node step down, so the
             // request is repeated until the successor leads.
@@ -240,19 +238,9 @@ impl Cluster {
                 }
                 if asked.is_none_or(|t| t.elapsed() >= HANDOFF_RETRY) {
                     asked = Some(tokio::time::Instant::now());
-                    match self
-                        .call(&to, Opcode::TransferLeadership, body.clone(), HANDOFF_RETRY)
-                        .await
-                    {
-                        Ok(r) if r.is_success() => {}
-                        Ok(r) => {
-                            tracing::warn!(to = %to, error = %reply_error(&r).message, "leadership handoff refused");
-                            return false;
-                        }
-                        Err(e) => {
-                            tracing::warn!(to = %to, error = %e.message, "leadership handoff failed");
-                            return false;
-                        }
+                    if let Err(e) = self.ask(&to, &transfer).await {
+                        tracing::warn!(to = %to, code = e.code.number(), error = %e.message, "leadership handoff refused or failed");
+                        return false;
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
@@ -337,6 +325,30 @@ impl Cluster {
             .map_err(|e| rpc_error(id, &e))
     }
 
+    /// The typed call `req` on node `id` (its opcode and reply type from the table,
+    /// `calls`), waiting its default timeout.
+    pub async fn ask<C: calls::Call>(&self, id: &str, req: &C) -> ApiResult<C::Reply> {
+        self.ask_within(id, req, C::TIMEOUT).await
+    }
+
+    /// [`Cluster::ask`] waiting at most `timeout`. A refusal is the peer's error with its
+    /// code; a failure to reach the peer is [`rpc_error`]'s; an answer that cannot be read is
+    /// `502` (the peer got the request, so it may have acted on it).
+    pub async fn ask_within<C: calls::Call>(
+        &self,
+        id: &str,
+        req: &C,
+        timeout: Duration,
+    ) -> ApiResult<C::Reply> {
+        let op = req.opcode();
+        let reply = self.call(id, op, req.encode(), timeout).await?;
+        if !reply.is_success() {
+            return Err(ApiError::from_reply(&reply));
+        }
+        C::decode(reply)
+            .map_err(|e| ApiError::uncertain(format!("unreadable {op} answer from {id}: {e}")))
+    }
+
     /// Calls `op` on node `id` and returns the transport's own error (e.g.
     /// [`RpcError::PeerTooOld`], for callers with an older opcode to fall back to).
     pub async fn rpc_call(
@@ -390,8 +402,8 @@ impl Cluster {
             }
             if self.meta.is_leader() {
                 match self.leader_write(cmd.clone()).await.map(|(r, _)| r) {
-                    Err(MetaError::Unavailable(m)) if m.contains("not the metadata leader") => {
-                        last = ApiError::from(MetaError::Unavailable(m));
+                    Err(e @ MetaError::NotLeader { .. }) => {
+                        last = ApiError::from(e);
                         continue;
                     }
                     other => return other.map_err(ApiError::from),
@@ -407,14 +419,13 @@ impl Cluster {
                 last = ApiError::unavailable("metadata unavailable: no metadata leader", 1);
                 continue;
             };
-            let body = match serde_json::to_vec(&ProposeRequest {
+            let req = ProposeRequest {
                 command: cmd.clone(),
-            }) {
-                Ok(b) => Bytes::from(b),
-                Err(e) => return Err(ApiError::internal(format!("encode command: {e}"))),
             };
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let reply = match self.rpc_call(&leader, op, body, left).await {
+            // Not `ask`: a request that never left is retried here, one that may have been
+            // applied is not.
+            let reply = match self.rpc_call(&leader, op, req.encode(), left).await {
                 Ok(r) => r,
                 // The leader may have committed it: sending it again could apply it twice
                 // (or answer `409 already exists` for the caller's own create).
@@ -425,7 +436,7 @@ impl Cluster {
                 }
             };
             if reply.is_success() {
-                let r: ProposeReply = serde_json::from_slice(&reply.body).map_err(|e| {
+                let r = ProposeRequest::decode(reply).map_err(|e| {
                     ApiError::uncertain(format!("unreadable answer from the metadata leader: {e}"))
                 })?;
                 if !self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await {
@@ -436,10 +447,10 @@ impl Cluster {
                 }
                 return Ok(r.response);
             }
-            let e = reply_error(&reply);
-            if e.status == StatusCode::SERVICE_UNAVAILABLE
-                && e.message.contains("not the metadata leader")
-            {
+            let e = ApiError::from_reply(&reply);
+            // Leadership moved while forwarding: try the new leader. (A leader of a build
+            // before error codes answers a plain 503, which goes back to the client.)
+            if matches!(e.code, ErrorCode::NotLeader | ErrorCode::LeaderHandingOff) {
                 last = e;
                 continue;
             }
@@ -497,23 +508,14 @@ impl Cluster {
                 1,
             ));
         };
-        let body = serde_json::to_vec(&GetTopicRequest {
-            name: name.map(str::to_string),
-        })
-        .expect("invariant: a string option serialises");
-        let reply = self
-            .call(
+        let r = self
+            .ask(
                 &leader,
-                Opcode::GetTopic,
-                Bytes::from(body),
-                Duration::from_secs(5),
+                &GetTopicRequest {
+                    name: name.map(str::to_string),
+                },
             )
             .await?;
-        if !reply.is_success() {
-            return Err(reply_error(&reply));
-        }
-        let r: GetTopicReply = serde_json::from_slice(&reply.body)
-            .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
         self.meta.wait_applied(r.index, CATCH_UP_TIMEOUT).await;
         Ok((r.index, r.topic))
     }
@@ -522,7 +524,7 @@ impl Cluster {
 /// The most a leader's shutdown waits for its handoff.
 const HANDOFF_BUDGET: Duration = Duration::from_secs(3);
 /// How often a handing-off leader repeats its request to the successor.
-const HANDOFF_RETRY: Duration = Duration::from_millis(150);
+pub(super) const HANDOFF_RETRY: Duration = Duration::from_millis(150);
 
 /// The opcode a command is forwarded with; `None` for leader-only commands.
 pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
@@ -568,34 +570,10 @@ pub fn rpc_error(id: &str, e: &RpcError) -> ApiError {
     }
 }
 
-/// The error a non-2xx reply carries (its `{"error": …}` body, else the raw body).
-pub fn reply_error(reply: &RpcReply) -> ApiError {
-    #[derive(serde::Deserialize)]
-    struct E {
-        error: String,
-    }
-    let message = serde_json::from_slice::<E>(&reply.body)
-        .map(|e| e.error)
-        .unwrap_or_else(|_| String::from_utf8_lossy(&reply.body).into_owned());
-    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    if status == StatusCode::SERVICE_UNAVAILABLE
-        || status == StatusCode::TOO_MANY_REQUESTS
-        || status == StatusCode::BAD_GATEWAY
-    {
-        ApiError::unavailable(message, 1).with_status(status)
-    } else {
-        ApiError::new(status, message)
-    }
-}
-
-/// An `ApiError` as a reply (the same status and `{"error": …}` body).
-pub fn error_reply(e: &ApiError) -> RpcReply {
-    RpcReply::error(e.status.as_u16(), &e.message)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
 
     #[test]
     fn a_request_that_never_left_is_503_and_one_that_did_is_502_uncertain() {
@@ -606,7 +584,7 @@ mod tests {
             RpcError::PeerTooOld { op: 1 },
         ] {
             let a = rpc_error("n1", &e);
-            assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{e:?}");
+            assert_eq!(a.status(), StatusCode::SERVICE_UNAVAILABLE, "{e:?}");
             assert_eq!(a.retry_after, Some(1));
             assert!(
                 a.message.starts_with("node n1 is unavailable: "),
@@ -621,7 +599,7 @@ mod tests {
             RpcError::BadReply("truncated".into()),
         ] {
             let a = rpc_error("n1", &e);
-            assert_eq!(a.status, StatusCode::BAD_GATEWAY, "{e:?}");
+            assert_eq!(a.status(), StatusCode::BAD_GATEWAY, "{e:?}");
             // The text the Go SDK looks for (CLIENT-COMPAT §4.3).
             assert!(
                 a.message.contains("the change may still be applied"),
@@ -644,21 +622,32 @@ mod tests {
     #[test]
     fn a_metadata_write_not_confirmed_is_502_uncertain_and_a_refused_one_503() {
         let a = ApiError::from(MetaError::Uncertain("not committed within 10 s".into()));
-        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(a.status(), StatusCode::BAD_GATEWAY);
         assert!(
             a.message.contains("the change may still be applied"),
             "{}",
             a.message
         );
-        let a = ApiError::from(MetaError::Unavailable("no metadata leader".into()));
-        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        let a = ApiError::from(MetaError::Unavailable("no quorum".into()));
+        assert_eq!(a.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(!a.message.contains("may still be applied"), "{}", a.message);
+        let a = ApiError::from(MetaError::NotLeader {
+            leader: Some("n2".into()),
+        });
+        assert_eq!(
+            (a.status(), a.code),
+            (StatusCode::SERVICE_UNAVAILABLE, ErrorCode::NotLeader)
+        );
+        assert_eq!(
+            a.message,
+            "metadata unavailable: not the metadata leader; the leader is n2"
+        );
     }
 
     #[test]
     fn a_relayed_502_keeps_its_status_and_retry_after() {
-        let e = reply_error(&RpcReply::error(502, "x; the change may still be applied"));
-        assert_eq!(e.status, StatusCode::BAD_GATEWAY);
+        let e = ApiError::from_reply(&ApiError::uncertain("x").to_reply());
+        assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
         assert_eq!(e.retry_after, Some(1));
     }
 }

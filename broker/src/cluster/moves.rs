@@ -36,16 +36,17 @@ use narad_storage::{PartitionLog, StorageError};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 
+use super::calls::Call;
 use super::wire::{
     AssignmentReply, AssignmentRequest, ChunkRequest, HandoffReply, HandoffRequest, PartitionRef,
     SegmentInfo, SegmentList, SmallFile, MAX_CHUNK,
 };
-use super::{error_reply, reply_error, Cluster, TopicLookup};
-use crate::error::{ApiError, ApiResult};
+use super::{Cluster, TopicLookup};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use crate::metrics::MoveOutcomeLabels;
 use crate::node::Node;
 use crate::partition::{Partition, Released};
-use crate::rpc::{Opcode, RpcReply};
+use crate::rpc::RpcReply;
 use crate::wal::WalRecord;
 
 /// How long an owner stays frozen for a move's final copy before it aborts the move.
@@ -53,7 +54,6 @@ pub const FREEZE: Duration = Duration::from_secs(5);
 /// A pre-copy round that copied less than this goes on to the handoff.
 const SMALL_TAIL: u64 = 1024 * 1024;
 const MAX_PRECOPY_ROUNDS: usize = 20;
-const CHUNK_TIMEOUT: Duration = Duration::from_secs(30);
 const RETRY: Duration = Duration::from_secs(1);
 
 /// What runs on this node for moves.
@@ -77,10 +77,14 @@ impl Tracker {
 fn topic_partition(node: &Node, topic_id: u64, p: u32) -> Result<Arc<Topic>, RpcReply> {
     match node.cluster.topic_by_id(topic_id) {
         TopicLookup::Known(t) if p < t.config.partitions => Ok(t),
-        TopicLookup::Known(_) | TopicLookup::Deleted => {
-            Err(RpcReply::error(404, "topic or partition not found"))
-        }
-        TopicLookup::Unknown => Err(RpcReply::error(503, "topic not known here yet")),
+        TopicLookup::Known(_) | TopicLookup::Deleted => Err(RpcReply::fail(
+            ErrorCode::NotFound,
+            "topic or partition not found",
+        )),
+        TopicLookup::Unknown => Err(RpcReply::fail(
+            ErrorCode::Unavailable,
+            "topic not known here yet",
+        )),
     }
 }
 
@@ -89,8 +93,8 @@ fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, 
         .topic(topic.id)
         .and_then(|rt| rt.partition(p))
         .ok_or_else(|| {
-            RpcReply::error(
-                409,
+            RpcReply::fail(
+                ErrorCode::Conflict,
                 &format!(
                     "partition {p} of {} is not open on {}",
                     topic.name, node.node_id
@@ -107,7 +111,7 @@ pub async fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
         Err(r) => return r,
     };
     if !node.cluster.is_mine(&topic, req.partition) {
-        return RpcReply::error(409, "not the owner of this partition");
+        return RpcReply::fail(ErrorCode::NotOwner, "not the owner of this partition");
     }
     let part = match open_partition(node, &topic, req.partition) {
         Ok(p) => p,
@@ -130,7 +134,7 @@ pub async fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
                 small_files,
             },
         ),
-        Err(e) => RpcReply::error(500, &format!("list task failed: {e}")),
+        Err(e) => RpcReply::fail(ErrorCode::Internal, &format!("list task failed: {e}")),
     }
 }
 
@@ -150,9 +154,9 @@ pub async fn serve_chunk(node: &Node, req: ChunkRequest) -> RpcReply {
         .await
     {
         Ok(Ok(b)) => RpcReply::new(200, "application/octet-stream", Bytes::from(b)),
-        Ok(Err(StorageError::Gone { .. })) => RpcReply::error(410, "segment removed"),
-        Ok(Err(e)) => RpcReply::error(500, &format!("read failed: {e}")),
-        Err(e) => RpcReply::error(500, &format!("read task failed: {e}")),
+        Ok(Err(StorageError::Gone { .. })) => RpcReply::fail(ErrorCode::Gone, "segment removed"),
+        Ok(Err(e)) => RpcReply::fail(ErrorCode::Internal, &format!("read failed: {e}")),
+        Err(e) => RpcReply::fail(ErrorCode::Internal, &format!("read task failed: {e}")),
     }
 }
 
@@ -164,13 +168,19 @@ pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) ->
     };
     let a = &topic.assignments[req.partition as usize];
     if a.owner.as_deref() != Some(node.node_id.as_str()) {
-        return RpcReply::error(409, "not the owner of this partition");
+        return RpcReply::fail(ErrorCode::NotOwner, "not the owner of this partition");
     }
     if a.move_id < req.move_id {
-        return RpcReply::error(503, "this node has not seen that move yet");
+        return RpcReply::fail(
+            ErrorCode::Unavailable,
+            "this node has not seen that move yet",
+        );
     }
     if a.move_id != req.move_id || a.target.as_deref() != Some(from) {
-        return RpcReply::error(409, &format!("move {} is not in flight", req.move_id));
+        return RpcReply::fail(
+            ErrorCode::Conflict,
+            &format!("move {} is not in flight", req.move_id),
+        );
     }
     let part = match open_partition(node, &topic, req.partition) {
         Ok(p) => p,
@@ -186,7 +196,7 @@ pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) ->
     .await
     {
         Ok(s) => s,
-        Err(e) => return RpcReply::error(500, &format!("freeze task failed: {e}")),
+        Err(e) => return RpcReply::fail(ErrorCode::Internal, &format!("freeze task failed: {e}")),
     };
     let key = (req.topic_id, req.partition, req.move_id);
     if node.cluster.moves.freezes.lock().insert(key) {
@@ -296,7 +306,7 @@ pub async fn serve_assignment(node: &Node, req: AssignmentRequest) -> RpcReply {
         );
     };
     if !node.meta.is_leader() {
-        return RpcReply::error(503, "not the metadata leader");
+        return RpcReply::fail(ErrorCode::NotLeader, "not the metadata leader");
     }
     match node.meta.barrier().await {
         Ok(index) => RpcReply::json(
@@ -307,7 +317,7 @@ pub async fn serve_assignment(node: &Node, req: AssignmentRequest) -> RpcReply {
                 wal_outstanding,
             },
         ),
-        Err(e) => error_reply(&ApiError::from(e)),
+        Err(e) => ApiError::from(e).to_reply(),
     }
 }
 
@@ -332,25 +342,16 @@ async fn confirmed_assignment(
     let Some((leader, _)) = node.meta.current_leader() else {
         return Err(ApiError::unavailable("no metadata leader", 1));
     };
-    let body = serde_json::to_vec(&AssignmentRequest {
-        topic_id: Some(topic_id),
-        partition: p,
-    })
-    .expect("invariant: serialises");
-    let r = node
+    let a = node
         .cluster
-        .call(
+        .ask(
             &leader,
-            Opcode::GetAssignment,
-            Bytes::from(body),
-            Duration::from_secs(5),
+            &AssignmentRequest {
+                topic_id: Some(topic_id),
+                partition: p,
+            },
         )
         .await?;
-    if !r.is_success() {
-        return Err(reply_error(&r));
-    }
-    let a: AssignmentReply = serde_json::from_slice(&r.body)
-        .map_err(|e| ApiError::internal(format!("bad leader reply: {e}")))?;
     Ok((a.index, a.assignment))
 }
 
@@ -658,23 +659,12 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
     node.cluster.moves.release(key);
 }
 
-async fn call_json<T: serde::de::DeserializeOwned>(
-    node: &Node,
-    to: &str,
-    op: Opcode,
-    body: &impl serde::Serialize,
-    timeout: Duration,
-) -> Result<T, String> {
-    let body = Bytes::from(serde_json::to_vec(body).expect("invariant: serialises"));
-    let r = node
-        .cluster
-        .call(to, op, body, timeout)
+/// The typed call `req` on `to`, its failure as the text a move reports.
+async fn ask<C: Call>(node: &Node, to: &str, req: &C) -> Result<C::Reply, String> {
+    node.cluster
+        .ask(to, req)
         .await
-        .map_err(|e| e.message)?;
-    if !r.is_success() {
-        return Err(format!("{to} answered {}", reply_error(&r)));
-    }
-    serde_json::from_slice(&r.body).map_err(|e| format!("bad reply from {to}: {e}"))
+        .map_err(|e| format!("{to} answered {e}"))
 }
 
 /// What a target knows of its copy across attempts.
@@ -726,14 +716,7 @@ async fn attempt(
         if !still_moving(node, topic.id, p, from, move_id) {
             return Ok(Outcome::Abandoned);
         }
-        let list: SegmentList = call_json(
-            node,
-            from,
-            Opcode::ListPartitionSegments,
-            &part_ref,
-            Duration::from_secs(5),
-        )
-        .await?;
+        let list = ask(node, from, &part_ref).await?;
         progress.last_known_hwm = progress.last_known_hwm.max(list.high_watermark);
         let copied = sync_log(node, from, topic.id, p, &log_dir, &list.files).await?;
         progress.synced = Some(list);
@@ -750,16 +733,14 @@ async fn attempt(
     }
     // 2. Freeze: from here on the clock runs (the owner aborts after FREEZE).
     let frozen_at = Instant::now();
-    let h: HandoffReply = call_json(
+    let h = ask(
         node,
         from,
-        Opcode::PrepareHandoff,
         &HandoffRequest {
             topic_id: topic.id,
             partition: p,
             move_id,
         },
-        Duration::from_secs(5),
     )
     .await?;
     // 3. The tail, exactly as frozen.
@@ -951,7 +932,8 @@ async fn install_and_flip(
                 node.apply_topics().map_err(|e| e.message)?;
                 return Ok(Outcome::Completed);
             }
-            Err(e) if e.status.as_u16() == 409 || e.status.as_u16() == 404 => {
+            // The leader's state machine refused it (the move was aborted or superseded).
+            Err(e) if matches!(e.code, ErrorCode::Conflict | ErrorCode::NotFound) => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e.message, "the flip was refused; discarding the copy");
                 node.registry.keep_released(vec![released()]);
                 return Ok(Outcome::Abandoned);
@@ -1031,28 +1013,21 @@ async fn sync_log(
                 pos,
                 len: ((f.size - pos).min(MAX_CHUNK as u64)) as u32,
             };
-            let body = Bytes::from(serde_json::to_vec(&req).expect("invariant: serialises"));
-            let r = node
-                .cluster
-                .call(from, Opcode::FetchSegmentChunk, body, CHUNK_TIMEOUT)
-                .await
-                .map_err(|e| e.message)?;
-            if r.status == 410 {
+            let chunk = match node.cluster.ask(from, &req).await {
+                Ok(chunk) => chunk,
                 // Retention removed it meanwhile; the next listing no longer has it.
-                break;
-            }
-            if !r.is_success() {
-                return Err(format!("{from} answered {}", reply_error(&r)));
-            }
-            if r.body.is_empty() {
+                Err(e) if e.code == ErrorCode::Gone => break,
+                Err(e) => return Err(format!("{from} answered {e}")),
+            };
+            if chunk.is_empty() {
                 return Err(format!("{} ended at {pos} of {}", f.name, f.size));
             }
-            out.write_all(&r.body)
+            out.write_all(&chunk)
                 .await
                 .map_err(|e| format!("write {}: {e}", path.display()))?;
-            pos += r.body.len() as u64;
-            copied += r.body.len() as u64;
-            node.metrics.moves_bytes.inc_by(r.body.len() as u64);
+            pos += chunk.len() as u64;
+            copied += chunk.len() as u64;
+            node.metrics.moves_bytes.inc_by(chunk.len() as u64);
         }
         out.sync_all()
             .await

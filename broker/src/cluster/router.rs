@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use super::wire::CommitBatch;
-use super::{reply_error, rpc_error, Cluster, TopicLookup};
+use super::{rpc_error, Cluster, TopicLookup};
+use crate::error::ApiError;
 use crate::partition::Registry;
 use crate::rpc::{BoxFuture, Opcode, RpcError, RpcReply, COMMIT_TIMEOUT};
 use crate::wal::dispatcher::{Route, Router};
@@ -65,7 +66,7 @@ pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Re
         if r.is_success() {
             Ok(())
         } else {
-            Err(format!("{owner} answered {}", reply_error(&r)))
+            Err(format!("{owner} answered {}", ApiError::from_reply(&r)))
         }
     };
     let rpc_err = |e: RpcError| rpc_error(owner, &e).message;

@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use narad_storage::StoredRecord;
 
-use crate::api::fnv1a32;
+use crate::partitioner::key_partition;
 
 /// SPEC §5.1: a keyed record hashes (FNV-1a-32) with the child's partition count; an unkeyed
 /// one goes to (parent partition index mod child partition count) **(ext)**.
 pub fn child_partition(key: Option<&[u8]>, parent_index: u32, child_partitions: u32) -> u32 {
     let n = child_partitions.max(1);
     match key {
-        Some(k) if !k.is_empty() => fnv1a32(k) % n,
+        Some(k) if !k.is_empty() => key_partition(k, n),
         _ => parent_index % n,
     }
 }

@@ -18,9 +18,12 @@
 //! `Unreachable` and `NotSent` (never written to the connection: safe to retry or go
 //! elsewhere), `Timeout`, `Disconnected` and `BadReply` (written, outcome unknown:
 //! [`RpcError::outcome_unknown`]), `Auth`, `Protocol`, and `PeerTooOld { op }` (the peer
-//! answered `400 unsupported rpc operation <op>`: retry elsewhere, later, or with an older
-//! opcode — see [`PeerClient::call_with_fallback`]). This is what keeps mixed-version rolling
-//! upgrades safe.
+//! answered `400 unsupported rpc operation <op>` with code `RpcUnsupported`: retry
+//! elsewhere, later, or with an older opcode — see [`PeerClient::call_with_fallback`]). This
+//! is what keeps mixed-version rolling upgrades safe. A non-2xx reply's body carries the
+//! stable `crate::error::ErrorCode`, which callers decide on (`ApiError::from_reply`); the
+//! opcodes' request and reply types, timeouts and fallbacks are in one table,
+//! `crate::cluster::calls`.
 
 pub mod auth;
 pub mod client;

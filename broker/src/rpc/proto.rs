@@ -27,6 +27,10 @@
 //! | 9 Raft | client → server | a Raft RPC (see `raft_net`: JSON of `narad_meta::RaftRequest`) |
 //! | 10 RaftReply | server → client | the Raft RPC's answer (JSON of `narad_meta::RaftReply`) |
 //!
+//! A non-2xx `Reply` body is `{"error": message, "code": n}`: `n` is the stable
+//! [`ErrorCode`] number (append-only like everything here). Builds before codes sent the
+//! same body without `"code"`; a receiver reads such a reply by its status alone.
+//!
 //! Frame-type numbers and opcodes are append-only: never renumbered, never reused.
 
 use std::fmt;
@@ -34,6 +38,8 @@ use std::io;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::error::{ApiError, ErrorCode};
 
 /// The 4-byte magic every frame starts with.
 pub const MAGIC: [u8; 4] = *b"NRD1";
@@ -517,18 +523,13 @@ impl RpcReply {
     pub fn json<T: serde::Serialize + ?Sized>(status: u16, value: &T) -> RpcReply {
         match serde_json::to_vec(value) {
             Ok(body) => RpcReply::new(status, JSON, body),
-            Err(e) => RpcReply::error(500, &format!("reply not serialisable: {e}")),
+            Err(e) => RpcReply::fail(ErrorCode::Internal, format!("reply not serialisable: {e}")),
         }
     }
 
-    /// `{"error": message}` with `status` (the HTTP API's error shape).
-    pub fn error(status: u16, message: &str) -> RpcReply {
-        RpcReply::new(
-            status,
-            JSON,
-            serde_json::to_vec(&serde_json::json!({ "error": message }))
-                .expect("invariant: a string map serialises"),
-        )
+    /// An error reply: the code's status and `{"error": message, "code": n}`.
+    pub fn fail(code: ErrorCode, message: impl Into<String>) -> RpcReply {
+        ApiError::new(code, message).to_reply()
     }
 
     /// The message every node answers for an opcode it does not know.
@@ -536,13 +537,15 @@ impl RpcReply {
         format!("unsupported rpc operation {op}")
     }
 
-    /// `400` `{"error":"unsupported rpc operation <op>"}`: what an older node answers for an
-    /// opcode it does not know (the caller's `RpcError::PeerTooOld`).
+    /// `400` `{"error":"unsupported rpc operation <op>","code":21}`: what a node answers for
+    /// an opcode it does not know (the caller's `RpcError::PeerTooOld`).
     pub fn unsupported(op: u8) -> RpcReply {
-        RpcReply::error(400, &RpcReply::unsupported_message(op))
+        RpcReply::fail(ErrorCode::RpcUnsupported, RpcReply::unsupported_message(op))
     }
 
-    /// Whether this is the "unsupported rpc operation `op`" answer.
+    /// Whether this is the "unsupported rpc operation `op`" answer: by its code; from a build
+    /// that predates codes, by the exact body those builds send for `op` (a frozen wire
+    /// constant of that protocol, not a message read for meaning).
     pub fn is_unsupported(&self, op: u8) -> bool {
         if self.status != 400 {
             return false;
@@ -550,9 +553,13 @@ impl RpcReply {
         #[derive(serde::Deserialize)]
         struct E {
             error: String,
+            code: Option<u16>,
         }
-        serde_json::from_slice::<E>(&self.body)
-            .is_ok_and(|e| e.error == RpcReply::unsupported_message(op))
+        match serde_json::from_slice::<E>(&self.body) {
+            Ok(E { code: Some(n), .. }) => n == ErrorCode::RpcUnsupported.number(),
+            Ok(E { error, code: None }) => error == RpcReply::unsupported_message(op),
+            Err(_) => false,
+        }
     }
 
     pub fn is_success(&self) -> bool {
@@ -824,11 +831,23 @@ mod tests {
         let r = RpcReply::unsupported(42);
         assert_eq!(r.status, 400);
         assert_eq!(r.content_type, JSON);
-        assert_eq!(&r.body[..], br#"{"error":"unsupported rpc operation 42"}"#);
+        assert_eq!(
+            &r.body[..],
+            br#"{"error":"unsupported rpc operation 42","code":21}"#
+        );
         assert!(r.is_unsupported(42));
-        assert!(!r.is_unsupported(41));
-        assert!(!RpcReply::error(404, "unsupported rpc operation 42").is_unsupported(42));
-        assert!(!RpcReply::error(400, "bad body").is_unsupported(42));
+        assert!(
+            !RpcReply::fail(ErrorCode::NotFound, "unsupported rpc operation 42").is_unsupported(42)
+        );
+        assert!(
+            !RpcReply::fail(ErrorCode::BadRequest, "unsupported rpc operation 42")
+                .is_unsupported(42)
+        );
+        // A build before error codes: the same answer without a code, for that opcode only.
+        let old = |body: &'static [u8]| RpcReply::new(400, JSON, body);
+        assert!(old(br#"{"error":"unsupported rpc operation 42"}"#).is_unsupported(42));
+        assert!(!old(br#"{"error":"unsupported rpc operation 42"}"#).is_unsupported(41));
+        assert!(!old(br#"{"error":"bad body"}"#).is_unsupported(42));
     }
 }
 

@@ -35,6 +35,7 @@ use super::proto::{
 };
 use super::transport::{self, ClusterAuth, ReadHalf, WriteHalf};
 use super::BoxFuture;
+use crate::error::ErrorCode;
 
 /// A connection with no frame from the client for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -478,7 +479,10 @@ fn reply_frame(id: u64, op: u8, reply: &RpcReply) -> Frame {
                 bytes = p.len(),
                 "rpc reply exceeds the 16 MiB frame limit"
             );
-            let r = RpcReply::error(500, "rpc reply exceeds the 16 MiB frame limit");
+            let r = RpcReply::fail(
+                ErrorCode::Internal,
+                "rpc reply exceeds the 16 MiB frame limit",
+            );
             Frame::new(
                 FrameType::Reply,
                 id,
@@ -486,7 +490,10 @@ fn reply_frame(id: u64, op: u8, reply: &RpcReply) -> Frame {
             )
         }
         Err(e) => {
-            let r = RpcReply::error(500, &format!("rpc reply not encodable: {e}"));
+            let r = RpcReply::fail(
+                ErrorCode::Internal,
+                &format!("rpc reply not encodable: {e}"),
+            );
             Frame::new(
                 FrameType::Reply,
                 id,

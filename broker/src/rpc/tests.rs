@@ -716,9 +716,10 @@ async fn unknown_opcode_is_400_and_reads_as_peer_too_old() {
     assert_eq!((f.kind, f.request_id), (FrameType::Reply, 5));
     let reply = RpcReply::decode(f.payload).unwrap();
     assert_eq!(reply.status, 400);
+    // The message of every build, and the stable code of builds since error codes.
     assert_eq!(
         &reply.body[..],
-        br#"{"error":"unsupported rpc operation 99"}"#
+        br#"{"error":"unsupported rpc operation 99","code":21}"#
     );
     // An unknown frame type fails only its request id; the connection goes on.
     let mut raw = Frame::new(FrameType::Ping, 6, Bytes::new())
@@ -990,8 +991,11 @@ async fn write_to_leader(metas: &[Meta], cmd: MetaCommand) -> (Meta, MetaRespons
         if let Some(leader) = metas.iter().find(|m| m.is_leader()) {
             match leader.write(cmd.clone()).await {
                 Ok(r) => return (leader.clone(), r),
-                Err(MetaError::Unavailable(_) | MetaError::Uncertain(_))
-                    if Instant::now() < deadline => {}
+                Err(
+                    MetaError::Unavailable(_)
+                    | MetaError::NotLeader { .. }
+                    | MetaError::Uncertain(_),
+                ) if Instant::now() < deadline => {}
                 Err(e) => panic!("{e}"),
             }
         }

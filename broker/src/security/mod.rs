@@ -37,11 +37,10 @@ pub use authn::{AuthConfig, AuthError, Authenticator, Credentials};
 pub use authz::Denied;
 pub use throttle::{Clock, ManualClock, MonotonicClock};
 
-use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_meta::{Action, Grant, User};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// An authenticated user, as of the record it was checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,43 +221,26 @@ pub mod audit {
 impl From<AuthError> for ApiError {
     fn from(e: AuthError) -> ApiError {
         match e {
-            AuthError::Throttled { retry_after_secs } => ApiError {
-                retry_after: Some(retry_after_secs),
-                ..ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.message())
-            },
-            AuthError::Unauthenticated(_) => ApiError::new(StatusCode::UNAUTHORIZED, e.message()),
+            AuthError::Throttled { retry_after_secs } => {
+                ApiError::throttled(e.message(), retry_after_secs)
+            }
+            AuthError::Unauthenticated(_) => ApiError::new(ErrorCode::Unauthenticated, e.message()),
         }
     }
 }
 
 /// `401` (with `WWW-Authenticate: Basic realm="narad"`) or `429` (with `Retry-After`), body
-/// `{"error":…}`. Prefer this over converting to `ApiError`, which has no place for the
-/// `WWW-Authenticate` header.
+/// `{"error":…}`: the `ApiError` answer (the one mapping, `crate::error`).
 impl IntoResponse for AuthError {
     fn into_response(self) -> Response {
-        let (status, retry_after) = match &self {
-            AuthError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, None),
-            AuthError::Throttled { retry_after_secs } => {
-                (StatusCode::TOO_MANY_REQUESTS, Some(*retry_after_secs))
-            }
-        };
-        let mut err = ApiError::new(status, self.message());
-        err.retry_after = retry_after;
-        let mut resp = err.into_response();
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(authn::WWW_AUTHENTICATE),
-            );
-        }
-        resp
+        ApiError::from(self).into_response()
     }
 }
 
 impl From<Denied> for ApiError {
     fn from(d: Denied) -> Self {
         match d {
-            Denied::Forbidden(m) => ApiError::new(StatusCode::FORBIDDEN, m),
+            Denied::Forbidden(m) => ApiError::forbidden(m),
             Denied::NotFound(m) => ApiError::not_found(m),
         }
     }
@@ -267,6 +249,7 @@ impl From<Denied> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::{header, StatusCode};
 
     #[test]
     fn auth_failure_lines_are_limited_per_window() {
@@ -306,9 +289,9 @@ mod tests {
     #[test]
     fn denied_to_api_error() {
         let e: ApiError = Denied::Forbidden("no".into()).into();
-        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        assert_eq!(e.status(), StatusCode::FORBIDDEN);
         let e: ApiError = Denied::NotFound("topic x not found".into()).into();
-        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert_eq!(e.status(), StatusCode::NOT_FOUND);
         assert_eq!(e.message, "topic x not found");
     }
 

@@ -1,0 +1,392 @@
+//! The node-RPC table (SPEC §6.6): for every opcode, the request it carries, the reply it
+//! answers with, how long a caller waits by default, and the older opcode a caller falls back
+//! to when the peer's build predates it. [`TABLE`] is the one place to read all of it; the
+//! tests keep it complete and in step with the typed calls.
+//!
+//! [`Call`] ties a request type to its opcode, reply type and timeout, so a caller writes
+//! `cluster.ask(&to, &GetTopicRequest { .. })` and gets the `GetTopicReply` or an `ApiError`
+//! with its code (`Cluster::ask`): no body built by hand, no status checked at the call site.
+//! The wire types themselves are in `wire`; the server side dispatches in `handler`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use super::wire::{
+    AssignmentReply, AssignmentRequest, ChunkRequest, FanoutCursorsRequest, GetTopicReply,
+    GetTopicRequest, HandoffReply, HandoffRequest, JoinReply, JoinRequest, PartitionRef,
+    ProposeReply, ProposeRequest, RemoteLinkState, SegmentList, StatsRequest, TransferRequest,
+};
+use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
+
+/// A typed node RPC: the request type, its opcode (some request types travel with several),
+/// the reply type and the default timeout.
+pub trait Call {
+    type Reply;
+    /// How long a caller waits for the answer unless it says otherwise.
+    const TIMEOUT: Duration;
+    /// The opcode this request travels with.
+    fn opcode(&self) -> Opcode;
+    /// The request body.
+    fn encode(&self) -> Bytes;
+    /// The reply body of a 2xx answer.
+    fn decode(reply: RpcReply) -> Result<Self::Reply, String>;
+}
+
+/// The JSON request → JSON reply calls (the control plane).
+macro_rules! json_call {
+    ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr) => {
+        impl Call for $req {
+            type Reply = $reply;
+            const TIMEOUT: Duration = $timeout;
+            fn opcode(&self) -> Opcode {
+                let $r = self;
+                $op
+            }
+            fn encode(&self) -> Bytes {
+                Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
+            }
+            fn decode(reply: RpcReply) -> Result<$reply, String> {
+                json(&reply.body)
+            }
+        }
+    };
+}
+
+fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    serde_json::from_slice(body).map_err(|e| e.to_string())
+}
+
+json_call!(ProposeRequest => ProposeReply, super::FORWARD_TIMEOUT,
+    |r| super::forward_opcode(&r.command).expect("invariant: only forwardable commands are sent"));
+json_call!(GetTopicRequest => GetTopicReply, DEFAULT_TIMEOUT, |_r| Opcode::GetTopic);
+json_call!(JoinRequest => JoinReply, Duration::from_secs(30), |_r| Opcode::JoinCluster);
+json_call!(AssignmentRequest => AssignmentReply, DEFAULT_TIMEOUT, |_r| Opcode::GetAssignment);
+json_call!(PartitionRef => SegmentList, DEFAULT_TIMEOUT, |_r| Opcode::ListPartitionSegments);
+json_call!(HandoffRequest => HandoffReply, DEFAULT_TIMEOUT, |_r| Opcode::PrepareHandoff);
+json_call!(StatsRequest => Vec<narad_api::PartitionStats>, DEFAULT_TIMEOUT,
+    |_r| Opcode::TopicPartitionStats);
+
+/// `FanoutCursors` (17) and `RemoteLinkStates` (33) ask the same thing of a parent's owner:
+/// the request names which.
+pub struct CursorLags(pub FanoutCursorsRequest);
+pub struct RemoteLinkStates(pub FanoutCursorsRequest);
+json_call!(CursorLags => std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
+    DEFAULT_TIMEOUT, |_r| Opcode::FanoutCursors);
+json_call!(RemoteLinkStates => std::collections::BTreeMap<String, RemoteLinkState>,
+    DEFAULT_TIMEOUT, |_r| Opcode::RemoteLinkStates);
+
+impl serde::Serialize for CursorLags {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+impl serde::Serialize for RemoteLinkStates {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+/// `TransferLeadership` (32) answers `204` without a body.
+impl Call for TransferRequest {
+    type Reply = ();
+    const TIMEOUT: Duration = super::HANDOFF_RETRY;
+    fn opcode(&self) -> Opcode {
+        Opcode::TransferLeadership
+    }
+    fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
+    }
+    fn decode(_: RpcReply) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// `FetchSegmentChunk` (23) answers the raw bytes.
+impl Call for ChunkRequest {
+    type Reply = Bytes;
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    fn opcode(&self) -> Opcode {
+        Opcode::FetchSegmentChunk
+    }
+    fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
+    }
+    fn decode(reply: RpcReply) -> Result<Bytes, String> {
+        Ok(reply.body)
+    }
+}
+
+/// How an opcode's reply is used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Read as the named type ([`Call::decode`]).
+    Typed(&'static str),
+    /// The HTTP answer itself: the forwarding node returns it to its client 1:1.
+    Http,
+    /// `200 {}` once done; refusals carry an error code.
+    Done,
+}
+
+/// One row of the table.
+#[derive(Debug, Clone, Copy)]
+pub struct Row {
+    pub op: Opcode,
+    /// The request body's type (`wire`).
+    pub request: &'static str,
+    pub reply: Reply,
+    /// The default wait (`Call::TIMEOUT` for typed calls).
+    pub timeout: Duration,
+    /// The opcode a caller uses instead when the peer answers this one as unsupported.
+    pub fallback: Option<Opcode>,
+    /// Whether this build serves it (a number may be reserved and never served).
+    pub served: bool,
+}
+
+const fn row(op: Opcode, request: &'static str, reply: Reply, timeout: Duration) -> Row {
+    Row {
+        op,
+        request,
+        reply,
+        timeout,
+        fallback: None,
+        served: true,
+    }
+}
+
+const PROPOSE: &str = "ProposeRequest";
+const PROPOSED: Reply = Reply::Typed("ProposeReply");
+const FORWARD: Duration = super::FORWARD_TIMEOUT;
+const SETTLE: &str = "SettleRequest";
+
+/// Every opcode, in number order.
+pub const TABLE: &[Row] = &[
+    row(
+        Opcode::Produce,
+        "ForwardProduce",
+        Reply::Http,
+        COMMIT_TIMEOUT,
+    ),
+    row(
+        Opcode::Consume,
+        "ConsumeRequest",
+        Reply::Http,
+        DEFAULT_TIMEOUT,
+    ),
+    row(Opcode::Ack, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
+    row(Opcode::CreateTopic, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::AlterTopic, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::DeleteTopic, PROPOSE, PROPOSED, FORWARD),
+    Row {
+        served: false,
+        ..row(Opcode::PurgeTopic, "-", Reply::Done, DEFAULT_TIMEOUT)
+    },
+    row(
+        Opcode::TopicPartitionStats,
+        "StatsRequest",
+        Reply::Typed("Vec<PartitionStats>"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(Opcode::RegisterMember, PROPOSE, PROPOSED, FORWARD),
+    row(
+        Opcode::CommitProduce,
+        "CommitBatch",
+        Reply::Done,
+        COMMIT_TIMEOUT,
+    ),
+    Row {
+        fallback: Some(Opcode::CommitProduce),
+        ..row(
+            Opcode::CommitProduceBatch,
+            "CommitBatch",
+            Reply::Done,
+            COMMIT_TIMEOUT,
+        )
+    },
+    row(Opcode::CreateUser, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::UpdateUser, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::DeleteUser, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::AttachChild, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::DetachChild, PROPOSE, PROPOSED, FORWARD),
+    row(
+        Opcode::FanoutCursors,
+        "CursorLags",
+        Reply::Typed("BTreeMap<String, BTreeMap<u32, u64>>"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(Opcode::ExtendAck, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
+    row(Opcode::Nack, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
+    row(
+        Opcode::GetTopic,
+        "GetTopicRequest",
+        Reply::Typed("GetTopicReply"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(
+        Opcode::JoinCluster,
+        "JoinRequest",
+        Reply::Typed("JoinReply"),
+        Duration::from_secs(30),
+    ),
+    row(
+        Opcode::ListPartitionSegments,
+        "PartitionRef",
+        Reply::Typed("SegmentList"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(
+        Opcode::FetchSegmentChunk,
+        "ChunkRequest",
+        Reply::Typed("Bytes"),
+        Duration::from_secs(30),
+    ),
+    row(
+        Opcode::PrepareHandoff,
+        "HandoffRequest",
+        Reply::Typed("HandoffReply"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(Opcode::DecommissionMember, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::CompleteMove, PROPOSE, PROPOSED, FORWARD),
+    row(Opcode::AbortMove, PROPOSE, PROPOSED, FORWARD),
+    row(
+        Opcode::GetAssignment,
+        "AssignmentRequest",
+        Reply::Typed("AssignmentReply"),
+        DEFAULT_TIMEOUT,
+    ),
+    row(Opcode::AttachRemoteChild, PROPOSE, PROPOSED, FORWARD),
+    Row {
+        served: false,
+        ..row(Opcode::ConsumeBatch, "-", Reply::Http, DEFAULT_TIMEOUT)
+    },
+    Row {
+        fallback: Some(Opcode::Ack),
+        ..row(Opcode::AckBatch, SETTLE, Reply::Http, DEFAULT_TIMEOUT)
+    },
+    row(
+        Opcode::TransferLeadership,
+        "TransferRequest",
+        Reply::Typed("()"),
+        super::HANDOFF_RETRY,
+    ),
+    row(
+        Opcode::RemoteLinkStates,
+        "RemoteLinkStates",
+        Reply::Typed("BTreeMap<String, RemoteLinkState>"),
+        DEFAULT_TIMEOUT,
+    ),
+];
+
+/// The row of `op`.
+pub fn row_of(op: Opcode) -> &'static Row {
+    &TABLE[usize::from(op.code()) - 1]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use narad_meta::MetaCommand;
+
+    #[test]
+    fn the_table_has_every_opcode_once_in_number_order_and_fallbacks_are_older() {
+        assert_eq!(TABLE.len(), Opcode::ALL.len());
+        for (row, op) in TABLE.iter().zip(Opcode::ALL) {
+            assert_eq!(row.op, op, "the table is in number order");
+            assert_eq!(row_of(op).op, op);
+            if let Some(f) = row.fallback {
+                assert!(f.code() < op.code(), "{op} falls back to the newer {f}");
+                assert!(row_of(f).served, "{op} falls back to the unserved {f}");
+            }
+        }
+    }
+
+    /// The name of a type as the table writes it (the path's last segment, generics kept).
+    fn short<T: ?Sized>() -> String {
+        let full = std::any::type_name::<T>();
+        let mut out = String::new();
+        let mut word = String::new();
+        for c in full.chars() {
+            if c.is_alphanumeric() || c == '_' || c == ':' {
+                word.push(c);
+            } else {
+                out.push_str(word.rsplit("::").next().unwrap_or(""));
+                word.clear();
+                out.push(c);
+            }
+        }
+        out.push_str(word.rsplit("::").next().unwrap_or(""));
+        out
+    }
+
+    /// A typed call agrees with its row: request and reply types, timeout.
+    fn agrees<C: Call>(req: &C) {
+        let row = row_of(req.opcode());
+        assert!(row.served, "{}", req.opcode());
+        assert_eq!(row.request, short::<C>(), "{}", req.opcode());
+        assert_eq!(
+            row.reply,
+            Reply::Typed(Box::leak(short::<C::Reply>().into_boxed_str())),
+            "{}",
+            req.opcode()
+        );
+        assert_eq!(row.timeout, C::TIMEOUT, "{}", req.opcode());
+    }
+
+    #[test]
+    fn every_typed_call_matches_its_row() {
+        let cursors = || FanoutCursorsRequest {
+            parent_id: 1,
+            parent: "p".into(),
+        };
+        agrees(&GetTopicRequest { name: None });
+        agrees(&JoinRequest {
+            id: "n".into(),
+            cluster_addr: "a".into(),
+            probe: true,
+        });
+        agrees(&AssignmentRequest {
+            topic_id: None,
+            partition: 0,
+        });
+        agrees(&PartitionRef {
+            topic_id: 1,
+            partition: 0,
+        });
+        agrees(&HandoffRequest {
+            topic_id: 1,
+            partition: 0,
+            move_id: 1,
+        });
+        agrees(&StatsRequest {
+            topic_id: 1,
+            topic: "t".into(),
+            partitions: vec![],
+            min_index: None,
+        });
+        agrees(&CursorLags(cursors()));
+        agrees(&RemoteLinkStates(cursors()));
+        agrees(&TransferRequest { last_index: 1 });
+        agrees(&ChunkRequest {
+            topic_id: 1,
+            partition: 0,
+            base: 0,
+            pos: 0,
+            len: 1,
+        });
+        agrees(&ProposeRequest {
+            command: MetaCommand::DeleteUser {
+                username: "u".into(),
+            },
+        });
+    }
+
+    #[test]
+    fn every_forwardable_command_travels_with_a_propose_row() {
+        for row in TABLE.iter().filter(|r| r.request == PROPOSE) {
+            assert_eq!(row.reply, PROPOSED, "{}", row.op);
+            assert_eq!(row.timeout, FORWARD, "{}", row.op);
+        }
+    }
+}
