@@ -59,10 +59,45 @@ pub fn narad_bin() -> PathBuf {
     .clone()
 }
 
-/// Asks the OS for a free loopback port (bind :0, read it, release it).
+/// A loopback port free right now, for a server a test is about to start.
+///
+/// Chosen below the kernel's ephemeral range (`ip_local_port_range`): a port the OS hands out
+/// for `bind :0` is also what it uses as the source port of outgoing connections, so one
+/// freed that way can be taken by any test's client socket before the server binds it. Below
+/// the range only listeners compete; each candidate is bind-tested, and a process walks the
+/// range from its own starting point, so concurrent test binaries rarely try the same port.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let low: u32 = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u32, low.saturating_sub(10_000));
+    if span < 1000 {
+        // No room below the range: let the OS choose.
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        return l.local_addr().expect("local addr").port();
+    }
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        (std::process::id().wrapping_mul(7919) ^ now_nanos()) % span,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    );
+    for _ in 0..span {
+        let port = (first + NEXT.fetch_add(1, Ordering::AcqRel) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {first}..{}", first + span)
+}
+
+fn now_nanos() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos())
 }
 
 /// How to start the server.
