@@ -15,13 +15,20 @@ use narad_storage::NewRecord;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
-use crate::partition::CommitError;
-use crate::wal::dispatcher::{MAX_BATCH_BYTES, MAX_BATCH_RECORDS};
+/// Most records in one partition commit (a group commit's, the dispatcher's).
+pub const MAX_BATCH_RECORDS: usize = 4096;
+/// About the most bytes in one partition commit.
+pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
 /// What a group commit commits into.
 pub trait Committer: Send + Sync + 'static {
+    /// Why a commit did not happen.
+    type Error: std::fmt::Display;
     /// Appends and commits one batch (blocking: fsync, read back, verify).
-    fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError>;
+    fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), Self::Error>;
+    /// Whether `e` is a refusal (nothing written, a retry elsewhere or later succeeds) rather
+    /// than a failure.
+    fn is_refusal(e: &Self::Error) -> bool;
     /// The queue of this committer's pending callers.
     fn group(&self) -> &GroupCommit;
 }
@@ -121,7 +128,7 @@ fn run<C: Committer>(c: &C) {
             match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c.commit_batch(&batch)))
             {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some((e.is_refusal(), e.to_string())),
+                Ok(Err(e)) => Some((C::is_refusal(&e), e.to_string())),
                 Err(_) => {
                     tracing::error!("a partition commit panicked; its records are handed back");
                     Some((false, "the commit panicked".to_string()))
@@ -197,8 +204,22 @@ mod tests {
         panic_next: AtomicBool,
     }
 
+    /// The fake's refusal.
+    #[derive(Debug)]
+    struct Frozen;
+
+    impl std::fmt::Display for Frozen {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("frozen for move 7")
+        }
+    }
+
     impl Committer for Fake {
-        fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
+        type Error = Frozen;
+        fn is_refusal(_: &Frozen) -> bool {
+            true
+        }
+        fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), Frozen> {
             let _wait = self.gate.lock().unwrap_or_else(|e| e.into_inner());
             if self.panic_next.swap(false, Ordering::SeqCst) {
                 panic!("commit bug");
@@ -210,10 +231,7 @@ mod tests {
                     .collect(),
             );
             if self.refuse.load(Ordering::SeqCst) {
-                return Err(CommitError::Frozen {
-                    partition: 0,
-                    move_id: 7,
-                });
+                return Err(Frozen);
             }
             Ok(())
         }

@@ -2,7 +2,9 @@
 //!
 //! The map (who owns what):
 //! - `config`: the effective `Config`, layered from defaults, file, env and flags.
-//! - `node`: the composition root; `Node` holds handles to everything below and nothing else.
+//! - `node`: the composition root: builds everything below, spawns the background tasks and
+//!   stops them in order. `Node` holds the handles, and also the cross-node stats and lag
+//!   queries, root seeding, frontier persistence, retention and idle-log eviction.
 //! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
 //!   produced records into partition logs. Its module doc states the durability contract.
 //! - `group_commit`: concurrent callers' records into one partition commit (a produce to a
@@ -12,7 +14,8 @@
 //! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
 //!   `Registry` of local topics.
 //! - `partitioner`: the key → partition hash produce and fan-out share (SPEC §2.3).
-//! - `queue`: `LeaseTable`, the pure queue core (leases, redelivery, frontier, caps).
+//! - `leases`: `LeaseTable`, the pure queue core of a partition (leases, redelivery, frontier,
+//!   caps).
 //! - `schema`: JSON Schema compile, validate and the compatibility rule.
 //! - `api`: the HTTP routes; owns no state.
 //! - `cluster`: the node's view of its peers (`Cluster`: connections, metadata writes
@@ -23,6 +26,7 @@
 //!   the Raft transport over it.
 //! - `security`: users, grants, authentication (cache, throttle) and authorization; `tls`:
 //!   the reloading TLS configurations of both ports.
+//! - `clock`: wall-clock Unix milliseconds and microseconds.
 //! - `metrics`, `telemetry`: Prometheus metrics and structured logs.
 //! - `error`: `ApiError` with its stable `ErrorCode`, the one error edge: mapped to HTTP
 //!   (SPEC §3.11) and carried over node RPC.
@@ -30,16 +34,17 @@
 //! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
 
 pub mod api;
+pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod fanout;
 pub mod group_commit;
+pub mod leases;
 pub mod metrics;
 pub mod node;
 pub mod partition;
 pub mod partitioner;
-pub mod queue;
 pub mod rpc;
 pub mod schema;
 pub mod security;

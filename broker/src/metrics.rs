@@ -9,6 +9,22 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Every `reason` of `remote_child_send_errors_total`: `fanout::remote::error_reason`'s and
+/// `RemoteSendError::reason`'s (the series of a link that is gone are removed by these).
+pub const SEND_ERROR_REASONS: [&str; 11] = [
+    "rejected",
+    "unauthorized",
+    "forbidden",
+    "not_found",
+    "method_not_allowed",
+    "timeout",
+    "conflict",
+    "throttled",
+    "server_error",
+    "unexpected_status",
+    "network",
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HttpLabels {
     pub route: &'static str,
@@ -615,7 +631,7 @@ impl Metrics {
         };
         self.fanout.committed.remove(&l);
         self.fanout.dropped.remove(&l);
-        for reason in crate::fanout::remote::SEND_ERROR_REASONS {
+        for reason in SEND_ERROR_REASONS {
             self.remote_child_send_errors
                 .remove(&RemoteSendErrorLabels {
                     parent: parent.to_string(),

@@ -16,6 +16,7 @@ use narad_storage::LogConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::cluster::handler::NodeRpc;
 use crate::cluster::router::NodeRouter;
 use crate::cluster::{membership, Cluster, Timing};
@@ -25,7 +26,7 @@ use crate::metrics::{
     AckReasonLabels, ErrorLabels, Metrics, OutcomeLabels, PartitionLabels, ReasonLabels,
     StatusLabels, TopicLabels, VersionLabels,
 };
-use crate::partition::{now_ms, Registry, TopicRuntime};
+use crate::partition::{Registry, TopicRuntime};
 use crate::schema::SchemaCache;
 use crate::security::password::{self, HashParams};
 use crate::security::{audit, Authenticator};

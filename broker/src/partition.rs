@@ -11,28 +11,16 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use narad_meta::{MetaState, Topic};
 use narad_storage::{LogConfig, NewRecord, PartitionLog, StorageError, StoredRecord};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
+use crate::clock::{now_micros, now_ms};
+use crate::leases::{Caps, Delivery, LeaseTable, SettleError, Settled};
 use crate::metrics::{Metrics, PartitionMetrics};
-use crate::queue::{Caps, Delivery, LeaseTable, SettleError, Settled};
-
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-pub fn now_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
 
 /// Settings the lease table needs, taken from the topic record at each call.
 #[derive(Debug, Clone, Copy)]
@@ -89,11 +77,18 @@ pub struct Partition {
     closed: AtomicBool,
     /// Callers waiting for a group commit ([`crate::group_commit`]).
     group: crate::group_commit::GroupCommit,
+    /// The topic's consumer waiters ([`TopicRuntime::notify`]): every commit wakes as many as
+    /// it made messages available, whoever committed.
+    consumers: Arc<Notify>,
 }
 
 impl crate::group_commit::Committer for Partition {
+    type Error = CommitError;
     fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
         Partition::commit_batch(self, batch)
+    }
+    fn is_refusal(e: &CommitError) -> bool {
+        e.is_refusal()
     }
     fn group(&self) -> &crate::group_commit::GroupCommit {
         &self.group
@@ -160,6 +155,13 @@ const FRONTIER_FILE: &str = "frontier";
 /// Most consumers one commit wakes.
 const MAX_WAKE_PER_EVENT: usize = 64;
 
+/// Wakes up to `n` of `waiters` (at most [`MAX_WAKE_PER_EVENT`]).
+fn wake(waiters: &Notify, n: usize) {
+    for _ in 0..n.min(MAX_WAKE_PER_EVENT) {
+        waiters.notify_one();
+    }
+}
+
 impl Partition {
     fn open(
         dir: PathBuf,
@@ -167,6 +169,7 @@ impl Partition {
         index: u32,
         log_cfg: LogConfig,
         metrics: PartitionMetrics,
+        consumers: Arc<Notify>,
     ) -> Result<Self, StorageError> {
         let log = PartitionLog::open(&dir.join("log"), log_cfg)?;
         let frontier = read_frontier(&dir)
@@ -190,13 +193,15 @@ impl Partition {
             frozen_for: Mutex::new(None),
             closed: AtomicBool::new(false),
             group: Default::default(),
+            consumers,
         })
     }
 
     /// Appends and commits one batch (blocking: fsync, re-read and verify, then the high
-    /// watermark moves). The one write path into a partition log: the dispatcher, fan-out
-    /// and group commits ([`crate::group_commit`]: produces to a partition this node owns,
-    /// batches peers commit over node RPC) all come here.
+    /// watermark moves), then wakes the fan-out cursors and as many waiting consumers as
+    /// records were committed. The one write path into a partition log: the dispatcher,
+    /// fan-out and group commits ([`crate::group_commit`]: produces to a partition this node
+    /// owns, batches peers commit over node RPC) all come here.
     pub fn commit_batch(&self, batch: &[NewRecord]) -> Result<(), CommitError> {
         self.touch();
         let _one_at_a_time = self.write_lock.lock();
@@ -226,6 +231,7 @@ impl Partition {
         self.metrics.produced.inc_by(batch.len() as u64);
         self.metrics.produced_bytes.inc_by(bytes);
         self.committed.notify_waiters();
+        wake(&self.consumers, batch.len());
         Ok(())
     }
 
@@ -486,8 +492,8 @@ pub struct TopicRuntime {
     pub name: String,
     /// Indexed by partition; `None` where another node owns the partition.
     partitions: RwLock<Vec<Option<Arc<Partition>>>>,
-    /// Woken by commits, nacks and expiries.
-    pub notify: Notify,
+    /// Woken by commits (each partition's [`Partition::commit_batch`]), nacks and expiries.
+    pub notify: Arc<Notify>,
     produce_rr: AtomicU32,
     consume_rr: AtomicU32,
 }
@@ -512,9 +518,7 @@ impl TopicRuntime {
     /// a woken consumer that finds nothing only costs a scan). A waiter that was woken but
     /// went away passes its wake-up on to the next one (tokio's `Notify` does that).
     pub fn wake_consumers(&self, n: usize) {
-        for _ in 0..n.min(MAX_WAKE_PER_EVENT) {
-            self.notify.notify_one();
-        }
+        wake(&self.notify, n);
     }
 
     /// Where a queue consume starts scanning, rotating for fairness.
@@ -671,7 +675,7 @@ impl Registry {
                     id: t.id,
                     name: t.name.clone(),
                     partitions: RwLock::new(Vec::new()),
-                    notify: Notify::new(),
+                    notify: Arc::new(Notify::new()),
                     produce_rr: AtomicU32::new(0),
                     consume_rr: AtomicU32::new(0),
                 });
@@ -690,7 +694,14 @@ impl Registry {
                     }
                 })?;
                 let metrics = self.metrics.partition(&t.name, p);
-                let part = Partition::open(dir, t.id, p, self.log_cfg.clone(), metrics)?;
+                let part = Partition::open(
+                    dir,
+                    t.id,
+                    p,
+                    self.log_cfg.clone(),
+                    metrics,
+                    rt.notify.clone(),
+                )?;
                 let mut parts = rt.partitions.write();
                 if parts.len() <= p as usize {
                     parts.resize(p as usize + 1, None);
@@ -774,11 +785,9 @@ impl Registry {
         Ok(())
     }
 
-    /// Partition `p` of topic `topic_id` with its topic's runtime, if it is open here.
-    pub fn local(&self, topic_id: u64, p: u32) -> Option<(Arc<TopicRuntime>, Arc<Partition>)> {
-        let rt = self.topic(topic_id)?;
-        let part = rt.partition(p)?;
-        Some((rt, part))
+    /// Partition `p` of topic `topic_id`, if it is open here.
+    pub fn local(&self, topic_id: u64, p: u32) -> Option<Arc<Partition>> {
+        self.topic(topic_id)?.partition(p)
     }
 
     /// Persists every moved frontier.

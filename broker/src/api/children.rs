@@ -82,7 +82,7 @@ pub async fn attach(
             parent: parent.clone(),
             child: req.child.clone(),
             delay_ms: delay,
-            now_ms: crate::partition::now_ms(),
+            now_ms: crate::clock::now_ms(),
         })
         .await?
     {
@@ -171,7 +171,7 @@ async fn attach_remote(
             parent: parent.clone(),
             link: link.clone(),
             endpoint,
-            now_ms: crate::partition::now_ms(),
+            now_ms: crate::clock::now_ms(),
         })
         .await?
     {

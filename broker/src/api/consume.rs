@@ -18,9 +18,9 @@ use super::{find_topic, json, json_response, parse_json, read_body, AppState, Na
 use crate::cluster::wire::{ConsumeRequest, SettleKind, SettleRequest};
 use crate::cluster::{Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::leases::SettleError;
 use crate::node::Node;
 use crate::partition::{Leased, QueuePolicy, TopicRuntime};
-use crate::queue::SettleError;
 use crate::rpc::{Opcode, RpcReply};
 use crate::security::{authz, Caller};
 
@@ -401,7 +401,7 @@ fn remote_owners(node: &Node, topic: &Topic) -> Vec<String> {
     owners.sort();
     owners.dedup();
     if owners.len() > 1 {
-        let k = (crate::partition::now_micros() as usize) % owners.len();
+        let k = (crate::clock::now_micros() as usize) % owners.len();
         owners.rotate_left(k);
     }
     owners

@@ -111,7 +111,7 @@ async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Ve
     // One partition (every single produce): no grouping.
     if records.iter().all(|r| r.partition == first) {
         return match owned(first) {
-            Some((rt, part)) => commit_direct(&rt, &part, records).await,
+            Some(part) => commit_direct(&part, records).await,
             None => records,
         };
     }
@@ -123,7 +123,7 @@ async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Ve
     let mut commits = Vec::new();
     for (p, recs) in by_partition {
         match owned(p) {
-            Some((rt, part)) => commits.push(async move { commit_direct(&rt, &part, recs).await }),
+            Some(part) => commits.push(async move { commit_direct(&part, recs).await }),
             None => rest.extend(recs),
         }
     }
@@ -135,7 +135,6 @@ async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Ve
 
 /// Commits records of one local partition; returns them if the commit did not happen.
 async fn commit_direct(
-    rt: &TopicRuntime,
     part: &std::sync::Arc<crate::partition::Partition>,
     records: Vec<WalRecord>,
 ) -> Vec<WalRecord> {
@@ -150,10 +149,7 @@ async fn commit_direct(
         })
         .collect();
     match crate::group_commit::commit_grouped(part, batch).await {
-        Ok(()) => {
-            rt.wake_consumers(n);
-            Vec::new()
-        }
+        Ok(()) => Vec::new(),
         Err(failed) => {
             tracing::warn!(topic_id, partition, records = n, refused = failed.refused, reason = %failed.reason,
                 "direct commit into an owned partition did not happen; the records go through the wal");
@@ -239,7 +235,7 @@ async fn forward(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
         t
     };
     if targets.len() > 1 {
-        let k = (crate::partition::now_micros() as usize) % targets.len();
+        let k = (crate::clock::now_micros() as usize) % targets.len();
         targets.rotate_left(k);
     }
     let mut last = String::from("no live node that is not draining");

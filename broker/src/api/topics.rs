@@ -12,9 +12,9 @@ use narad_meta::{MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, Topic
 use serde_json::value::RawValue;
 
 use super::{find_topic, json, read_json, AppState, Name, Query};
+use crate::clock::now_ms;
 use crate::error::{ApiError, ApiResult};
 use crate::node::Node;
-use crate::partition::now_ms;
 use crate::schema;
 use crate::security::{audit, authz, Caller};
 

@@ -17,8 +17,8 @@ use narad_api::{CreateUserRequest, PasswordRequest, PutGrantsRequest};
 use narad_meta::{MetaCommand, MetaResponse, User};
 
 use super::{json, read_json, AppState, Name};
+use crate::clock::now_ms;
 use crate::error::{ApiError, ApiResult};
-use crate::partition::now_ms;
 use crate::security::authz::{self, PasswordChange};
 use crate::security::password::{self, HashParams};
 use crate::security::{audit, users, Caller};

@@ -34,9 +34,12 @@ pub trait Call {
     fn decode(reply: RpcReply) -> Result<Self::Reply, String>;
 }
 
-/// The JSON request → JSON reply calls (the control plane).
+/// A call whose request is JSON; its reply is JSON unless a decoding is given.
 macro_rules! json_call {
     ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr) => {
+        json_call!($req => $reply, $timeout, |$r| $op, |reply| json(&reply.body));
+    };
+    ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr, |$rep:ident| $decode:expr) => {
         impl Call for $req {
             type Reply = $reply;
             const TIMEOUT: Duration = $timeout;
@@ -47,8 +50,8 @@ macro_rules! json_call {
             fn encode(&self) -> Bytes {
                 Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
             }
-            fn decode(reply: RpcReply) -> Result<$reply, String> {
-                json(&reply.body)
+            fn decode($rep: RpcReply) -> Result<$reply, String> {
+                $decode
             }
         }
     };
@@ -67,56 +70,25 @@ json_call!(PartitionRef => SegmentList, DEFAULT_TIMEOUT, |_r| Opcode::ListPartit
 json_call!(HandoffRequest => HandoffReply, DEFAULT_TIMEOUT, |_r| Opcode::PrepareHandoff);
 json_call!(StatsRequest => Vec<narad_api::PartitionStats>, DEFAULT_TIMEOUT,
     |_r| Opcode::TopicPartitionStats);
+// `TransferLeadership` (32) answers `204` without a body.
+json_call!(TransferRequest => (), super::HANDOFF_RETRY, |_r| Opcode::TransferLeadership,
+    |_reply| Ok(()));
+// `FetchSegmentChunk` (23) answers the raw bytes.
+json_call!(ChunkRequest => Bytes, Duration::from_secs(30), |_r| Opcode::FetchSegmentChunk,
+    |reply| Ok(reply.body));
 
 /// `FanoutCursors` (17) and `RemoteLinkStates` (33) ask the same thing of a parent's owner:
 /// the request names which.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
 pub struct CursorLags(pub FanoutCursorsRequest);
+#[derive(serde::Serialize)]
+#[serde(transparent)]
 pub struct RemoteLinkStates(pub FanoutCursorsRequest);
 json_call!(CursorLags => std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
     DEFAULT_TIMEOUT, |_r| Opcode::FanoutCursors);
 json_call!(RemoteLinkStates => std::collections::BTreeMap<String, RemoteLinkState>,
     DEFAULT_TIMEOUT, |_r| Opcode::RemoteLinkStates);
-
-impl serde::Serialize for CursorLags {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-impl serde::Serialize for RemoteLinkStates {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(s)
-    }
-}
-
-/// `TransferLeadership` (32) answers `204` without a body.
-impl Call for TransferRequest {
-    type Reply = ();
-    const TIMEOUT: Duration = super::HANDOFF_RETRY;
-    fn opcode(&self) -> Opcode {
-        Opcode::TransferLeadership
-    }
-    fn encode(&self) -> Bytes {
-        Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
-    }
-    fn decode(_: RpcReply) -> Result<(), String> {
-        Ok(())
-    }
-}
-
-/// `FetchSegmentChunk` (23) answers the raw bytes.
-impl Call for ChunkRequest {
-    type Reply = Bytes;
-    const TIMEOUT: Duration = Duration::from_secs(30);
-    fn opcode(&self) -> Opcode {
-        Opcode::FetchSegmentChunk
-    }
-    fn encode(&self) -> Bytes {
-        Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
-    }
-    fn decode(reply: RpcReply) -> Result<Bytes, String> {
-        Ok(reply.body)
-    }
-}
 
 /// How an opcode's reply is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

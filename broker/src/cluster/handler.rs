@@ -13,9 +13,9 @@ use super::wire::{
     SettleRequest, StatsRequest, TransferRequest,
 };
 use super::{forward_opcode, TopicLookup};
+use crate::clock::now_ms;
 use crate::error::{ApiError, ErrorCode};
 use crate::node::Node;
-use crate::partition::now_ms;
 use crate::rpc::{BoxFuture, Caller, Opcode, RpcHandler, RpcReply};
 
 /// Serves node RPCs once the node is built (`503` before).
@@ -313,7 +313,6 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
     let Some(part) = rt.partition(batch.partition) else {
         return RpcReply::fail(ErrorCode::Unavailable, "partition not open here yet");
     };
-    let n = batch.records.len();
     let records: Vec<NewRecord> = batch
         .records
         .into_iter()
@@ -337,10 +336,7 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
         tracing::trace!(target: "narad_trace", from, partition = part.index, hwm = part.log.high_watermark(), ok = result.is_ok(), records = ?ids, "owner commit");
     }
     match result {
-        Ok(()) => {
-            rt.wake_consumers(n);
-            RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}"))
-        }
+        Ok(()) => RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}")),
         Err(e) if e.refused => RpcReply::fail(ErrorCode::CommitRefused, &e.reason),
         Err(e) => {
             node.metrics.error("dispatcher", "commit");

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::calls::Call;
 use super::wire::JoinRequest;
 use super::Cluster;
-use crate::partition::now_ms;
+use crate::clock::now_ms;
 
 /// How often a join-only node asks to be admitted.
 const JOIN_EVERY: Duration = Duration::from_secs(2);

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use super::wire::CommitBatch;
+use narad_storage::NewRecord;
+
+use super::wire::{CommitBatch, CommitRecord};
 use super::{rpc_error, Cluster, TopicLookup};
 use crate::error::ApiError;
 use crate::partition::Registry;
@@ -26,7 +28,7 @@ impl Router for NodeRouter {
             None => Route::NotReady,
             Some(o) if o == self.cluster.node_id => {
                 match self.registry.local(topic_id, partition) {
-                    Some((rt, p)) => Route::Local(rt, p),
+                    Some(p) => Route::Local(p),
                     None => Route::NotReady,
                 }
             }
@@ -51,9 +53,23 @@ impl Router for NodeRouter {
     fn commit_remote(
         &self,
         owner: String,
-        batch: CommitBatch,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
     ) -> BoxFuture<'static, Result<(), String>> {
         let cluster = self.cluster.clone();
+        // The wire form, at the edge.
+        let batch = CommitBatch {
+            topic_id,
+            partition,
+            records: records
+                .into_iter()
+                .map(|r| CommitRecord {
+                    key: r.key,
+                    payload: r.payload,
+                })
+                .collect(),
+        };
         Box::pin(async move { commit_on(&cluster, &owner, batch).await })
     }
 }
@@ -120,7 +136,7 @@ impl crate::fanout::ChildCommitter for RemoteChildCommitter {
         Box::pin(async move {
             let owner = Cluster::owner(&child, partition)
                 .ok_or_else(|| {
-                    crate::fanout::CommitError(format!(
+                    crate::fanout::ChildCommitError(format!(
                         "partition {partition} of child topic {} is not assigned yet",
                         child.name
                     ))
@@ -139,7 +155,7 @@ impl crate::fanout::ChildCommitter for RemoteChildCommitter {
             };
             commit_on(&self.cluster, &owner, batch)
                 .await
-                .map_err(crate::fanout::CommitError)
+                .map_err(crate::fanout::ChildCommitError)
         })
     }
 }

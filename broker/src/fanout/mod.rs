@@ -52,12 +52,13 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now_ms;
 use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics, RemoteSendErrorLabels};
-use crate::partition::{now_ms, Partition, Registry};
+use crate::partition::{Partition, Registry};
 use cursor::{CursorDir, CursorFile, CursorId, Loaded};
 use io::IoThreads;
 use remote::{BatchBody, LinkState, LinkStatus, RemoteClient, Verdict};
-pub use sink::{ChildCommitter, CommitError, RoutedCommitter};
+pub use sink::{ChildCommitError, ChildCommitter, RoutedCommitter};
 
 /// Tunables (SPEC §8 `fanout.*`, §11).
 #[derive(Debug, Clone)]

@@ -30,7 +30,7 @@ use percent_encoding::{percent_encode, utf8_percent_encode, NON_ALPHANUMERIC};
 use rustls::pki_types::CertificateDer;
 use serde_json::value::RawValue;
 
-use crate::partition::now_ms;
+use crate::clock::now_ms;
 
 /// Most messages in one remote batch produce (SPEC §3.4, §11).
 pub const BATCH_MAX_MESSAGES: usize = 100;
@@ -224,22 +224,6 @@ pub fn classify(status: u16, batch: bool, retry_after: Option<Duration>) -> Verd
     }
 }
 
-/// Every `reason` of `remote_child_send_errors_total`: [`error_reason`]'s and
-/// [`TransportError::reason`]'s (the series of a link that is gone are removed by these).
-pub const SEND_ERROR_REASONS: [&str; 11] = [
-    "rejected",
-    "unauthorized",
-    "forbidden",
-    "not_found",
-    "method_not_allowed",
-    "timeout",
-    "conflict",
-    "throttled",
-    "server_error",
-    "unexpected_status",
-    "network",
-];
-
 /// The `reason` label of `remote_child_send_errors_total` for a failed answer.
 pub fn error_reason(status: u16) -> &'static str {
     match status {
@@ -337,7 +321,7 @@ impl Answer {
 
 /// No answer came (network error, TLS failure, timeout): always retried.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TransportError {
+pub enum RemoteSendError {
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     #[error("network error: {0}")]
@@ -347,12 +331,12 @@ pub enum TransportError {
     Refused(String),
 }
 
-impl TransportError {
+impl RemoteSendError {
     pub fn reason(&self) -> &'static str {
         match self {
-            TransportError::Timeout(_) => "timeout",
-            TransportError::Network(_) => "network",
-            TransportError::Refused(_) => "refused",
+            RemoteSendError::Timeout(_) => "timeout",
+            RemoteSendError::Network(_) => "network",
+            RemoteSendError::Refused(_) => "refused",
         }
     }
 }
@@ -485,7 +469,7 @@ impl RemoteClient {
     }
 
     /// `POST …/produce/batch` with a body built by [`BatchBody`].
-    pub async fn send_batch(&self, body: Bytes) -> Result<Answer, TransportError> {
+    pub async fn send_batch(&self, body: Bytes) -> Result<Answer, RemoteSendError> {
         self.post(
             format!("{}/batch", self.produce_url),
             "application/json",
@@ -495,7 +479,7 @@ impl RemoteClient {
     }
 
     /// `POST …/produce[?key=K]` with the payload as the body.
-    pub async fn send_single(&self, rec: &StoredRecord) -> Result<Answer, TransportError> {
+    pub async fn send_single(&self, rec: &StoredRecord) -> Result<Answer, RemoteSendError> {
         let url = match rec.key.as_deref() {
             Some(k) if !k.is_empty() => {
                 format!(
@@ -515,9 +499,9 @@ impl RemoteClient {
         url: String,
         content_type: &'static str,
         body: Bytes,
-    ) -> Result<Answer, TransportError> {
+    ) -> Result<Answer, RemoteSendError> {
         if let Some(why) = &self.refused {
-            return Err(TransportError::Refused(why.clone()));
+            return Err(RemoteSendError::Refused(why.clone()));
         }
         let mut req = Request::builder()
             .method(Method::POST)
@@ -530,13 +514,13 @@ impl RemoteClient {
         }
         let req = req
             .body(Full::new(body))
-            .map_err(|e| TransportError::Network(format!("cannot build the request: {e}")))?;
+            .map_err(|e| RemoteSendError::Network(format!("cannot build the request: {e}")))?;
         let exchange = async {
             let resp = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| TransportError::Network(describe_client_error(&e)))?;
+                .map_err(|e| RemoteSendError::Network(describe_client_error(&e)))?;
             let status = resp.status().as_u16();
             let retry_after = parse_retry_after(resp.headers().get(RETRY_AFTER));
             // Read the body (so the connection is reused); a 202's content does not matter.
@@ -558,7 +542,7 @@ impl RemoteClient {
         };
         match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
             Ok(r) => r,
-            Err(_) => Err(TransportError::Timeout(REQUEST_TIMEOUT)),
+            Err(_) => Err(RemoteSendError::Timeout(REQUEST_TIMEOUT)),
         }
     }
 }
@@ -680,6 +664,7 @@ fn push_base64(out: &mut Vec<u8>, input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::SEND_ERROR_REASONS;
     use rustls::pki_types::pem::PemObject;
 
     #[test]
@@ -689,8 +674,8 @@ mod tests {
             assert!(SEND_ERROR_REASONS.contains(&r), "{status} → {r}");
         }
         for e in [
-            TransportError::Timeout(Duration::from_secs(1)),
-            TransportError::Network(String::new()),
+            RemoteSendError::Timeout(Duration::from_secs(1)),
+            RemoteSendError::Network(String::new()),
         ] {
             assert!(SEND_ERROR_REASONS.contains(&e.reason()), "{e}");
         }

@@ -19,13 +19,13 @@ use super::io::IoThreads;
 use crate::partition::Registry;
 use crate::wal::dispatcher::commit_records;
 
-pub type CommitFuture<'a> = Pin<Box<dyn Future<Output = Result<(), CommitError>> + Send + 'a>>;
+pub type CommitFuture<'a> = Pin<Box<dyn Future<Output = Result<(), ChildCommitError>> + Send + 'a>>;
 
 /// A failed child commit. Nothing of the batch is visible; the cursor retries it (with
 /// backoff) and does not advance.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct CommitError(pub String);
+pub struct ChildCommitError(pub String);
 
 /// Commits fan-out copies to a child partition.
 pub trait ChildCommitter: Send + Sync + 'static {
@@ -40,29 +40,27 @@ pub trait ChildCommitter: Send + Sync + 'static {
 }
 
 /// Commits a batch to a child partition this node owns (blocking work on the fan-out I/O
-/// threads), then wakes the child's waiting consumers.
+/// threads; the commit wakes the child's waiting consumers).
 pub async fn commit_local(
     io: &IoThreads,
     registry: &Registry,
     child: &Topic,
     partition: u32,
     records: Vec<NewRecord>,
-) -> Result<(), CommitError> {
+) -> Result<(), ChildCommitError> {
     let rt = registry
         .topic(child.id)
-        .ok_or_else(|| CommitError(format!("child topic {} is not open here", child.name)))?;
+        .ok_or_else(|| ChildCommitError(format!("child topic {} is not open here", child.name)))?;
     let part = rt.partition(partition).ok_or_else(|| {
-        CommitError(format!(
+        ChildCommitError(format!(
             "partition {partition} of child topic {} is not open here",
             child.name
         ))
     })?;
-    let n = records.len();
     io.run(move || commit_records(&part, &records))
         .await
-        .map_err(|e| CommitError(format!("commit task failed: {e}")))?
-        .map_err(CommitError)?;
-    rt.wake_consumers(n);
+        .map_err(|e| ChildCommitError(format!("commit task failed: {e}")))?
+        .map_err(ChildCommitError)?;
     Ok(())
 }
 
@@ -108,13 +106,13 @@ impl ChildCommitter for RoutedCommitter {
                 }
                 Some(o) => match &self.remote {
                     Some(r) => r.commit(child, partition, records).await,
-                    None => Err(CommitError(format!(
+                    None => Err(ChildCommitError(format!(
                         "partition {partition} of child topic {} is owned by {o}; no remote \
                          commit path on this node",
                         child.name
                     ))),
                 },
-                None => Err(CommitError(format!(
+                None => Err(ChildCommitError(format!(
                     "partition {partition} of child topic {} is not assigned yet",
                     child.name
                 ))),

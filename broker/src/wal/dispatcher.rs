@@ -1,12 +1,13 @@
 //! The dispatcher: commits the WAL's records into partition logs. It takes durable WAL records,
 //! batches them per (topic, partition), commits up to 16 batches in parallel (append, fsync,
-//! read back and verify, move the high watermark), wakes the partition's consumers, and
-//! only then lets the WAL drop the records. Records for a healthy partition flow past a
+//! read back and verify, move the high watermark; the commit wakes the partition's consumers),
+//! and only then lets the WAL drop the records. Records for a healthy partition flow past a
 //! stuck one; a failed commit is retried with backoff and its records stay in the WAL.
 //!
 //! Where a batch goes is the [`Router`]'s call: a local partition (committed here, on a
-//! blocking thread), or its owner on another node (`CommitProduceBatch` over node RPC, which
-//! answers only once the owner has verified the commit). A record whose partition failed
+//! blocking thread), or its owner on another node (the router sends it as
+//! `CommitProduceBatch`, which the owner answers only once it has verified the commit; this
+//! module knows no wire format). A record whose partition failed
 //! [`REROUTE_AFTER_FAILURES`] passes in a row — at once if membership says the owner is dead —
 //! is committed to the next live, non-stuck partition of the same topic instead, pinned
 //! records included (SPEC §6.4).
@@ -21,16 +22,12 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::{DurableRecord, Wal};
-use crate::cluster::wire::{CommitBatch, CommitRecord};
-use crate::partition::{Partition, TopicRuntime};
+use crate::group_commit::{MAX_BATCH_BYTES, MAX_BATCH_RECORDS};
+use crate::partition::Partition;
 use crate::rpc::BoxFuture;
 
 /// Most batches committing at once (SPEC §11).
 pub const MAX_PARALLEL: usize = 16;
-/// Most records in one partition commit.
-pub const MAX_BATCH_RECORDS: usize = 4096;
-/// About the most bytes in one partition commit.
-pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 /// Failed passes after which a partition's records go to a sibling partition.
 pub const REROUTE_AFTER_FAILURES: u32 = 3;
@@ -59,12 +56,10 @@ fn trace_records(what: &str, key: Key, records: &[DurableRecord]) {
 
 /// Where a batch for (topic id, partition) goes.
 pub enum Route {
-    Local(Arc<TopicRuntime>, Arc<Partition>),
+    /// Owned by this node: committed here, on a blocking thread.
+    Local(Arc<Partition>),
     /// Owned by another node; `dead` when membership says it is.
-    Remote {
-        owner: String,
-        dead: bool,
-    },
+    Remote { owner: String, dead: bool },
     /// The topic was deleted: drop the records.
     Gone,
     /// Not known or not open yet (a create or growth still being applied): try again soon.
@@ -77,11 +72,14 @@ pub trait Router: Send + Sync + 'static {
     /// The first partition after `from` (`from`+1, +2, … mod the count) of the topic whose
     /// owner is alive and that `usable` accepts; `None` if there is none.
     fn reroute(&self, topic_id: u64, from: u32, usable: &dyn Fn(u32) -> bool) -> Option<u32>;
-    /// Commits a batch on `owner`; `Ok` once the owner has made it visible.
+    /// Commits `records` into partition `partition` of topic `topic_id` on `owner`; `Ok` once
+    /// the owner has made them visible. (How they travel is the router's business.)
     fn commit_remote(
         &self,
         owner: String,
-        batch: CommitBatch,
+        topic_id: u64,
+        partition: u32,
+        records: Vec<NewRecord>,
     ) -> BoxFuture<'static, Result<(), String>>;
 }
 
@@ -111,8 +109,8 @@ struct Outcome {
     key: Key,
     records: Vec<DurableRecord>,
     result: Result<(), String>,
-    /// Set for local commits: whose consumers to wake.
-    local: Option<Arc<TopicRuntime>>,
+    /// A local commit (counted against `parallel`).
+    local: bool,
 }
 
 impl Dispatcher {
@@ -278,7 +276,7 @@ impl Dispatcher {
                     self.retry_at
                         .insert(key, Instant::now() + Duration::from_millis(20));
                 }
-                Route::Local(rt, part) => {
+                Route::Local(part) => {
                     trace_records("local", key, &records);
                     self.busy.insert(key, ());
                     self.local_busy += 1;
@@ -288,32 +286,23 @@ impl Dispatcher {
                             key,
                             records,
                             result,
-                            local: Some(rt),
+                            local: true,
                         }
                     });
                 }
                 Route::Remote { owner, .. } => {
                     trace_records(&format!("remote {owner}"), key, &records);
                     self.busy.insert(key, ());
-                    let batch = CommitBatch {
-                        topic_id: key.0,
-                        partition: key.1,
-                        records: records
-                            .iter()
-                            .map(|r| CommitRecord {
-                                key: r.record.key.clone(),
-                                payload: r.record.payload.clone(),
-                            })
-                            .collect(),
-                    };
-                    let fut = self.router.commit_remote(owner, batch);
+                    let fut = self
+                        .router
+                        .commit_remote(owner, key.0, key.1, new_records(&records));
                     jobs.spawn(async move {
                         let result = fut.await;
                         Outcome {
                             key,
                             records,
                             result,
-                            local: None,
+                            local: false,
                         }
                     });
                 }
@@ -399,16 +388,13 @@ impl Dispatcher {
 
     fn finish(&mut self, outcome: Outcome) {
         self.busy.remove(&outcome.key);
-        if outcome.local.is_some() {
+        if outcome.local {
             self.local_busy -= 1;
         }
         match outcome.result {
             Ok(()) => {
                 trace_records("done", outcome.key, &outcome.records);
                 self.failures.remove(&outcome.key);
-                if let Some(rt) = outcome.local {
-                    rt.wake_consumers(outcome.records.len());
-                }
                 self.wal.committed(&outcome.records);
             }
             Err(e) => {
@@ -447,14 +433,18 @@ fn due(
 
 /// Appends and commits one batch to a local partition (blocking: fsync).
 fn commit(part: &Partition, records: &[DurableRecord]) -> Result<(), String> {
-    let batch: Vec<NewRecord> = records
+    commit_records(part, &new_records(records))
+}
+
+/// The records of WAL entries, as a partition commit takes them.
+fn new_records(records: &[DurableRecord]) -> Vec<NewRecord> {
+    records
         .iter()
         .map(|r| NewRecord {
             key: r.record.key.clone(),
             payload: r.record.payload.clone(),
         })
-        .collect();
-    commit_records(part, &batch)
+        .collect()
 }
 
 /// How the dispatcher and fan-out commit into a local partition: `Partition::commit_batch`
