@@ -64,9 +64,9 @@ pub struct LeaseTable {
     pub dropped: u64,
 }
 
-/// A lease handed out: the offset and the delivery's nonce.
+/// A lease granted: the offset and the nonce of this delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delivery {
+pub struct Granted {
     pub offset: u64,
     pub nonce: u64,
 }
@@ -154,7 +154,7 @@ impl LeaseTable {
         visibility: Duration,
         now: Instant,
         now_micros: u64,
-    ) -> Option<Delivery> {
+    ) -> Option<Granted> {
         if self.inflight.len() as u64 >= caps.max_in_flight {
             return None;
         }
@@ -181,7 +181,7 @@ impl LeaseTable {
         let deadline = now + visibility;
         self.inflight.insert(offset, Lease { nonce, deadline });
         self.deadlines.insert((deadline, offset));
-        Some(Delivery { offset, nonce })
+        Some(Granted { offset, nonce })
     }
 
     fn check(&self, offset: u64, nonce: u64, now: Instant) -> Result<Lease, SettleError> {
@@ -286,7 +286,7 @@ mod tests {
         max_acked_ahead: 1024,
     };
 
-    fn lease(t: &mut LeaseTable, hwm: u64, now: Instant) -> Option<Delivery> {
+    fn lease(t: &mut LeaseTable, hwm: u64, now: Instant) -> Option<Granted> {
         t.expire(now);
         t.lease(hwm, CAPS, VIS, now, 0)
     }

@@ -17,6 +17,8 @@
 //! - `leases`: `LeaseTable`, the pure queue core of a partition (leases, redelivery, frontier,
 //!   caps).
 //! - `schema`: JSON Schema compile, validate and the compatibility rule.
+//! - `delivery`: consume, replay and settle (`Delivery`), here and through other owners
+//!   (forwarding, prefetch, coalesced settles); knows neither HTTP nor the RPC server.
 //! - `api`: the HTTP routes; owns no state.
 //! - `cluster`: the node's view of its peers (`Cluster`: connections, metadata writes
 //!   forwarded to the leader, catch-up reads, owner lookups), membership, the leader's
@@ -37,6 +39,7 @@ pub mod api;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod delivery;
 pub mod error;
 pub mod fanout;
 pub mod group_commit;

@@ -565,6 +565,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Removes the series of `topic` again if `view` (this replica) has applied its deletion:
+    /// a request (or a scrape) that was under way while the topic was deleted must not bring
+    /// back the series that [`Metrics::forget_topic`] removed. A topic the replica has not
+    /// caught up with yet (id at or above `next_topic_id`) is not deleted; a name in use
+    /// again keeps its series (they are the new topic's).
+    pub fn forget_if_deleted(&self, view: &narad_meta::MetaState, topic: &narad_meta::Topic) {
+        if topic.id < view.next_topic_id && !view.topics.contains_key(&topic.name) {
+            self.forget_topic(&topic.name);
+        }
+    }
+
     /// Drops every series of a deleted topic: each family labelled `topic`, per topic or per
     /// (topic, partition) for every partition a topic can have. (The fan-out families are
     /// labelled `parent`/`child` and go with their link: [`Metrics::forget_link`].)

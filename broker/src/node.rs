@@ -23,8 +23,7 @@ use crate::cluster::{membership, Cluster, Timing};
 use crate::config::Config;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::{
-    AckReasonLabels, ErrorLabels, Metrics, OutcomeLabels, PartitionLabels, ReasonLabels,
-    StatusLabels, TopicLabels, VersionLabels,
+    ErrorLabels, Metrics, PartitionLabels, ReasonLabels, StatusLabels, TopicLabels, VersionLabels,
 };
 use crate::partition::{Registry, TopicRuntime};
 use crate::schema::SchemaCache;
@@ -36,9 +35,6 @@ use crate::wal::{Wal, WalOptions};
 /// Threads for the fan-out engine's blocking work (reads, child commits, cursor files), at
 /// a lower CPU priority than produce: one can read while the other waits for an fsync.
 const FANOUT_IO_THREADS: usize = 2;
-
-/// Forwarded single settles in flight per (owner, topic, kind); more wait and go together.
-const SETTLE_CALLS_IN_FLIGHT: usize = 2;
 
 /// The most a node waits for a metadata index it was asked to apply, and the most a topic
 /// change waits for the other live members to apply it (then the lagging ones catch up on
@@ -66,8 +62,8 @@ pub struct Node {
     pub fanout: Arc<crate::fanout::Fanout>,
     /// Peers, placement, forwarding (a standalone node has one too).
     pub cluster: Arc<Cluster>,
-    /// Single settles forwarded to the same owner (topic, kind) share one `AckBatch` call.
-    pub settles: Arc<crate::api::consume::SettleCoalescer>,
+    /// Consumes, replays and settles (SPEC §3.5, §3.6), here and on other owners.
+    pub delivery: Arc<crate::delivery::Delivery>,
     /// The leader's reasons why drained members are not removed yet (empty elsewhere).
     decommission_reasons: parking_lot::Mutex<BTreeMap<String, String>>,
     ready: AtomicBool,
@@ -133,16 +129,8 @@ impl Node {
 
     /// The local runtime of a topic (opening it if the metadata is ahead of the registry).
     pub fn runtime(&self, topic: &Topic) -> ApiResult<Arc<TopicRuntime>> {
-        if let Some(rt) = self.registry.topic(topic.id) {
-            return Ok(rt);
-        }
-        self.apply_topics()?;
-        self.registry.topic(topic.id).ok_or_else(|| {
-            ApiError::unavailable(
-                format!("topic {} is not open on this node yet", topic.name),
-                1,
-            )
-        })
+        self.registry
+            .runtime_of(&self.meta.view(), &self.node_id, topic)
     }
 
     /// Topic `id` as this node knows it; a topic id it has not seen yet (newer than its
@@ -150,17 +138,7 @@ impl Node {
     /// leadership and says how far its state goes) and open its partitions, so a request
     /// that raced a create is answered from the created topic, not refused (SPEC §3.3).
     pub async fn topic_by_id_current(&self, id: u64) -> crate::cluster::TopicLookup {
-        let found = self.cluster.topic_by_id(id);
-        if !matches!(found, crate::cluster::TopicLookup::Unknown) || !self.cluster.clustered {
-            return found;
-        }
-        if let Err(e) = self.cluster.read_current(None).await {
-            tracing::debug!(topic_id = id, error = %e.message, "catch-up read failed");
-        }
-        if let Err(e) = self.apply_topics() {
-            tracing::warn!(error = %e.message, "applying metadata to local partitions failed");
-        }
-        self.cluster.topic_by_id(id)
+        self.delivery.topic_by_id_current(id).await
     }
 
     /// Waits (at most [`MEMBER_CATCH_UP`]) until this node has applied metadata `index`, then
@@ -532,64 +510,10 @@ impl Node {
             .inc();
         self.forget_if_deleted(topic);
     }
-    pub fn observe_consume_wait(&self, topic: &Topic, outcome: &'static str, waited: Duration) {
-        debug_assert!(
-            crate::metrics::CONSUME_OUTCOMES.contains(&outcome),
-            "{outcome}"
-        );
-        self.metrics
-            .consume_wait
-            .get_or_create(&OutcomeLabels {
-                topic: topic.name.clone(),
-                outcome,
-            })
-            .observe(waited.as_secs_f64());
-        self.forget_if_deleted(topic);
-    }
-    pub fn consume_empty(&self, topic: &Topic) {
-        self.metrics
-            .consume_empty
-            .get_or_create(&TopicLabels {
-                topic: topic.name.clone(),
-            })
-            .inc();
-        self.forget_if_deleted(topic);
-    }
-    pub fn ack_rejected(&self, reason: &'static str) {
-        self.metrics
-            .ack_rejected
-            .get_or_create(&AckReasonLabels { reason })
-            .inc();
-    }
-    pub fn count_extend(&self, topic: &Topic) {
-        self.metrics
-            .ack_extended
-            .get_or_create(&TopicLabels {
-                topic: topic.name.clone(),
-            })
-            .inc();
-        self.forget_if_deleted(topic);
-    }
-    pub fn count_nack(&self, topic: &Topic) {
-        self.metrics
-            .nack
-            .get_or_create(&TopicLabels {
-                topic: topic.name.clone(),
-            })
-            .inc();
-        self.forget_if_deleted(topic);
-    }
-
-    /// Removes the series of `topic` again if this replica has applied its deletion: a request
-    /// (or a scrape) that was under way while the topic was deleted must not bring back the
-    /// series that `Metrics::forget_topic` removed. A topic this replica has not caught up
-    /// with yet (id at or above `next_topic_id`) is not deleted; a name in use again keeps
-    /// its series (they are the new topic's).
+    /// Removes the series of `topic` again if this replica has applied its deletion (see
+    /// [`crate::metrics::Metrics::forget_if_deleted`]).
     fn forget_if_deleted(&self, topic: &Topic) {
-        let view = self.meta.view();
-        if topic.id < view.next_topic_id && !view.topics.contains_key(&topic.name) {
-            self.metrics.forget_topic(&topic.name);
-        }
+        self.metrics.forget_if_deleted(&self.meta.view(), topic);
     }
 
     /// Refreshes the gauges that describe state rather than events.
@@ -746,7 +670,7 @@ impl Running {
             }
         }
         // Messages prefetched from remote owners go back to them at once.
-        crate::api::consume::release_all_kept(&node).await;
+        node.delivery.release_all_kept().await;
         // Let the dispatcher commit what the WAL holds, so a restart re-sends little.
         let until = Instant::now() + Duration::from_secs(5);
         while node.wal.outstanding() > 0 && Instant::now() < until {
@@ -1000,6 +924,15 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     if !clustered {
         fanout.confirm_view();
     }
+    let shutdown = CancellationToken::new();
+    let delivery = Arc::new(crate::delivery::Delivery::new(
+        meta.clone(),
+        registry.clone(),
+        cluster.clone(),
+        metrics.clone(),
+        config.http.max_consume_wait,
+        shutdown.clone(),
+    ));
     let node = Arc::new(Node {
         credentials,
         config: config.clone(),
@@ -1012,15 +945,12 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         auth: Authenticator::default(),
         fanout,
         cluster: cluster.clone(),
-        settles: crate::cluster::coalesce::Coalescer::new(
-            crate::api::consume::MAX_BATCH as usize,
-            SETTLE_CALLS_IN_FLIGHT,
-        ),
+        delivery,
         decommission_reasons: Default::default(),
         ready: AtomicBool::new(false),
         stopping: AtomicBool::new(false),
         was_ready: AtomicBool::new(false),
-        shutdown: CancellationToken::new(),
+        shutdown,
         data_dir: data_dir.clone(),
         _lock: lock,
     });

@@ -19,7 +19,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::clock::{now_micros, now_ms};
-use crate::leases::{Caps, Delivery, LeaseTable, SettleError, Settled};
+use crate::leases::{Caps, Granted, LeaseTable, SettleError, Settled};
 use crate::metrics::{Metrics, PartitionMetrics};
 
 /// Settings the lease table needs, taken from the topic record at each call.
@@ -43,7 +43,7 @@ impl QueuePolicy {
 
 /// What a lease attempt found.
 pub enum Leased {
-    Message(StoredRecord, Delivery),
+    Message(StoredRecord, Granted),
     /// Nothing deliverable now (empty, capped, or all leased).
     Nothing,
     /// The record could not be read now (I/O error): the delivery was handed back.
@@ -575,6 +575,28 @@ impl Registry {
 
     pub fn topic(&self, id: u64) -> Option<Arc<TopicRuntime>> {
         self.topics.read().get(&id).cloned()
+    }
+
+    /// The local runtime of `topic`, opening the partitions `view` gives `node_id` first if
+    /// the metadata is ahead of the registry (`503` while it is still not open).
+    pub fn runtime_of(
+        &self,
+        view: &MetaState,
+        node_id: &str,
+        topic: &Topic,
+    ) -> crate::error::ApiResult<Arc<TopicRuntime>> {
+        use crate::error::ApiError;
+        if let Some(rt) = self.topic(topic.id) {
+            return Ok(rt);
+        }
+        self.reconcile(view, node_id)
+            .map_err(|e| ApiError::internal(format!("opening partitions failed: {e}")))?;
+        self.topic(topic.id).ok_or_else(|| {
+            ApiError::unavailable(
+                format!("topic {} is not open on this node yet", topic.name),
+                1,
+            )
+        })
     }
 
     pub fn metrics(&self) -> &Metrics {

@@ -2,6 +2,7 @@
 //! answered `400 unsupported rpc operation <n>`, which a caller reads as "peer too old".
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use bytes::Bytes;
 use narad_meta::{MetaCommand, MetaError};
@@ -14,6 +15,7 @@ use super::wire::{
 };
 use super::{forward_opcode, TopicLookup};
 use crate::clock::now_ms;
+use crate::delivery::{ConsumeAsk, Delivery};
 use crate::error::{ApiError, ErrorCode};
 use crate::node::Node;
 use crate::rpc::{BoxFuture, Caller, Opcode, RpcHandler, RpcReply};
@@ -97,16 +99,12 @@ impl RpcHandler for NodeRpc {
                 Opcode::CommitProduceBatch => commit(&node, from, body, None).await,
                 Opcode::CommitProduce => commit(&node, from, body, Some(1)).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {
-                    Ok(req) => crate::api::consume::serve_forwarded(&node, req).await,
+                    Ok(req) => consume(&node.delivery, req).await,
                     Err(r) => r,
                 },
                 Opcode::Ack | Opcode::ExtendAck | Opcode::Nack | Opcode::AckBatch => {
                     match json::<SettleRequest>(&body) {
-                        Ok(req) => crate::api::consume::settle_forwarded(
-                            &node,
-                            req,
-                            opcode == Opcode::AckBatch,
-                        ),
+                        Ok(req) => settle(&node.delivery, req, opcode == Opcode::AckBatch),
                         Err(r) => r,
                     }
                 }
@@ -342,6 +340,73 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
             node.metrics.error("dispatcher", "commit");
             RpcReply::fail(ErrorCode::Internal, &format!("commit failed: {}", e.reason))
         }
+    }
+}
+
+/// A reply carrying a consume or replay answer: `200` with it, `204` without, or the error.
+fn answer(r: crate::error::ApiResult<Option<Vec<u8>>>) -> RpcReply {
+    match r {
+        Ok(Some(body)) => RpcReply::new(200, crate::rpc::proto::JSON, body),
+        Ok(None) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+        Err(e) => e.to_reply(),
+    }
+}
+
+/// A consume, pinned consume or replay forwarded by another node: served from this node's
+/// own partitions only (never forwarded again); the reply is the HTTP answer.
+async fn consume(delivery: &Delivery, req: ConsumeRequest) -> RpcReply {
+    let topic = match delivery.topic_by_id_current(req.topic_id).await {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return ApiError::topic_not_found(&req.topic).to_reply(),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(
+                ErrorCode::Unavailable,
+                "topic not known on its owner yet; retry",
+            );
+        }
+    };
+    if let Some(p) = req.partition {
+        if p >= topic.config.partitions {
+            return RpcReply::fail(ErrorCode::BadRequest, format!("partition {p} out of range"));
+        }
+        if !delivery.owns(&topic, p) {
+            return RpcReply::fail(
+                ErrorCode::Unavailable,
+                format!("partition {p} is not owned by this node"),
+            );
+        }
+    }
+    if let Some(offset) = req.offset {
+        return answer(delivery.replay_here(&topic, req.partition.unwrap_or(0), offset));
+    }
+    let ask = ConsumeAsk {
+        partition: req.partition,
+        max: req.max,
+        wait: Duration::from_millis(req.wait_ms),
+    };
+    answer(delivery.consume_here(&topic, ask).await)
+}
+
+/// Settles forwarded by another node (`Ack`, `ExtendAck`, `Nack`: one handle, `204` or an
+/// error; `AckBatch`: a `BatchAckResponse`).
+fn settle(delivery: &Delivery, req: SettleRequest, batch: bool) -> RpcReply {
+    let topic = match delivery.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return ApiError::topic_not_found(&req.topic).to_reply(),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet; retry")
+        }
+    };
+    if batch {
+        let results = delivery.settle_forwarded(&topic, &req.handles, req.how);
+        return RpcReply::json(200, &narad_api::BatchAckResponse { results });
+    }
+    match req.handles.first() {
+        Some(h) => match delivery.settle_owned(&topic, h, req.how) {
+            Ok(()) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
+            Err(e) => e.to_reply(),
+        },
+        None => RpcReply::fail(ErrorCode::BadRequest, "receipt_handle required"),
     }
 }
 

@@ -13,12 +13,10 @@
 //! everything, and nothing here leaves the process.
 
 pub mod calls;
-pub mod coalesce;
 pub mod controller;
 pub mod handler;
 pub mod membership;
 pub mod moves;
-pub mod prefetch;
 pub mod router;
 pub mod wire;
 
@@ -95,8 +93,6 @@ pub struct Cluster {
     handing_off: AtomicBool,
     /// Moves in progress on this node (copies in, freezes, deletions).
     pub moves: moves::Tracker,
-    /// Messages leased on remote owners, kept for this node's next consumes.
-    pub prefetch: prefetch::Prefetch,
     by_id: ArcSwap<TopicIndex>,
     /// `topic.max_topics`: the most topics a create on this node, as metadata leader, admits.
     max_topics: u64,
@@ -138,7 +134,6 @@ impl Cluster {
             registered: AtomicBool::new(false),
             handing_off: AtomicBool::new(false),
             moves: moves::Tracker::default(),
-            prefetch: prefetch::Prefetch::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
             max_topics,
             create_gate: tokio::sync::Mutex::new(()),
