@@ -43,15 +43,10 @@ impl Delivery {
         p: u32,
         ask: ConsumeAsk,
     ) -> ApiResult<Option<Vec<u8>>> {
-        let req = ConsumeRequest {
-            topic_id: topic.id,
-            topic: topic.name.clone(),
-            partition: Some(p),
-            offset: None,
-            max: ask.max,
-            wait_ms: ask.wait.as_millis() as u64,
-        };
-        answer(self.forward_consume(owner, &req).await?)
+        answer(
+            self.forward_consume(owner, topic, Some(p), None, ask.max, ask.wait)
+                .await?,
+        )
     }
 
     /// A replay of `partition`, which `owner` owns.
@@ -62,25 +57,45 @@ impl Delivery {
         partition: u32,
         offset: u64,
     ) -> ApiResult<Option<Vec<u8>>> {
+        answer(
+            self.forward_consume(
+                owner,
+                topic,
+                Some(partition),
+                Some(offset),
+                None,
+                Duration::ZERO,
+            )
+            .await?,
+        )
+    }
+
+    /// Sends a consume (a replay with `offset`) to `owner`, which serves it from its own
+    /// partitions; waits `wait` plus the default RPC timeout for the answer.
+    async fn forward_consume(
+        &self,
+        owner: &str,
+        topic: &Topic,
+        partition: Option<u32>,
+        offset: Option<u64>,
+        max: Option<u32>,
+        wait: Duration,
+    ) -> ApiResult<RpcReply> {
         let req = ConsumeRequest {
             topic_id: topic.id,
             topic: topic.name.clone(),
-            partition: Some(partition),
-            offset: Some(offset),
-            max: None,
-            wait_ms: 0,
+            partition,
+            offset,
+            max,
+            wait_ms: wait.as_millis() as u64,
         };
-        answer(self.forward_consume(owner, &req).await?)
-    }
-
-    async fn forward_consume(&self, owner: &str, req: &ConsumeRequest) -> ApiResult<RpcReply> {
-        let body = serde_json::to_vec(req).expect("invariant: a consume request serialises");
+        let body = serde_json::to_vec(&req).expect("invariant: a consume request serialises");
         self.cluster
             .call(
                 owner,
                 Opcode::Consume,
                 Bytes::from(body),
-                Duration::from_millis(req.wait_ms) + crate::rpc::DEFAULT_TIMEOUT,
+                wait + crate::rpc::DEFAULT_TIMEOUT,
             )
             .await
     }
@@ -137,15 +152,8 @@ impl Delivery {
             max
         };
         for owner in remotes {
-            let req = ConsumeRequest {
-                topic_id: topic.id,
-                topic: topic.name.clone(),
-                partition: None,
-                offset: None,
-                max: ask,
-                wait_ms: 0,
-            };
-            let r = match self.forward_consume(owner, &req).await {
+            let forwarded = self.forward_consume(owner, topic, None, None, ask, Duration::ZERO);
+            let r = match forwarded.await {
                 Ok(r) if r.status == 200 => r,
                 Ok(_) => continue,
                 // Skipped either way: a probe lost after it was sent may have leased messages
