@@ -129,8 +129,7 @@ impl Node {
 
     /// The local runtime of a topic (opening it if the metadata is ahead of the registry).
     pub fn runtime(&self, topic: &Topic) -> ApiResult<Arc<TopicRuntime>> {
-        self.registry
-            .runtime_of(&self.meta.view(), &self.node_id, topic)
+        self.registry.runtime_of(&self.meta, &self.node_id, topic)
     }
 
     /// Topic `id` as this node knows it; a topic id it has not seen yet (newer than its
@@ -204,10 +203,7 @@ impl Node {
 
     /// Reconciles the local partitions with the metadata.
     pub fn apply_topics(&self) -> ApiResult<()> {
-        let view = self.meta.view();
-        self.registry
-            .reconcile(&view, &self.node_id)
-            .map_err(|e| ApiError::internal(format!("opening partitions failed: {e}")))
+        self.registry.apply(&self.meta.view(), &self.node_id)
     }
 
     pub fn partition_stats(&self, topic: &Topic, p: u32) -> PartitionStats {

@@ -577,22 +577,29 @@ impl Registry {
         self.topics.read().get(&id).cloned()
     }
 
-    /// The local runtime of `topic`, opening the partitions `view` gives `node_id` first if
-    /// the metadata is ahead of the registry (`503` while it is still not open).
+    /// Opens and closes partitions to match the metadata `view` (see [`Registry::reconcile`]),
+    /// as an API error (`500`).
+    pub fn apply(&self, view: &MetaState, node_id: &str) -> crate::error::ApiResult<()> {
+        self.reconcile(view, node_id).map_err(|e| {
+            crate::error::ApiError::internal(format!("opening partitions failed: {e}"))
+        })
+    }
+
+    /// The local runtime of `topic`, first opening the partitions the metadata gives
+    /// `node_id` if it is ahead of the registry (`503` while the topic is still not open).
+    /// The metadata is read only then.
     pub fn runtime_of(
         &self,
-        view: &MetaState,
+        meta: &narad_meta::Meta,
         node_id: &str,
         topic: &Topic,
     ) -> crate::error::ApiResult<Arc<TopicRuntime>> {
-        use crate::error::ApiError;
         if let Some(rt) = self.topic(topic.id) {
             return Ok(rt);
         }
-        self.reconcile(view, node_id)
-            .map_err(|e| ApiError::internal(format!("opening partitions failed: {e}")))?;
+        self.apply(&meta.view(), node_id)?;
         self.topic(topic.id).ok_or_else(|| {
-            ApiError::unavailable(
+            crate::error::ApiError::unavailable(
                 format!("topic {} is not open on this node yet", topic.name),
                 1,
             )

@@ -107,8 +107,7 @@ impl Delivery {
 
     /// The local runtime of a topic (opening it if the metadata is ahead of the registry).
     fn runtime(&self, topic: &Topic) -> ApiResult<Arc<TopicRuntime>> {
-        self.registry
-            .runtime_of(&self.meta.view(), &self.node_id, topic)
+        self.registry.runtime_of(&self.meta, &self.node_id, topic)
     }
 
     fn shutting_down(&self) -> bool {
@@ -212,9 +211,9 @@ impl Delivery {
     /// Settles one lease (SPEC §3.6): here when this node owns its partition, else on the
     /// owner, together with other settles of the same owner, topic and kind.
     pub async fn settle(&self, topic: &Arc<Topic>, handle: &str, how: SettleKind) -> ApiResult<()> {
-        match self.settle_owner(topic, handle)? {
-            None => self.settle_here(topic, handle, how),
-            Some(owner) => {
+        match self.settle_route(topic, handle)? {
+            (h, None) => self.settle_here(topic, h, how),
+            (_, Some(owner)) => {
                 let r = self
                     .settle_remote_one(topic, owner, handle.to_string(), how)
                     .await;
@@ -242,9 +241,9 @@ impl Delivery {
         // Remote handles grouped by owner: (owner, [(index, handle)]).
         let mut remote: Vec<(String, Vec<(usize, String)>)> = Vec::new();
         for (i, h) in handles.iter().enumerate() {
-            let local = match self.settle_owner(topic, h) {
-                Ok(None) => self.settle_here(topic, h, how),
-                Ok(Some(owner)) => {
+            let local = match self.settle_route(topic, h) {
+                Ok((parsed, None)) => self.settle_here(topic, parsed, how),
+                Ok((_, Some(owner))) => {
                     match remote.iter_mut().find(|(o, _)| *o == owner) {
                         Some((_, v)) => v.push((i, h.clone())),
                         None => remote.push((owner, vec![(i, h.clone())])),
@@ -257,7 +256,7 @@ impl Delivery {
         }
         for (owner, items) in remote {
             let (idx, handles): (Vec<usize>, Vec<String>) = items.into_iter().unzip();
-            let answers = self.settle_remote(topic, &owner, handles, how).await;
+            let answers = remote::settle_remote(&self.cluster, topic, &owner, handles, how).await;
             for (i, r) in idx.into_iter().zip(answers) {
                 results[i] = Some(r);
             }
@@ -292,12 +291,11 @@ impl Delivery {
                 1,
             ));
         }
-        self.settle_here(topic, handle, how)
+        self.settle_here(topic, h, how)
     }
 
-    /// Settles one handle of a partition this node owns.
-    fn settle_here(&self, topic: &Topic, handle: &str, how: SettleKind) -> ApiResult<()> {
-        let h: ReceiptHandle = handle.parse()?;
+    /// Settles lease `h` of a partition this node owns.
+    fn settle_here(&self, topic: &Topic, h: ReceiptHandle, how: SettleKind) -> ApiResult<()> {
         let rt = self.runtime(topic)?;
         match settle_local(topic, &rt, h, how) {
             Ok(()) => {
@@ -319,13 +317,17 @@ impl Delivery {
         }
     }
 
-    /// Where a handle is settled: `None` here, else the owner's id.
-    fn settle_owner(&self, topic: &Topic, handle: &str) -> ApiResult<Option<String>> {
+    /// The parsed handle and where it is settled: `None` here, else the owner's id.
+    fn settle_route(
+        &self,
+        topic: &Topic,
+        handle: &str,
+    ) -> ApiResult<(ReceiptHandle, Option<String>)> {
         let h: ReceiptHandle = handle.parse()?;
         if h.partition >= topic.config.partitions {
             return Err(self.stale("no such partition"));
         }
-        self.remote_owner_of(topic, h.partition)
+        Ok((h, self.remote_owner_of(topic, h.partition)?))
     }
 
     fn stale(&self, why: &str) -> ApiError {

@@ -224,17 +224,6 @@ impl Delivery {
         }
     }
 
-    /// Settles handles on their owner over node RPC; one result per handle, in order.
-    pub(super) async fn settle_remote(
-        &self,
-        topic: &Topic,
-        owner: &str,
-        handles: Vec<String>,
-        how: SettleKind,
-    ) -> Vec<AckResult> {
-        settle_remote(&self.cluster, topic, owner, handles, how).await
-    }
-
     /// Settles one handle on its owner; concurrent settles of the same (owner, topic, kind)
     /// travel together in one `AckBatch` call.
     pub(super) async fn settle_remote_one(
@@ -270,7 +259,7 @@ impl Delivery {
 
 /// Settles handles on their owner over node RPC (`AckBatch`, or one call per handle with the
 /// opcode of its kind for an owner of an older build); one result per handle, in order.
-async fn settle_remote(
+pub(super) async fn settle_remote(
     cluster: &Cluster,
     topic: &Topic,
     owner: &str,
