@@ -71,13 +71,20 @@ pub struct Tuning {
     /// message fell from 0.87 to 0.36 against committing at once whenever no other commit
     /// ran.
     pub dispatch_linger: Duration,
+    /// `NARAD_DISPATCH_IDLE_LINGER_US` (0–1,000,000, default 50,000; never below the
+    /// linger): the same for a local partition no consumer waits on. A reader that must see
+    /// what was acknowledged (a consume finding less than it asked for, a replay, topic
+    /// statistics) has the pending records committed at once instead. With 32 producers at
+    /// 4,000 msgs/s into 8 partitions, partition commits per message fall from 0.27 to 0.04.
+    pub dispatch_idle_linger: Duration,
     /// `NARAD_DISPATCH_PARALLEL` (1–16, default 4): most local partition commits in flight.
     pub dispatch_parallel: usize,
-    /// `NARAD_WAL_SKIP_LOCAL` (default true): a produce to a partition this node owns is
-    /// committed straight into the partition log (fsynced and verified before the `202`, as
-    /// every commit is) instead of being fsynced in the WAL first and committed again by
-    /// the dispatcher: one fsync per group instead of two, visible when answered. False
-    /// sends every record through the WAL.
+    /// `NARAD_WAL_SKIP_LOCAL` (default false): true commits a produce to a partition this
+    /// node owns straight into the partition log (fsynced and verified before the `202`)
+    /// instead of through the WAL and the dispatcher. Each partition then fsyncs for itself,
+    /// where the WAL shares one fsync among all partitions and the dispatcher commits each
+    /// partition rarely: at 4,000 msgs/s into 8 partitions, 0.81 fsyncs and 6.2 context
+    /// switches per message against 0.4 and ~2.5.
     pub wal_skip_local: bool,
 }
 
@@ -86,8 +93,9 @@ impl Default for Tuning {
         Tuning {
             wal_lanes: 2,
             dispatch_linger: Duration::from_micros(5_000),
+            dispatch_idle_linger: Duration::from_micros(50_000),
             dispatch_parallel: 4,
-            wal_skip_local: true,
+            wal_skip_local: false,
         }
     }
 }
@@ -919,8 +927,8 @@ impl Config {
         Ok(())
     }
 
-    /// `NARAD_WAL_LANES`, `NARAD_DISPATCH_LINGER_US`, `NARAD_DISPATCH_PARALLEL`,
-    /// `NARAD_WAL_SKIP_LOCAL` (see [`Tuning`]); a value out of range stops the node rather than being ignored.
+    /// `NARAD_WAL_LANES`, `NARAD_DISPATCH_LINGER_US`, `NARAD_DISPATCH_IDLE_LINGER_US`,
+    /// `NARAD_DISPATCH_PARALLEL`, `NARAD_WAL_SKIP_LOCAL` (see [`Tuning`]); a value out of range stops the node rather than being ignored.
     fn apply_tuning(&mut self, get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let ranged = |key: &str, lo: u64, hi: u64| -> Result<Option<u64>, ConfigError> {
             let Some(v) = get(key) else { return Ok(None) };
@@ -936,6 +944,9 @@ impl Config {
         }
         if let Some(n) = ranged("NARAD_DISPATCH_LINGER_US", 0, 1_000_000)? {
             t.dispatch_linger = Duration::from_micros(n);
+        }
+        if let Some(n) = ranged("NARAD_DISPATCH_IDLE_LINGER_US", 0, 1_000_000)? {
+            t.dispatch_idle_linger = Duration::from_micros(n);
         }
         if let Some(n) = ranged(
             "NARAD_DISPATCH_PARALLEL",
@@ -1158,8 +1169,9 @@ mod tests {
             &[
                 ("NARAD_WAL_LANES", "1"),
                 ("NARAD_DISPATCH_LINGER_US", "0"),
+                ("NARAD_DISPATCH_IDLE_LINGER_US", "7"),
                 ("NARAD_DISPATCH_PARALLEL", "16"),
-                ("NARAD_WAL_SKIP_LOCAL", "false"),
+                ("NARAD_WAL_SKIP_LOCAL", "true"),
             ],
         )
         .unwrap();
@@ -1168,8 +1180,9 @@ mod tests {
             Tuning {
                 wal_lanes: 1,
                 dispatch_linger: Duration::ZERO,
+                dispatch_idle_linger: Duration::from_micros(7),
                 dispatch_parallel: 16,
-                wal_skip_local: false,
+                wal_skip_local: true,
             }
         );
         for (k, v) in [
@@ -1178,6 +1191,7 @@ mod tests {
             ("NARAD_WAL_LANES", "two"),
             ("NARAD_DISPATCH_LINGER_US", "1000001"),
             ("NARAD_DISPATCH_LINGER_US", "-1"),
+            ("NARAD_DISPATCH_IDLE_LINGER_US", "1000001"),
             ("NARAD_DISPATCH_PARALLEL", "0"),
             ("NARAD_DISPATCH_PARALLEL", "17"),
             ("NARAD_WAL_SKIP_LOCAL", "sometimes"),

@@ -257,6 +257,8 @@ impl Node {
         if self.registry.topic(topic.id).is_none() {
             let _ = self.runtime(topic);
         }
+        // Counts include every record acknowledged before the call.
+        self.delivery.make_visible(topic, None).await;
         for &p in partitions {
             match crate::cluster::Cluster::owner(topic, p) {
                 Some(o) if o != self.node_id => by_owner.entry(o.to_string()).or_default().push(p),
@@ -921,12 +923,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         fanout.confirm_view();
     }
     let shutdown = CancellationToken::new();
+    let (visibility, demands) = crate::wal::dispatcher::Visibility::new(opened.wal.clone());
     let delivery = Arc::new(crate::delivery::Delivery::new(
         meta.clone(),
         registry.clone(),
         cluster.clone(),
         metrics.clone(),
         config.http.max_consume_wait,
+        visibility,
         shutdown.clone(),
     ));
     let node = Arc::new(Node {
@@ -960,9 +964,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         }),
         metrics.clone(),
         config.tuning.dispatch_linger,
+        config.tuning.dispatch_idle_linger,
         config.tuning.dispatch_parallel,
     );
-    let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx));
+    let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx, demands));
 
     spawn_background(node.clone());
     if clustered {

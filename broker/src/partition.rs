@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -496,9 +496,39 @@ pub struct TopicRuntime {
     pub notify: Arc<Notify>,
     produce_rr: AtomicU32,
     consume_rr: AtomicU32,
+    /// Consumers parked on `notify` now: while there are any, WAL records of the topic's
+    /// local partitions commit without the dispatcher's idle linger.
+    waiting: AtomicUsize,
+}
+
+/// A consumer parked on a topic ([`TopicRuntime::parked`]); counted until dropped.
+pub struct Parked<'a> {
+    count: &'a AtomicUsize,
+    /// No other consumer was waiting when this one started.
+    pub first: bool,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl TopicRuntime {
+    /// Counts a consumer as waiting for the topic's messages until the guard drops.
+    pub fn parked(&self) -> Parked<'_> {
+        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
+        Parked {
+            count: &self.waiting,
+            first: before == 0,
+        }
+    }
+
+    /// Consumers waiting for the topic's messages now.
+    pub fn consumers_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
     /// The partitions open on this node.
     pub fn partitions(&self) -> Vec<Arc<Partition>> {
         self.partitions.read().iter().flatten().cloned().collect()
@@ -707,6 +737,7 @@ impl Registry {
                     notify: Arc::new(Notify::new()),
                     produce_rr: AtomicU32::new(0),
                     consume_rr: AtomicU32::new(0),
+                    waiting: AtomicUsize::new(0),
                 });
                 self.topics.write().insert(t.id, rt.clone());
                 rt

@@ -76,11 +76,12 @@ fn validate_schema(node: &Node, topic: &Topic, body: &[u8]) -> ApiResult<()> {
     Ok(())
 }
 
-/// Stores accepted records on this node (SPEC §1). A record for a partition this node owns
-/// (and has open) is committed straight into that partition's log: fsynced, read back and
-/// verified, hence visible, before the `202`, with no WAL copy in front of it. Every other
-/// record, and one whose direct commit did not happen (a partition frozen for a move, a
-/// failing disk), is fsynced in the WAL, from which the dispatcher commits it.
+/// Stores accepted records on this node (SPEC §1): fsynced in the WAL (one fsync shared by
+/// every partition's records), from which the dispatcher commits them. With
+/// `NARAD_WAL_SKIP_LOCAL`, a record for a partition this node owns (and has open) is
+/// committed straight into that partition's log instead: fsynced, read back and verified,
+/// hence visible, before the `202`; one whose direct commit did not happen (a partition
+/// frozen for a move, a failing disk) goes through the WAL.
 async fn stage(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
     let records = if node.config.tuning.wal_skip_local {
         commit_owned(node, topic, records).await

@@ -377,7 +377,11 @@ async fn consume(delivery: &Delivery, req: ConsumeRequest) -> RpcReply {
         }
     }
     if let Some(offset) = req.offset {
-        return answer(delivery.replay_here(&topic, req.partition.unwrap_or(0), offset));
+        return answer(
+            delivery
+                .replay_here(&topic, req.partition.unwrap_or(0), offset)
+                .await,
+        );
     }
     let ask = ConsumeAsk {
         partition: req.partition,
@@ -418,6 +422,7 @@ async fn stats(node: &Node, req: StatsRequest) -> RpcReply {
         TopicLookup::Known(t) => t,
         _ => return RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
     };
+    node.delivery.make_visible(&topic, None).await;
     let stats: Vec<narad_api::PartitionStats> = req
         .partitions
         .iter()

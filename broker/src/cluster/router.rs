@@ -39,6 +39,12 @@ impl Router for NodeRouter {
         }
     }
 
+    fn lazy(&self, topic_id: u64, partition: u32) -> bool {
+        self.registry
+            .topic(topic_id)
+            .is_some_and(|rt| rt.consumers_waiting() == 0 && rt.partition(partition).is_some())
+    }
+
     fn reroute(&self, topic_id: u64, from: u32, usable: &dyn Fn(u32) -> bool) -> Option<u32> {
         let TopicLookup::Known(topic) = self.cluster.topic_by_id(topic_id) else {
             return None;

@@ -34,6 +34,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::leases::SettleError;
 use crate::metrics::{AckReasonLabels, Metrics, OutcomeLabels, TopicLabels};
 use crate::partition::{Leased, QueuePolicy, Registry, TopicRuntime};
+use crate::wal::dispatcher::Visibility;
 
 pub use crate::cluster::wire::SettleKind;
 pub use handle::{HandleError, ReceiptHandle};
@@ -49,6 +50,9 @@ const SETTLE_CALLS_IN_FLIGHT: usize = 2;
 
 /// How often a waiting consume asks remote owners again (SPEC §6.3).
 const REPROBE_EVERY: Duration = Duration::from_millis(250);
+/// Longest a reader waits for acknowledged records to become visible before it answers
+/// with what is (a partition whose commits fail keeps its records in the WAL).
+const VISIBLE_WAIT: Duration = Duration::from_secs(1);
 
 /// What a consume asks for (SPEC §3.5).
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +84,8 @@ pub struct Delivery {
     settles: Arc<SettleCoalescer>,
     /// `http.max_consume_wait`: the longest a forwarded consume waits on this owner.
     max_wait: Duration,
+    /// Acknowledged records the dispatcher still holds become visible on demand.
+    visibility: Visibility,
     shutdown: CancellationToken,
 }
 
@@ -90,9 +96,11 @@ impl Delivery {
         cluster: Arc<Cluster>,
         metrics: Arc<Metrics>,
         max_wait: Duration,
+        visibility: Visibility,
         shutdown: CancellationToken,
     ) -> Delivery {
         Delivery {
+            visibility,
             node_id: cluster.node_id.clone(),
             meta,
             registry,
@@ -172,18 +180,25 @@ impl Delivery {
     ) -> ApiResult<Option<Vec<u8>>> {
         match self.remote_owner_of(topic, partition)? {
             Some(owner) => self.forward_replay(topic, &owner, partition, offset).await,
-            None => self.replay_here(topic, partition, offset),
+            None => self.replay_here(topic, partition, offset).await,
         }
     }
 
-    /// Replay from a partition of this node.
-    pub fn replay_here(
+    /// Replay from a partition of this node (of every record acknowledged before it).
+    pub async fn replay_here(
         &self,
         topic: &Topic,
         partition: u32,
         offset: u64,
     ) -> ApiResult<Option<Vec<u8>>> {
         let rt = self.runtime(topic)?;
+        if offset
+            >= rt
+                .partition(partition)
+                .map_or(0, |p| p.log.high_watermark())
+        {
+            self.make_visible(topic, Some(partition)).await;
+        }
         let part = rt.partition(partition).ok_or_else(|| {
             ApiError::unavailable(format!("partition {partition} is not open on this node"), 1)
         })?;
@@ -352,17 +367,30 @@ impl Delivery {
         let want = ask.want();
         let mut got = Answer::new(ask.max.is_some());
         let mut next_probe = Instant::now();
+        let mut flushed = false;
+        let mut parked = None;
         loop {
             let notified = rt.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             // Prefetched messages first: their leases already run.
-            if !remotes.is_empty() {
+            if !remotes.is_empty() && got.is_empty() {
                 if let Some(kept) = self.take_kept(topic, want) {
                     return Ok(Some(prefetch::render(&kept, ask.max.is_some())));
                 }
             }
             lease_local(topic, rt, ask.partition, want, &mut got)?;
+            // Before answering with less than asked: messages acknowledged before this
+            // consume may still wait in the dispatcher; they become visible, once.
+            if got.count < want
+                && !flushed
+                && (!got.is_empty() || Instant::now() >= deadline)
+                && self.visibility.pending()
+            {
+                flushed = true;
+                self.make_visible(topic, ask.partition).await;
+                continue;
+            }
             if !got.is_empty() {
                 return Ok(Some(got.finish()));
             }
@@ -384,11 +412,34 @@ impl Delivery {
             if !remotes.is_empty() {
                 wake = wake.min(next_probe);
             }
+            if parked.is_none() {
+                // Counted as waiting, the topic's local records commit without the
+                // dispatcher's idle linger; the first waiter has those pending now
+                // committed at once (later ones find the short linger in force).
+                let p = rt.parked();
+                if p.first {
+                    self.visibility.hurry(topic.id);
+                }
+                parked = Some(p);
+            }
             tokio::select! {
                 _ = notified => {}
                 _ = tokio::time::sleep_until(wake) => {}
                 _ = self.shutdown.cancelled() => {}
             }
+        }
+    }
+
+    /// Commits what the dispatcher holds for the topic (one partition or all) and waits for
+    /// it, at most [`VISIBLE_WAIT`].
+    pub async fn make_visible(&self, topic: &Topic, partition: Option<u32>) {
+        if !self
+            .visibility
+            .flush(topic.id, partition, VISIBLE_WAIT)
+            .await
+        {
+            tracing::debug!(topic = %topic.name, ?partition,
+                "acknowledged records did not become visible within the wait; answering with what is");
         }
     }
 

@@ -1,6 +1,7 @@
-//! The ingress write-ahead log: where a produce lands before it is answered unless its
-//! partition is owned by this node (those records are committed straight into the
-//! partition log, `crate::group_commit`, and come here only if that commit did not happen).
+//! The ingress write-ahead log: where a produce lands before it is answered. (With the
+//! tuning knob `NARAD_WAL_SKIP_LOCAL` on, records of partitions this node owns are committed
+//! straight into the partition log instead, `crate::group_commit`, and come here only if
+//! that commit did not happen.)
 //!
 //! # Durability contract
 //! - A produce request stages its records here and is answered `202` only after the frame
