@@ -1,33 +1,41 @@
 //! Narad: a queue-first message broker over plain HTTP.
 //!
-//! The map (who owns what):
-//! - `config`: the effective `Config`, layered from defaults, file, env and flags.
-//! - `node`: the composition root: builds everything below, spawns the background tasks and
-//!   stops them in order. `Node` holds the handles, and also the cross-node stats and lag
-//!   queries, root seeding, frontier persistence, retention and idle-log eviction.
-//! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
-//!   produced records into partition logs. Its module doc states the durability contract.
-//! - `group_commit`: concurrent callers' records into one partition commit (a produce to a
-//!   partition this node owns skips the WAL and commits here; peers' commit batches too).
+//! The map (who owns what), from the top down; a module imports only from those below it:
+//! - `node`: the composition root: builds everything below from a `Config`, spawns the
+//!   background tasks (frontier persistence, retention, idle-log eviction, metadata apply,
+//!   root seeding) and stops them in order.
+//! - `api` (HTTP) and `node_rpc` (the cluster port's server side): the two adapters. They
+//!   parse, authorize, call a service and render; they own no state.
+//! - `app`: `App`, the handles to the services both adapters are given, and the queries that
+//!   span several of them (topic statistics across owners, children's lag, gauges).
+//! - `placement`: partition moves (`Moves`) and the leader's move and decommission
+//!   `Controller`.
+//! - `ingest`: produce — partition choice, schema validation, storage (WAL, direct commit,
+//!   or a draining node's hand-off).
+//! - `delivery`: consume, replay and settle (`Delivery`), here and through other owners
+//!   (forwarding, prefetch, coalesced settles).
+//! - `health`: starting, ready, in or out of service, stopping (`/readyz`, shutdown signal).
+//! - `cluster`: the node's view of its peers (`Cluster`: connections, metadata writes
+//!   forwarded to the leader, catch-up reads, owner lookups), membership, the router the
+//!   dispatcher and fan-out send records through, node-RPC payloads (`wire`) and the table
+//!   of every opcode's types, timeout and fallback (`calls`).
 //! - `fanout`: child topics (SPEC §5): cursors copying committed parent records into child
 //!   partitions through the same commit path.
+//! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
+//!   produced records into partition logs. Its module doc states the durability contract.
+//! - `group_commit`: concurrent callers' records into one partition commit (the dispatcher,
+//!   peers' commit batches and, with `NARAD_WAL_SKIP_LOCAL`, direct produce).
 //! - `partition`: a locally owned partition (log + lease table + persisted frontier) and the
 //!   `Registry` of local topics.
-//! - `partitioner`: the key → partition hash produce and fan-out share (SPEC §2.3).
 //! - `leases`: `LeaseTable`, the pure queue core of a partition (leases, redelivery, frontier,
 //!   caps).
+//! - `partitioner`: the key → partition hash produce and fan-out share (SPEC §2.3).
 //! - `schema`: JSON Schema compile, validate and the compatibility rule.
-//! - `delivery`: consume, replay and settle (`Delivery`), here and through other owners
-//!   (forwarding, prefetch, coalesced settles); knows neither HTTP nor the RPC server.
-//! - `api`: the HTTP routes; owns no state.
-//! - `cluster`: the node's view of its peers (`Cluster`: connections, metadata writes
-//!   forwarded to the leader, catch-up reads, owner lookups), membership, the leader's
-//!   controller, partition moves, the node-RPC server side (`handler`), its payloads
-//!   (`wire`) and the table of every opcode's types, timeout and fallback (`calls`).
 //! - `rpc`: the cluster port's frames, HMAC handshake, multiplexed client and server, and
 //!   the Raft transport over it.
 //! - `security`: users, grants, authentication (cache, throttle) and authorization; `tls`:
 //!   the reloading TLS configurations of both ports.
+//! - `config`: the effective `Config`, layered from defaults, file, env and flags.
 //! - `clock`: wall-clock Unix milliseconds and microseconds.
 //! - `metrics`, `telemetry`: Prometheus metrics and structured logs.
 //! - `error`: `ApiError` with its stable `ErrorCode`, the one error edge: mapped to HTTP
@@ -36,6 +44,7 @@
 //! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
 
 pub mod api;
+pub mod app;
 pub mod clock;
 pub mod cluster;
 pub mod config;
@@ -43,11 +52,15 @@ pub mod delivery;
 pub mod error;
 pub mod fanout;
 pub mod group_commit;
+pub mod health;
+pub mod ingest;
 pub mod leases;
 pub mod metrics;
 pub mod node;
+pub mod node_rpc;
 pub mod partition;
 pub mod partitioner;
+pub mod placement;
 pub mod rpc;
 pub mod schema;
 pub mod security;

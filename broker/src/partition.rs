@@ -644,7 +644,7 @@ impl Registry {
         self.topics.read().values().cloned().collect()
     }
 
-    /// Takes the partitions released by moves (for the janitor, see `cluster::moves`).
+    /// Takes the partitions released by moves (for the janitor, see `placement::moves`).
     pub fn take_released(&self) -> Vec<Released> {
         std::mem::take(&mut *self.released.lock())
     }

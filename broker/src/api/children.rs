@@ -9,26 +9,16 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AttachChildRequest, ChildInfo, ChildList, RemoteInfo, RemoteTarget};
-use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint, MAX_FANOUT_DELAY_MS};
+use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint};
 
-use super::topics::{record, validate_name};
+use super::topics::{check_delay, record, validate_name};
 use super::{find_topic, json, read_json, AppState, Name};
 use crate::error::{ApiError, ApiResult};
 use crate::fanout::hosts::HostRefused;
 use crate::security::{audit, authz, Caller};
 
-/// `delay_ms` / `fanout_delay_ms`: 0 (none) to one year (`400` outside).
-pub fn check_delay(field: &str, v: u64) -> ApiResult<u64> {
-    if v > MAX_FANOUT_DELAY_MS {
-        return Err(ApiError::bad_request(format!(
-            "{field} must be between 0 and {MAX_FANOUT_DELAY_MS} (one year)"
-        )));
-    }
-    Ok(v)
-}
-
 pub async fn attach(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(parent): Name,
     headers: HeaderMap,
@@ -53,10 +43,10 @@ pub async fn attach(
         authz::attach(
             &caller,
             &parent,
-            find_topic(&node, &parent).await.as_deref(),
+            find_topic(&app, &parent).await.as_deref(),
             authz::ChildRef::Remote,
         )?;
-        let hosts = &node.config.fanout.remote_hosts;
+        let hosts = &app.config.fanout.remote_hosts;
         authz::attach_remote(&caller, hosts.is_configured())?;
         let host = crate::fanout::remote::url_host(&endpoint.url);
         match hosts.check(&host) {
@@ -66,18 +56,18 @@ pub async fn attach(
             }
             Err(e @ HostRefused::NotAllowed(_)) => return Err(ApiError::forbidden(e.to_string())),
         }
-        return attach_remote(node, caller, parent, req.child, endpoint).await;
+        return attach_remote(app, caller, parent, req.child, endpoint).await;
     }
     authz::attach(
         &caller,
         &parent,
-        find_topic(&node, &parent).await.as_deref(),
+        find_topic(&app, &parent).await.as_deref(),
         authz::ChildRef::Local {
             name: &req.child,
-            topic: find_topic(&node, &req.child).await.as_deref(),
+            topic: find_topic(&app, &req.child).await.as_deref(),
         },
     )?;
-    let topic = match node
+    let topic = match app
         .propose(MetaCommand::AttachChild {
             parent: parent.clone(),
             child: req.child.clone(),
@@ -93,15 +83,15 @@ pub async fn attach(
             )))
         }
     };
-    node.apply_topics()?;
-    node.fanout.sync().await;
-    node.await_members_applied(&topic).await;
+    app.apply_topics()?;
+    app.fanout.sync().await;
+    app.await_members_applied(&topic).await;
     audit::event(
         "topic.attach",
         caller.actor(),
         &format!("{parent}/{}", req.child),
     );
-    let view = node.meta.view();
+    let view = app.meta.view();
     let current = view.topics.get(&parent).cloned().unwrap_or(topic);
     Ok(json(StatusCode::OK, &record(&view, &current)))
 }
@@ -156,17 +146,17 @@ fn remote_endpoint(link: &str, r: RemoteTarget) -> ApiResult<RemoteEndpoint> {
 /// `POST /v1/topics/{parent}/children` with `remote` (SPEC §5.5), after validation and
 /// authorisation.
 async fn attach_remote(
-    node: AppState,
+    app: AppState,
     caller: Caller,
     parent: String,
     link: String,
     mut endpoint: RemoteEndpoint,
 ) -> ApiResult<Response> {
     // Only the sealed form reaches the Raft log (`security::sealing`).
-    if let (Some(key), Some(pw)) = (&node.credentials, &endpoint.password) {
+    if let (Some(key), Some(pw)) = (&app.credentials, &endpoint.password) {
         endpoint.password = Some(key.seal(&parent, &link, pw));
     }
-    let topic = match node
+    let topic = match app
         .propose(MetaCommand::AttachRemoteChild {
             parent: parent.clone(),
             link: link.clone(),
@@ -182,26 +172,26 @@ async fn attach_remote(
             )))
         }
     };
-    node.fanout.sync().await;
+    app.fanout.sync().await;
     audit::event("topic.attach", caller.actor(), &format!("{parent}/{link}"));
-    let view = node.meta.view();
+    let view = app.meta.view();
     let current = view.topics.get(&parent).cloned().unwrap_or(topic);
     Ok(json(StatusCode::OK, &record(&view, &current)))
 }
 
 pub async fn list(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(parent): Name,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &parent).await;
+    let topic = find_topic(&app, &parent).await;
     authz::view(&caller, &parent, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&parent))?;
-    let view = node.meta.view();
+    let view = app.meta.view();
     let sees_errors = authz::sees_link_errors(&caller, &topic);
     let (lag, states) = tokio::join!(
-        node.children_lag(&view, &topic),
-        node.remote_link_states(&view, &topic)
+        app.children_lag(&view, &topic),
+        app.remote_link_states(&view, &topic)
     );
     let mut children: Vec<ChildInfo> = view
         .children_of(&parent)
@@ -261,21 +251,17 @@ impl<S: Send + Sync> FromRequestParts<S> for ParentChild {
 }
 
 pub async fn detach(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     ParentChild(parent, child): ParentChild,
 ) -> ApiResult<Response> {
-    authz::manage(
-        &caller,
-        &parent,
-        find_topic(&node, &parent).await.as_deref(),
-    )?;
-    node.propose(MetaCommand::DetachChild {
+    authz::manage(&caller, &parent, find_topic(&app, &parent).await.as_deref())?;
+    app.propose(MetaCommand::DetachChild {
         parent: parent.clone(),
         child: child.clone(),
     })
     .await?;
-    node.fanout.sync().await;
+    app.fanout.sync().await;
     audit::event("topic.detach", caller.actor(), &format!("{parent}/{child}"));
     Ok(StatusCode::NO_CONTENT.into_response())
 }

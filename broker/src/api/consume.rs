@@ -12,15 +12,15 @@ use narad_meta::Topic;
 use std::sync::Arc;
 
 use super::{find_topic, json, json_response, parse_json, read_body, AppState, Name, Query};
+use crate::app::App;
 use crate::delivery::{ConsumeAsk, SettleKind, MAX_BATCH};
 use crate::error::{ApiError, ApiResult};
-use crate::node::Node;
 use crate::security::{authz, Caller};
 
 /// The topic of a consume, replay, ack, extend or nack: the `consume` grant (`403`, whether
 /// or not it exists), then existence (`404`).
-async fn consume_target(node: &Node, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
-    let topic = find_topic(node, name).await;
+async fn consume_target(app: &App, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
+    let topic = find_topic(app, name).await;
     authz::consume(caller, name, topic.as_deref())?;
     topic.ok_or_else(|| ApiError::topic_not_found(name))
 }
@@ -34,17 +34,17 @@ fn answer(found: Option<Vec<u8>>) -> Response {
 }
 
 pub async fn consume(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let topic = consume_target(&node, &caller, &name).await?;
+    let topic = consume_target(&app, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let partition = q.partition(topic.config.partitions)?;
     let offset = q.text("offset")?;
     let max = parse_max(q.text("max")?)?;
-    let wait = parse_wait(q.text("wait")?, node.config.http.max_consume_wait)?;
+    let wait = parse_wait(q.text("wait")?, app.config.http.max_consume_wait)?;
     if let Some(o) = offset {
         let offset = parse_offset(o)?;
         let Some(partition) = partition else {
@@ -54,7 +54,7 @@ pub async fn consume(
             return Err(ApiError::bad_request("max cannot be combined with offset"));
         }
         return Ok(answer(
-            node.delivery.replay(&topic, partition, offset).await?,
+            app.delivery.replay(&topic, partition, offset).await?,
         ));
     }
     let ask = ConsumeAsk {
@@ -62,7 +62,7 @@ pub async fn consume(
         max,
         wait,
     };
-    Ok(answer(node.delivery.consume(&topic, ask).await?))
+    Ok(answer(app.delivery.consume(&topic, ask).await?))
 }
 
 /// `max`: a batch of 1 to [`MAX_BATCH`] messages; absent, one message (unbatched body).
@@ -107,18 +107,18 @@ fn parse_extend(v: Option<&str>) -> ApiResult<SettleKind> {
 }
 
 pub async fn ack(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = consume_target(&node, &caller, &name).await?;
+    let topic = consume_target(&app, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let how = parse_extend(q.text("extend")?)?;
     if let Some(handle) = q.text("receipt_handle")? {
-        node.delivery.settle(&topic, handle, how).await?;
+        app.delivery.settle(&topic, handle, how).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let body = read_body(&headers, body).await?;
@@ -132,7 +132,7 @@ pub async fn ack(
             req.receipt_handles.len()
         )));
     }
-    let results = node
+    let results = app
         .delivery
         .settle_batch(&topic, &req.receipt_handles, how)
         .await;

@@ -1,5 +1,5 @@
 //! The HTTP API (SPEC §3): routing, request parsing and the error edge. It owns no state:
-//! every handler works through the `Node` handle.
+//! every handler works through the [`App`](crate::app::App) handles.
 //!
 //! Security (SPEC §4): the [`authenticate`] middleware runs on every `/v1` request (probes
 //! and `/metrics` stay open). With security on it checks the Basic credentials against the
@@ -32,9 +32,9 @@ use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use crate::app::App;
 use crate::error::{error_body, ApiError, ApiResult, ErrorCode};
 use crate::metrics::{HttpLabels, RouteLabels};
-use crate::node::Node;
 use crate::security::Caller;
 
 pub use query::Query;
@@ -42,12 +42,12 @@ pub use query::Query;
 /// Largest produce body and JSON request body (SPEC §11).
 pub const MAX_BODY: usize = 1024 * 1024;
 
-pub type AppState = Arc<Node>;
+pub type AppState = Arc<App>;
 
 /// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
 /// is served by [`metrics_router`] on its own listener and answers `404` here. Compressed
 /// produce bodies are decoded on `decoders`.
-pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
+pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     let routes = Router::new()
         .route("/v1/topics", post(topics::create).get(topics::list))
         .route(
@@ -85,7 +85,7 @@ pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
         )
         .route("/healthz", get(system::healthz))
         .route("/readyz", get(system::readyz));
-    let routes = if node.config.http.metrics_addr.is_some() {
+    let routes = if app.config.http.metrics_addr.is_some() {
         routes.route("/metrics", axum::routing::any(metrics_elsewhere))
     } else {
         routes.route("/metrics", get(system::metrics))
@@ -93,16 +93,16 @@ pub fn router(node: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     routes
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
-            node.clone(),
+            app.clone(),
             authenticate,
         ))
         .layer(axum::middleware::from_fn(refuse_codings))
-        .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), observe))
         .layer(Extension(Arc::new(encoding::Bodies {
-            budget: encoding::BatchBudget::new(node.config.http.max_batch_bytes_in_flight),
+            budget: encoding::BatchBudget::new(app.config.http.max_batch_bytes_in_flight),
             decoders,
         })))
-        .with_state(node)
+        .with_state(app)
 }
 
 /// Whether a route takes a produce body, which may come in `gzip` or `zstd` (SPEC §3.4).
@@ -218,13 +218,13 @@ fn unsupported_content_coding(shown: &str) -> ApiError {
 
 /// The router of the metrics listener (`http.metrics_addr`, plain HTTP, no credentials):
 /// `GET /metrics` only; anything else is `404`/`405` with the JSON error body.
-pub fn metrics_router(node: AppState) -> Router {
+pub fn metrics_router(app: AppState) -> Router {
     Router::new()
         .route("/metrics", get(system::metrics))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(refuse_codings))
-        .layer(axum::middleware::from_fn_with_state(node.clone(), observe))
-        .with_state(node)
+        .layer(axum::middleware::from_fn_with_state(app.clone(), observe))
+        .with_state(app)
 }
 
 /// `/metrics` on the API listener when the metrics have a listener of their own.
@@ -252,13 +252,13 @@ fn needs_auth(path: &str) -> bool {
 /// With security on: no, malformed or wrong credentials → `401` with
 /// `WWW-Authenticate: Basic realm="narad"`; throttled → `429` with `Retry-After`. A keep-alive
 /// client with a verified password pays one HMAC and a map lookup, no argon2.
-async fn authenticate(State(node): State<AppState>, mut req: Request, next: Next) -> Response {
+async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     if !needs_auth(req.uri().path()) {
         return next.run(req).await;
     }
-    let caller = if node.security_on() {
-        let view = node.meta.view();
-        match node.auth.authenticate_headers(&view, req.headers()).await {
+    let caller = if app.security_on() {
+        let view = app.meta.view();
+        match app.auth.authenticate_headers(&view, req.headers()).await {
             Ok(p) => Caller::User(p),
             Err(e) => return e.into_response(),
         }
@@ -325,7 +325,7 @@ fn method_label(m: &Method) -> &'static str {
 }
 
 /// Metrics for every request, and the JSON error body for the router's own 405s.
-async fn observe(State(node): State<AppState>, req: Request, next: Next) -> Response {
+async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = route_label(req.extensions().get::<MatchedPath>());
     let method = method_label(req.method());
@@ -335,11 +335,11 @@ async fn observe(State(node): State<AppState>, req: Request, next: Next) -> Resp
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(0);
-    let m = &node.metrics;
+    let m = &app.metrics;
     m.http_in_flight.inc();
     let mut resp = next.run(req).await;
     m.http_in_flight.dec();
-    if node.is_stopping() {
+    if app.health.is_stopping() {
         // Shutting down (SIGTERM, `http.shutdown_delay`): keep-alive clients reconnect for
         // their next request, so it goes where a Service now routes, not to this node.
         resp.headers_mut()
@@ -551,14 +551,14 @@ pub fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
 /// Looks a topic up in the local replica; in a cluster, a name this replica does not know
 /// is first checked with the leader (it may have been created through another node a moment
 /// ago: SPEC §6.1), so a `404` is never the answer of a replica that was merely behind.
-pub async fn find_topic(node: &Node, name: &str) -> Option<Arc<narad_meta::Topic>> {
-    if let Some(t) = node.meta.view().topics.get(name) {
+pub async fn find_topic(app: &App, name: &str) -> Option<Arc<narad_meta::Topic>> {
+    if let Some(t) = app.meta.view().topics.get(name) {
         return Some(t.clone());
     }
-    if !node.cluster.clustered {
+    if !app.cluster.clustered {
         return None;
     }
-    match node.cluster.read_current(Some(name)).await {
+    match app.cluster.read_current(Some(name)).await {
         Ok(t) => t,
         Err(e) => {
             tracing::debug!(topic = name, error = %e.message, "catch-up read failed");

@@ -1,6 +1,6 @@
-//! Produce routes (SPEC §3.4): single and batch. A `202` is sent only once the records are
-//! fsynced on this node: committed and verified in a partition log this node owns, or in the
-//! ingress WAL.
+//! Produce routes (SPEC §3.4): single and batch. They parse, authorize and hand the records
+//! to `ingest`, whose `Ok` means fsynced on this node (committed and verified in a partition
+//! log this node owns, or in the ingress WAL): only then is the `202` sent.
 
 use axum::body::Body;
 use axum::extract::{Extension, RawQuery, State};
@@ -14,12 +14,8 @@ use serde_json::value::RawValue;
 
 use super::encoding::Bodies;
 use super::{find_topic, json, read_coded, AppState, Name, Query, MAX_BODY};
-use crate::cluster::wire::{ForwardProduce, ForwardRecord};
-use crate::cluster::{rpc_error, Cluster, TopicLookup};
-use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::node::Node;
-use crate::partition::TopicRuntime;
-use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT};
+use crate::app::App;
+use crate::error::{ApiError, ApiResult};
 use crate::security::{authz, Caller};
 use crate::wal::WalRecord;
 
@@ -38,291 +34,19 @@ const MAX_DRAIN: u64 = 16 * 1024 * 1024;
 /// Most bytes of an oversized batch body read and discarded.
 const MAX_BATCH_DRAIN: u64 = 2 * MAX_BATCH_BODY as u64;
 
-/// SPEC §2.3: pinned, else key hash, else round robin; an unpinned choice whose owner
-/// membership marks dead walks forward to the first partition with a live owner (if none,
-/// the original choice stands: the WAL holds the message until the owner returns).
-fn choose_partition(
-    node: &Node,
-    topic: &Topic,
-    rt: &TopicRuntime,
-    key: Option<&[u8]>,
-    pinned: Option<u32>,
-) -> u32 {
-    let n = topic.config.partitions;
-    let p = match (pinned, key) {
-        (Some(p), _) => return p,
-        (None, Some(k)) => crate::partitioner::key_partition(k, n),
-        (None, None) => rt.next_produce_partition(n),
-    };
-    if !node.cluster.clustered {
-        return p;
-    }
-    let view = node.meta.view();
-    let live = |q: u32| Cluster::owner(topic, q).is_some_and(|o| Cluster::is_alive(&view, o));
-    (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
-}
-
-fn validate_schema(node: &Node, topic: &Topic, body: &[u8]) -> ApiResult<()> {
-    if let Some(s) = topic.current_schema() {
-        let validator = node
-            .schemas
-            .validator(topic.id, s.version, &s.schema)
-            .map_err(ApiError::internal)?;
-        if let Err(reason) = crate::schema::validate(&validator, body) {
-            node.reject(topic, "schema");
-            return Err(ApiError::bad_request(reason));
-        }
-    }
-    Ok(())
-}
-
-/// Stores accepted records on this node (SPEC §1): fsynced in the WAL (one fsync shared by
-/// every partition's records), from which the dispatcher commits them. With
-/// `NARAD_WAL_SKIP_LOCAL`, a record for a partition this node owns (and has open) is
-/// committed straight into that partition's log instead: fsynced, read back and verified,
-/// hence visible, before the `202`; one whose direct commit did not happen (a partition
-/// frozen for a move, a failing disk) goes through the WAL.
-async fn stage(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
-    let records = if node.config.tuning.wal_skip_local {
-        commit_owned(node, topic, records).await
-    } else {
-        records
-    };
-    if records.is_empty() {
-        return Ok(());
-    }
-    node.wal
-        .append(records)
-        .await
-        .map_err(|e| ApiError::unavailable(e.to_string(), 1))
-}
-
-/// Commits the records whose partition this node owns and has open (group commit per
-/// partition); returns the others and those whose commit did not happen.
-async fn commit_owned(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> Vec<WalRecord> {
-    let owned = |p: u32| {
-        node.cluster
-            .is_mine(topic, p)
-            .then(|| node.registry.local(topic.id, p))
-            .flatten()
-    };
-    let Some(first) = records.first().map(|r| r.partition) else {
-        return records;
-    };
-    // One partition (every single produce): no grouping.
-    if records.iter().all(|r| r.partition == first) {
-        return match owned(first) {
-            Some(part) => commit_direct(&part, records).await,
-            None => records,
-        };
-    }
-    let mut by_partition: std::collections::BTreeMap<u32, Vec<WalRecord>> = Default::default();
-    for r in records {
-        by_partition.entry(r.partition).or_default().push(r);
-    }
-    let mut rest = Vec::new();
-    let mut commits = Vec::new();
-    for (p, recs) in by_partition {
-        match owned(p) {
-            Some(part) => commits.push(async move { commit_direct(&part, recs).await }),
-            None => rest.extend(recs),
-        }
-    }
-    for failed in futures::future::join_all(commits).await {
-        rest.extend(failed);
-    }
-    rest
-}
-
-/// Commits records of one local partition; returns them if the commit did not happen.
-async fn commit_direct(
-    part: &std::sync::Arc<crate::partition::Partition>,
-    records: Vec<WalRecord>,
-) -> Vec<WalRecord> {
-    let n = records.len();
-    let (topic_id, partition) = (part.topic_id, part.index);
-    let pinned: Vec<bool> = records.iter().map(|r| r.pinned).collect();
-    let batch = records
-        .into_iter()
-        .map(|r| narad_storage::NewRecord {
-            key: r.key,
-            payload: r.payload,
-        })
-        .collect();
-    match crate::group_commit::commit_grouped(part, batch).await {
-        Ok(()) => Vec::new(),
-        Err(failed) => {
-            tracing::warn!(topic_id, partition, records = n, refused = failed.refused, reason = %failed.reason,
-                "direct commit into an owned partition did not happen; the records go through the wal");
-            failed
-                .records
-                .into_iter()
-                .zip(pinned)
-                .map(|(r, pinned)| WalRecord {
-                    topic_id,
-                    partition,
-                    pinned,
-                    key: r.key,
-                    payload: r.payload,
-                })
-                .collect()
-        }
-    }
-}
-
-/// Whether this node is draining (decommission, SPEC §6.5): it stores no new produce, so its
-/// WAL empties.
-fn draining(node: &Node) -> bool {
-    node.meta
-        .view()
-        .members
-        .get(&node.node_id)
-        .is_some_and(|m| m.draining)
-}
-
-/// The refusal of a draining node that found no other node to store a produce: nothing was
-/// stored, so the text is the one clients read as "safe to resend elsewhere"
-/// (CLIENT-COMPAT §4.2).
-fn decommissioned(node: &Node, why: &str) -> ApiError {
-    ApiError::unavailable(
-        format!(
-            "node {} is being decommissioned and takes no new produce ({why}); retry on another node",
-            node.node_id
-        ),
-        1,
-    )
-}
-
-/// Stores accepted records: in this node's WAL, or, on a draining node, in the WAL of a live
-/// node that is not draining (SPEC §6.5), whose `202` the producer then gets.
-async fn store(node: &Node, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
-    if node.cluster.clustered && draining(node) {
-        forward(node, records).await
-    } else {
-        stage(node, topic, records).await
-    }
-}
-
-/// A draining node's produce: `Produce` to each live, non-draining member in turn (rotated
-/// per call) until one stores it. A target that did not get it (unreachable, an older build,
-/// itself draining or refusing with `503`) passes to the next; one that may have stored it
-/// without answering ends the attempt with the uncertain `502` (a resend may duplicate).
-async fn forward(node: &Node, records: Vec<WalRecord>) -> ApiResult<()> {
-    let Some(topic_id) = records.first().map(|r| r.topic_id) else {
-        return Ok(());
-    };
-    let body = ForwardProduce {
-        topic_id,
-        records: records
-            .into_iter()
-            .map(|r| ForwardRecord {
-                partition: r.partition,
-                pinned: r.pinned,
-                key: r.key,
-                payload: r.payload,
-            })
-            .collect(),
-    }
-    .encode();
-    let mut targets: Vec<String> = {
-        let view = node.meta.view();
-        let mut t: Vec<String> = view
-            .members
-            .values()
-            .filter(|m| m.id != node.node_id && !m.dead && !m.draining)
-            .map(|m| m.id.clone())
-            .collect();
-        t.sort();
-        t
-    };
-    if targets.len() > 1 {
-        let k = (crate::clock::now_micros() as usize) % targets.len();
-        targets.rotate_left(k);
-    }
-    let mut last = String::from("no live node that is not draining");
-    for target in targets {
-        match node
-            .cluster
-            .rpc_call(&target, Opcode::Produce, body.clone(), COMMIT_TIMEOUT)
-            .await
-        {
-            Ok(r) if r.is_success() => return Ok(()),
-            Ok(r) if r.status == 503 => {
-                last = format!("{target} answered {}", ApiError::from_reply(&r).message);
-            }
-            Ok(r) => return Err(ApiError::from_reply(&r)),
-            Err(e) if e.outcome_unknown() => return Err(rpc_error(&target, &e)),
-            Err(e) => last = format!("{target}: {e}"),
-        }
-        tracing::debug!(to = %target, reason = %last, "forwarded produce not taken; trying the next node");
-    }
-    Err(decommissioned(node, &last))
-}
-
-/// `Produce` (1) from a draining node: stores the records in this node's WAL as a produce
-/// received here would be (`202 {"accepted": n}`); `503` when this node drains too, or does
-/// not know the topic yet.
-pub async fn serve_forwarded(node: &Node, body: Bytes) -> RpcReply {
-    let req = match ForwardProduce::decode(body) {
-        Ok(r) => r,
-        Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
-    };
-    let topic = match node.cluster.topic_by_id(req.topic_id) {
-        TopicLookup::Known(t) => t,
-        TopicLookup::Deleted => return RpcReply::fail(ErrorCode::TopicNotFound, "topic deleted"),
-        TopicLookup::Unknown => {
-            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet")
-        }
-    };
-    if draining(node) {
-        return decommissioned(node, "asked to store a forwarded produce").to_reply();
-    }
-    let n = topic.config.partitions;
-    if let Some(r) = req.records.iter().find(|r| r.partition >= n) {
-        return RpcReply::fail(
-            ErrorCode::BadRequest,
-            &format!(
-                "partition {} out of range: {} has {n}",
-                r.partition, topic.name
-            ),
-        );
-    }
-    let accepted = req.records.len();
-    let records = req
-        .records
-        .into_iter()
-        .map(|r| WalRecord {
-            topic_id: topic.id,
-            partition: r.partition,
-            pinned: r.pinned,
-            key: r.key,
-            payload: r.payload,
-        })
-        .collect();
-    match stage(node, &topic, records).await {
-        Ok(()) => RpcReply::json(202, &BatchProduceResponse { accepted }),
-        Err(e) => e.to_reply(),
-    }
-}
-
 /// The topic of a produce: the `produce` grant (`403`, whether or not it exists), then
 /// existence (`404`).
 async fn produce_target(
-    node: &Node,
+    app: &App,
     caller: &Caller,
     name: &str,
 ) -> ApiResult<std::sync::Arc<Topic>> {
-    let topic = find_topic(node, name).await;
+    let topic = find_topic(app, name).await;
     authz::produce(caller, name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(name))?;
     // SPEC §5.3: a delay child receives only delayed copies of its parent.
-    if let Some(link) = node
-        .meta
-        .view()
-        .parent_link(name)
-        .filter(|l| l.delay_ms > 0)
-    {
-        node.reject(&topic, "delayed_child");
+    if let Some(link) = app.meta.view().parent_link(name).filter(|l| l.delay_ms > 0) {
+        app.ingest.reject(&topic, "delayed_child");
         return Err(ApiError::conflict(format!(
             "produce to a delayed child topic is not allowed: {name} receives the copies of \
              {} after {} ms",
@@ -333,7 +57,7 @@ async fn produce_target(
 }
 
 pub async fn produce(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
@@ -341,7 +65,7 @@ pub async fn produce(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = produce_target(&node, &caller, &name).await?;
+    let topic = produce_target(&app, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let pinned = q.partition(topic.config.partitions)?;
     let key = q
@@ -353,21 +77,23 @@ pub async fn produce(
     if payload.is_empty() {
         return Err(ApiError::bad_request("message body is empty"));
     }
-    validate_schema(&node, &topic, &payload)?;
-    let rt = node.runtime(&topic)?;
-    let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
-    store(
-        &node,
-        &topic,
-        vec![WalRecord {
-            topic_id: topic.id,
-            partition,
-            pinned: pinned.is_some(),
-            key,
-            payload,
-        }],
-    )
-    .await?;
+    app.ingest.validate_schema(&topic, &payload)?;
+    let rt = app.runtime(&topic)?;
+    let partition = app
+        .ingest
+        .choose_partition(&topic, &rt, key.as_deref(), pinned);
+    app.ingest
+        .store(
+            &topic,
+            vec![WalRecord {
+                topic_id: topic.id,
+                partition,
+                pinned: pinned.is_some(),
+                key,
+                payload,
+            }],
+        )
+        .await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
@@ -440,14 +166,14 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
 }
 
 pub async fn produce_batch(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     Extension(bodies): Extension<std::sync::Arc<Bodies>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = produce_target(&node, &caller, &name).await?;
+    let topic = produce_target(&app, &caller, &name).await?;
     // Held until the answer: the bytes of this batch count against the node's budget.
     let (body, _guard) = read_coded(
         &headers,
@@ -469,7 +195,7 @@ pub async fn produce_batch(
             req.messages.len()
         )));
     }
-    let rt = node.runtime(&topic)?;
+    let rt = app.runtime(&topic)?;
     let n = topic.config.partitions;
     let mut records = Vec::with_capacity(req.messages.len());
     for (i, raw) in req.messages.iter().copied().enumerate() {
@@ -478,10 +204,12 @@ pub async fn produce_batch(
             key,
             pinned,
         } = decode_batch_element(i, raw, n)?;
-        if let Err(e) = validate_schema(&node, &topic, &payload) {
+        if let Err(e) = app.ingest.validate_schema(&topic, &payload) {
             return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
         }
-        let partition = choose_partition(&node, &topic, &rt, key.as_deref(), pinned);
+        let partition = app
+            .ingest
+            .choose_partition(&topic, &rt, key.as_deref(), pinned);
         records.push(WalRecord {
             topic_id: topic.id,
             partition,
@@ -491,7 +219,7 @@ pub async fn produce_batch(
         });
     }
     let accepted = records.len();
-    store(&node, &topic, records).await?;
+    app.ingest.store(&topic, records).await?;
     Ok(json(
         StatusCode::ACCEPTED,
         &BatchProduceResponse { accepted },
@@ -501,6 +229,7 @@ pub async fn produce_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::wire::{ForwardProduce, ForwardRecord};
 
     /// The forwarded `Produce` of a draining node (SPEC §6.5) carries a whole batch in one
     /// frame: per record it adds 13 bytes, while each element's JSON spends at least

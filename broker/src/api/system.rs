@@ -10,8 +10,8 @@ use super::{json, AppState};
 use crate::error::{ApiError, ApiResult};
 use crate::security::{audit, authz, Caller};
 
-pub async fn healthz(State(node): State<AppState>) -> Response {
-    if node.is_shutting_down() {
+pub async fn healthz(State(app): State<AppState>) -> Response {
+    if app.health.is_shutting_down() {
         return json(
             StatusCode::SERVICE_UNAVAILABLE,
             &StatusBody {
@@ -27,12 +27,12 @@ pub async fn healthz(State(node): State<AppState>) -> Response {
     )
 }
 
-pub async fn readyz(State(node): State<AppState>) -> Response {
-    if node.is_stopping() {
+pub async fn readyz(State(app): State<AppState>) -> Response {
+    if app.health.is_stopping() {
         return ApiError::unavailable("shutting down", 1).into_response();
     }
-    if !node.is_ready() {
-        let why = match node.not_ready_reason() {
+    if !app.health.is_ready() {
+        let why = match app.health.not_ready_reason() {
             "starting up" => "starting: recovery not finished".to_string(),
             "root admin not seeded yet" => {
                 "starting: waiting for the root admin to be seeded".to_string()
@@ -41,7 +41,7 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
         };
         return ApiError::unavailable(why, 1).into_response();
     }
-    if let Some(why) = node.out_of_service() {
+    if let Some(why) = app.health.out_of_service() {
         return ApiError::unavailable(why, 1).into_response();
     }
     json(
@@ -52,9 +52,9 @@ pub async fn readyz(State(node): State<AppState>) -> Response {
     )
 }
 
-pub async fn metrics(State(node): State<AppState>) -> Response {
-    node.refresh_gauges();
-    let mut resp = (StatusCode::OK, node.metrics.encode()).into_response();
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    app.refresh_gauges();
+    let mut resp = (StatusCode::OK, app.metrics.encode()).into_response();
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -77,15 +77,15 @@ struct MemberListOut {
     members: Vec<MemberOut>,
 }
 
-pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn members(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
-    let view = node.meta.view();
-    let leader = node.meta.current_leader().map(|l| l.0);
+    let view = app.meta.view();
+    let leader = app.meta.current_leader().map(|l| l.0);
     let members = view
         .members
         .values()
         .map(|m| MemberOut {
-            decommission_reason: node.decommission_reason(&m.id),
+            decommission_reason: app.controller.decommission_reason(&m.id),
             info: MemberInfo {
                 id: m.id.clone(),
                 addr: m.api_addr.clone(),
@@ -115,9 +115,9 @@ pub async fn members(State(node): State<AppState>, caller: Caller) -> ApiResult<
     Ok(json(StatusCode::OK, &MemberListOut { members }))
 }
 
-pub async fn moves(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn moves(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
-    let view = node.meta.view();
+    let view = app.meta.view();
     let moves: Vec<MoveInfo> =
         view.topics
             .values()
@@ -141,30 +141,30 @@ pub async fn moves(State(node): State<AppState>, caller: Caller) -> ApiResult<Re
 /// `POST /v1/cluster/members/{id}/decommission` (SPEC §3.9, §6.5): `204`, `404` unknown
 /// member, `503` without a leader.
 pub async fn decommission(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    set_draining(&node, &caller, id, true).await
+    set_draining(&app, &caller, id, true).await
 }
 
 /// `DELETE /v1/cluster/members/{id}/decommission`: cancels a decommission.
 pub async fn cancel_decommission(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult<Response> {
-    set_draining(&node, &caller, id, false).await
+    set_draining(&app, &caller, id, false).await
 }
 
 async fn set_draining(
-    node: &crate::node::Node,
+    app: &crate::app::App,
     caller: &Caller,
     id: String,
     draining: bool,
 ) -> ApiResult<Response> {
     authz::cluster_admin(caller)?;
-    node.propose(MetaCommand::SetDraining {
+    app.propose(MetaCommand::SetDraining {
         id: id.clone(),
         draining,
     })

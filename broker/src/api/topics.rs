@@ -8,13 +8,15 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AlterTopicRequest, CreateTopicRequest, TopicList, TopicRecord};
-use narad_meta::{MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch};
+use narad_meta::{
+    MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch, MAX_FANOUT_DELAY_MS,
+};
 use serde_json::value::RawValue;
 
 use super::{find_topic, json, read_json, AppState, Name, Query};
+use crate::app::App;
 use crate::clock::now_ms;
 use crate::error::{ApiError, ApiResult};
-use crate::node::Node;
 use crate::schema;
 use crate::security::{audit, authz, Caller};
 
@@ -26,6 +28,16 @@ pub const MAX_VISIBILITY_MS: i64 = 365 * 24 * 3600 * 1000;
 pub const MIN_RETENTION_MS: i64 = 3_600_000;
 const DEFAULT_LIST_LIMIT: u64 = 100;
 const MAX_LIST_LIMIT: u64 = 1000;
+
+/// `delay_ms` / `fanout_delay_ms`: 0 (none) to one year (`400` outside).
+pub fn check_delay(field: &str, v: u64) -> ApiResult<u64> {
+    if v > MAX_FANOUT_DELAY_MS {
+        return Err(ApiError::bad_request(format!(
+            "{field} must be between 0 and {MAX_FANOUT_DELAY_MS} (one year)"
+        )));
+    }
+    Ok(v)
+}
 
 /// SPEC §2.1: 1–200 bytes of `[A-Za-z0-9._-]`, not `.` or `..`.
 pub fn validate_name(name: &str) -> ApiResult<()> {
@@ -77,8 +89,8 @@ fn check_visibility(v: u64) -> ApiResult<u64> {
     Ok(v)
 }
 
-fn check_partitions(node: &Node, p: u64) -> ApiResult<u32> {
-    let max = node.config.topic.max_partitions as u64;
+fn check_partitions(app: &App, p: u64) -> ApiResult<u32> {
+    let max = app.config.topic.max_partitions as u64;
     if !(3..=max).contains(&p) {
         return Err(ApiError::bad_request(format!(
             "partitions must be between 3 and {max}"
@@ -127,7 +139,7 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
 }
 
 pub async fn create(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
     body: Body,
@@ -140,19 +152,19 @@ pub async fn create(
     {
         // `create` on the name (403); with a parent, the parent exists (404) and the caller
         // owns it or is admin (403). A sent `owner` is ignored: the owner is the caller.
-        let view = node.meta.view();
+        let view = app.meta.view();
         let parent = req
             .parent
             .as_deref()
             .map(|p| (p, view.topics.get(p).map(|t| &**t)));
         authz::create(&caller, &req.name, parent)?;
     }
-    let d = &node.config.topic;
+    let d = &app.config.topic;
     let partitions = match non_negative("partitions", req.partitions)? {
         // A child created with its parent inherits the parent's count (resolved in apply).
         None | Some(0) if req.parent.is_some() => 0,
         None | Some(0) => d.default_partitions,
-        Some(p) => check_partitions(&node, p)?,
+        Some(p) => check_partitions(&app, p)?,
     };
     let retention_ms = match non_negative("retention_ms", req.retention_ms)? {
         None => d.default_retention_age_ms,
@@ -179,7 +191,7 @@ pub async fn create(
     if req.parent.is_none() && delay.is_some_and(|d| d > 0) {
         return Err(ApiError::bad_request("fanout_delay_ms needs parent"));
     }
-    let delay = super::children::check_delay("fanout_delay_ms", delay.unwrap_or(0))?;
+    let delay = check_delay("fanout_delay_ms", delay.unwrap_or(0))?;
     let schema = req.schema.as_deref().map(check_schema).transpose()?;
     let config = TopicConfig {
         partitions,
@@ -190,7 +202,7 @@ pub async fn create(
     };
     let cmd = match &req.parent {
         Some(parent) => {
-            if !node.meta.view().topics.contains_key(parent) {
+            if !app.meta.view().topics.contains_key(parent) {
                 return Err(ApiError::not_found(format!(
                     "parent topic {parent} not found"
                 )));
@@ -215,7 +227,7 @@ pub async fn create(
             created_at_ms: now_ms(),
         },
     };
-    let topic = match node.propose(cmd).await? {
+    let topic = match app.propose(cmd).await? {
         MetaResponse::Topic(t) => t,
         other => {
             return Err(ApiError::internal(format!(
@@ -223,9 +235,9 @@ pub async fn create(
             )))
         }
     };
-    node.apply_topics()?;
-    node.fanout.sync().await;
-    node.await_members_applied(&topic).await;
+    app.apply_topics()?;
+    app.fanout.sync().await;
+    app.await_members_applied(&topic).await;
     audit::event("topic.create", caller.actor(), &topic.name);
     if let Some(parent) = &req.parent {
         audit::event(
@@ -234,10 +246,7 @@ pub async fn create(
             &format!("{parent}/{}", topic.name),
         );
     }
-    Ok(json(
-        StatusCode::CREATED,
-        &record(&node.meta.view(), &topic),
-    ))
+    Ok(json(StatusCode::CREATED, &record(&app.meta.view(), &topic)))
 }
 
 /// `limit` of a topic listing: at least 1, larger values capped at [`MAX_LIST_LIMIT`].
@@ -256,14 +265,14 @@ fn parse_limit(v: Option<&str>) -> ApiResult<u64> {
 /// Pages over the topics the caller sees (SPEC §4.3), by name: the token is the last name
 /// of the previous page and the next page holds visible names strictly greater than it.
 pub async fn list(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
     let q = Query::parse(q.as_deref());
     let limit = parse_limit(q.text("limit")?)?;
     let token = q.text("page_token")?.unwrap_or("");
-    let view = node.meta.view();
+    let view = app.meta.view();
     let start = if token.is_empty() {
         Bound::Unbounded
     } else {
@@ -293,34 +302,34 @@ pub async fn list(
 }
 
 pub async fn get(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &name).await;
+    let topic = find_topic(&app, &name).await;
     authz::view(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let q = Query::parse(q.as_deref());
     let only = q.partition(topic.config.partitions)?;
-    let mut rec = record(&node.meta.view(), &topic);
+    let mut rec = record(&app.meta.view(), &topic);
     let wanted: Vec<u32> = (0..topic.config.partitions)
         .filter(|p| only.is_none_or(|o| o == *p))
         .collect();
-    let stats = node.topic_stats(&topic, &wanted).await;
+    let stats = app.topic_stats(&topic, &wanted).await;
     rec.partial = stats.iter().any(|s| s.status != "ok");
     rec.partition_stats = Some(stats);
     Ok(json(StatusCode::OK, &rec))
 }
 
 pub async fn alter(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&node, &name).await;
+    let topic = find_topic(&app, &name).await;
     authz::manage(&caller, &name, topic.as_deref())?;
     let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
     let req: AlterTopicRequest = read_json(&headers, body).await?;
@@ -332,12 +341,12 @@ pub async fn alter(
                 topic.config.partitions
             )));
         }
-        patch.partitions = Some(check_partitions(&node, p)?);
+        patch.partitions = Some(check_partitions(&app, p)?);
     }
     if let Some(r) = non_negative("retention_ms", req.retention_ms)? {
         patch.retention_ms = Some(check_retention(r)?);
     }
-    let d = &node.config.topic;
+    let d = &app.config.topic;
     if let Some(v) = non_negative("visibility_timeout_ms", req.visibility_timeout_ms)? {
         patch.visibility_timeout_ms = Some(if v == 0 {
             d.default_visibility_timeout_ms
@@ -382,7 +391,7 @@ pub async fn alter(
     if changes == TopicPatch::default() {
         return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema"));
     }
-    let updated = match node
+    let updated = match app
         .propose(MetaCommand::AlterTopic {
             name: name.clone(),
             patch,
@@ -396,18 +405,18 @@ pub async fn alter(
             )))
         }
     };
-    node.apply_topics()?;
-    node.await_members_applied(&updated).await;
-    Ok(json(StatusCode::OK, &record(&node.meta.view(), &updated)))
+    app.apply_topics()?;
+    app.await_members_applied(&updated).await;
+    Ok(json(StatusCode::OK, &record(&app.meta.view(), &updated)))
 }
 
 pub async fn delete(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
 ) -> ApiResult<Response> {
-    authz::manage(&caller, &name, find_topic(&node, &name).await.as_deref())?;
-    let deleted: Arc<Topic> = match node
+    authz::manage(&caller, &name, find_topic(&app, &name).await.as_deref())?;
+    let deleted: Arc<Topic> = match app
         .propose(MetaCommand::DeleteTopic { name: name.clone() })
         .await?
     {
@@ -418,11 +427,11 @@ pub async fn delete(
             )))
         }
     };
-    node.schemas.forget(deleted.id);
+    app.ingest.forget_topic(deleted.id);
     // Cursors copying into or out of it stop before its data goes.
-    node.fanout.sync().await;
-    node.apply_topics()?;
-    node.await_members_applied(&deleted).await;
+    app.fanout.sync().await;
+    app.apply_topics()?;
+    app.await_members_applied(&deleted).await;
     audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }

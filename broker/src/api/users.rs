@@ -45,7 +45,7 @@ async fn hash(secret: String) -> ApiResult<String> {
 
 /// `POST /v1/users` → `201` user. Admin only; only root grants `admin`.
 pub async fn create(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
     body: Body,
@@ -55,7 +55,7 @@ pub async fn create(
     let grants = users::validate_create(&req).map_err(ApiError::bad_request)?;
     authz::create_user(&caller, &grants)?;
     // Refuse a taken name before paying for a hash (the state machine refuses it anyway).
-    if node.meta.view().user(&req.username).is_some() {
+    if app.meta.view().user(&req.username).is_some() {
         return Err(ApiError::conflict(format!(
             "user {} already exists",
             req.username
@@ -66,7 +66,7 @@ pub async fn create(
     } = req;
     let password_hash = hash(password).await?;
     let user = user_answer(
-        node.propose(MetaCommand::CreateUser {
+        app.propose(MetaCommand::CreateUser {
             username,
             password_hash,
             grants,
@@ -80,9 +80,9 @@ pub async fn create(
 }
 
 /// `GET /v1/users` → `200` array of users, by name. Admin only.
-pub async fn list(State(node): State<AppState>, caller: Caller) -> ApiResult<Response> {
+pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let view = node.meta.view();
+    let view = app.meta.view();
     let all: Vec<narad_api::User> = view
         .users
         .values()
@@ -93,12 +93,12 @@ pub async fn list(State(node): State<AppState>, caller: Caller) -> ApiResult<Res
 
 /// `GET /v1/users/{u}` → `200` user. Admin only.
 pub async fn get(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    let view = node.meta.view();
+    let view = app.meta.view();
     let user = view.user(&name).ok_or_else(|| user_not_found(&name))?;
     Ok(json(StatusCode::OK, &users::to_wire(user)))
 }
@@ -106,7 +106,7 @@ pub async fn get(
 /// `PUT /v1/users/{u}/grants` → `200` user. Admin only; root's grants are fixed, nobody
 /// changes their own, only root grants `admin`.
 pub async fn put_grants(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     headers: HeaderMap,
@@ -118,11 +118,11 @@ pub async fn put_grants(
     authz::set_grants(
         &caller,
         &name,
-        node.meta.view().user(&name).map(|u| &**u),
+        app.meta.view().user(&name).map(|u| &**u),
         &grants,
     )?;
     let user = user_answer(
-        node.propose(MetaCommand::SetGrants {
+        app.propose(MetaCommand::SetGrants {
             username: name,
             grants,
             now_ms: now_ms(),
@@ -138,7 +138,7 @@ pub async fn put_grants(
 /// new password applies from the next request (the user record's version changes, which
 /// invalidates every cached credential of the user).
 pub async fn put_password(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
     headers: HeaderMap,
@@ -146,7 +146,7 @@ pub async fn put_password(
 ) -> ApiResult<Response> {
     let req: PasswordRequest = read_json(&headers, body).await?;
     users::validate_password_request(&req).map_err(ApiError::bad_request)?;
-    let target = node.meta.view().user(&name).cloned();
+    let target = app.meta.view().user(&name).cloned();
     match authz::change_password(
         &caller,
         &name,
@@ -160,7 +160,7 @@ pub async fn put_password(
             else {
                 return Err(authz::wrong_current_password().into());
             };
-            if !node.auth.verify_current_password(target, current).await? {
+            if !app.auth.verify_current_password(target, current).await? {
                 return Err(authz::wrong_current_password().into());
             }
         }
@@ -168,7 +168,7 @@ pub async fn put_password(
     let PasswordRequest { new_password, .. } = req;
     let password_hash = hash(new_password).await?;
     user_answer(
-        node.propose(MetaCommand::SetPassword {
+        app.propose(MetaCommand::SetPassword {
             username: name.clone(),
             password_hash,
             now_ms: now_ms(),
@@ -182,13 +182,13 @@ pub async fn put_password(
 /// `DELETE /v1/users/{u}` → `204`. Admin only; root cannot be deleted, nobody deletes
 /// themselves.
 pub async fn delete(
-    State(node): State<AppState>,
+    State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
 ) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
-    authz::delete_user(&caller, &name, node.meta.view().user(&name).map(|u| &**u))?;
-    match node
+    authz::delete_user(&caller, &name, app.meta.view().user(&name).map(|u| &**u))?;
+    match app
         .propose(MetaCommand::DeleteUser {
             username: name.clone(),
         })

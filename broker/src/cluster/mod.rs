@@ -5,18 +5,19 @@
 //!   ([`Cluster::read_current`]), ownership and liveness lookups, and calls to partition
 //!   owners ([`Cluster::call`]).
 //! - `membership`: bootstrap from `--peers`, join-only admission, heartbeats, and the
-//!   leader's controller (dead-member marking).
-//! - `handler`: the node-RPC server side: every opcode this build serves.
+//!   leader's dead-member marking.
+//! - `router`: where the dispatcher and the fan-out engine send a partition's records.
+//! - `calls`: the table of node-RPC calls (request and reply types, timeout, fallback).
 //! - `wire`: the payload of each opcode.
+//!
+//! The server side of node RPC is `node_rpc`; moves and the leader's move controller are
+//! `placement`.
 //!
 //! A standalone node (no `--peers`) has a `Cluster` too: it is its own leader and owner of
 //! everything, and nothing here leaves the process.
 
 pub mod calls;
-pub mod controller;
-pub mod handler;
 pub mod membership;
-pub mod moves;
 pub mod router;
 pub mod wire;
 
@@ -91,8 +92,6 @@ pub struct Cluster {
     registered: AtomicBool,
     /// A leader shutting down takes no metadata writes while it hands leadership off.
     handing_off: AtomicBool,
-    /// Moves in progress on this node (copies in, freezes, deletions).
-    pub moves: moves::Tracker,
     by_id: ArcSwap<TopicIndex>,
     /// `topic.max_topics`: the most topics a create on this node, as metadata leader, admits.
     max_topics: u64,
@@ -133,7 +132,6 @@ impl Cluster {
             admitted: AtomicBool::new(!clustered),
             registered: AtomicBool::new(false),
             handing_off: AtomicBool::new(false),
-            moves: moves::Tracker::default(),
             by_id: ArcSwap::from_pointee((view, by_id)),
             max_topics,
             create_gate: tokio::sync::Mutex::new(()),

@@ -1,7 +1,7 @@
 //! Delivery (SPEC §3.5, §3.6, §6.3): leasing messages to consumers, replaying offsets and
 //! settling leases, on this node's partitions and, through their owners, on others'. It
 //! knows neither HTTP nor the node-RPC server: the HTTP routes (`api::consume`) and the
-//! RPC handler (`cluster::handler`) both parse their request and call [`Delivery`], which
+//! RPC handler (`node_rpc`) both parse their request and call [`Delivery`], which
 //! answers with rendered JSON or an [`ApiError`].
 //!
 //! - `handle`: [`ReceiptHandle`], `partition:offset:nonce`.

@@ -16,13 +16,58 @@ use std::time::Duration;
 use narad_meta::{MetaCommand, MetaState, NodeId};
 use tokio::time::Instant;
 
-use super::wire::AssignmentRequest;
-use crate::node::Node;
+use crate::cluster::wire::AssignmentRequest;
+use crate::cluster::Cluster;
+use crate::health::Health;
 
 /// Most moves in flight at once.
 pub const MAX_INFLIGHT: usize = 8;
 /// The controller never removes a voter below this many.
 pub const MIN_VOTERS: usize = 3;
+
+/// The leader's controller: plans and starts moves, aborts stuck ones, removes drained
+/// members. Holds only the handles it uses, and the reasons it publishes.
+pub struct Controller {
+    pub node_id: String,
+    pub meta: narad_meta::Meta,
+    pub cluster: Arc<Cluster>,
+    pub wal: crate::wal::Wal,
+    pub health: Arc<Health>,
+    /// Test knob `NARAD_TEST_HOLD_DRAINED_VOTERS`.
+    pub hold_drained_voters: bool,
+    /// The leader's reasons why drained members are not removed yet (empty elsewhere).
+    reasons: parking_lot::Mutex<BTreeMap<String, String>>,
+}
+
+impl Controller {
+    pub fn new(
+        node_id: String,
+        meta: narad_meta::Meta,
+        cluster: Arc<Cluster>,
+        wal: crate::wal::Wal,
+        health: Arc<Health>,
+        hold_drained_voters: bool,
+    ) -> Controller {
+        Controller {
+            node_id,
+            meta,
+            cluster,
+            wal,
+            health,
+            hold_drained_voters,
+            reasons: Default::default(),
+        }
+    }
+
+    /// Why drained member `id` is not removed yet, when this node leads and knows.
+    pub fn decommission_reason(&self, id: &str) -> Option<String> {
+        self.reasons.lock().get(id).cloned()
+    }
+
+    fn set_decommission_reasons(&self, reasons: BTreeMap<String, String>) {
+        *self.reasons.lock() = reasons;
+    }
+}
 
 /// A move the controller wants started.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,8 +292,8 @@ pub fn plan(view: &MetaState, budget: usize, shed_only: bool) -> Vec<PlannedMove
 }
 
 /// The leader's controller loop for moves and decommission. Runs until shutdown.
-pub async fn run(node: Arc<Node>) {
-    let tick = (node.cluster.timing.heartbeat / 5)
+pub async fn run(ctl: Arc<Controller>) {
+    let tick = (ctl.cluster.timing.heartbeat / 5)
         .clamp(Duration::from_millis(100), Duration::from_secs(1));
     // Members this leader has seen; a new one triggers a rebalance.
     let mut known: Option<BTreeSet<NodeId>> = None;
@@ -257,16 +302,16 @@ pub async fn run(node: Arc<Node>) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(tick) => {}
-            _ = node.shutdown_signal() => return,
+            _ = ctl.health.shutdown_signal() => return,
         }
-        if !node.cluster.clustered || !node.meta.is_leader() {
+        if !ctl.cluster.clustered || !ctl.meta.is_leader() {
             known = None;
             // A later term starts from what it sees itself.
             decommissions = Decommissions::default();
-            node.set_decommission_reasons(BTreeMap::new());
+            ctl.set_decommission_reasons(BTreeMap::new());
             continue;
         }
-        let view = node.meta.view();
+        let view = ctl.meta.view();
         let members: BTreeSet<NodeId> = view.members.keys().cloned().collect();
         match &known {
             None => {
@@ -286,8 +331,8 @@ pub async fn run(node: Arc<Node>) {
             }
         }
         known = Some(members);
-        abort_stuck(&node, &view).await;
-        let view = node.meta.view();
+        abort_stuck(&ctl, &view).await;
+        let view = ctl.meta.view();
         let budget = MAX_INFLIGHT.saturating_sub(inflight(&view));
         let moves = plan(&view, budget, !rebalance);
         if rebalance && moves.is_empty() && inflight(&view) == 0 {
@@ -296,7 +341,7 @@ pub async fn run(node: Arc<Node>) {
         }
         for m in moves {
             tracing::info!(topic = %m.topic, partition = m.partition, from = %m.from, to = %m.to, "starting a partition move");
-            if let Err(e) = node
+            if let Err(e) = ctl
                 .meta
                 .write(MetaCommand::StartMove {
                     topic: m.topic.clone(),
@@ -310,13 +355,13 @@ pub async fn run(node: Arc<Node>) {
                 tracing::warn!(topic = %m.topic, partition = m.partition, error = %e, "could not start a move");
             }
         }
-        finish_decommissions(&node, &mut decommissions).await;
+        finish_decommissions(&ctl, &mut decommissions).await;
     }
 }
 
 /// Aborts moves whose target died, drains or left: they cannot finish (moves whose source
 /// is down wait for it).
-async fn abort_stuck(node: &Node, view: &MetaState) {
+async fn abort_stuck(ctl: &Controller, view: &MetaState) {
     for t in view.topics.values() {
         for (p, a) in t.assignments.iter().enumerate() {
             let Some(to) = &a.target else { continue };
@@ -325,7 +370,7 @@ async fn abort_stuck(node: &Node, view: &MetaState) {
                 continue;
             }
             tracing::warn!(topic = %t.name, partition = p, to = %to, "aborting a move whose target is dead or draining");
-            if let Err(e) = node
+            if let Err(e) = ctl
                 .meta
                 .write(MetaCommand::AbortMove {
                     topic: t.name.clone(),
@@ -342,15 +387,15 @@ async fn abort_stuck(node: &Node, view: &MetaState) {
 }
 
 /// Records in member `id`'s ingress WAL not yet committed (`None`: unknown now).
-async fn wal_outstanding(node: &Node, id: &str) -> Option<u64> {
-    if id == node.node_id {
-        return Some(node.wal.outstanding() as u64);
+async fn wal_outstanding(ctl: &Controller, id: &str) -> Option<u64> {
+    if id == ctl.node_id {
+        return Some(ctl.wal.outstanding() as u64);
     }
     let req = AssignmentRequest {
         topic_id: None,
         partition: 0,
     };
-    node.cluster
+    ctl.cluster
         .ask(id, &req)
         .await
         .ok()
@@ -455,10 +500,10 @@ pub struct Decommissions {
 /// Removes drained members (see [`decommission_step`]): a draining member with no partitions
 /// and an empty WAL leaves the voters and then the member list. Its WAL is checked while it
 /// is alive and the answer kept, so a member that dies after it drained is removed too.
-/// Publishes why a drained member stays to [`Node::set_decommission_reasons`].
-async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
-    let view = node.meta.view();
-    let voters: Vec<NodeId> = node.meta.voters().into_iter().map(|v| v.0).collect();
+/// Publishes why a drained member stays to [`Controller::decommission_reason`].
+async fn finish_decommissions(ctl: &Controller, state: &mut Decommissions) {
+    let view = ctl.meta.view();
+    let voters: Vec<NodeId> = ctl.meta.voters().into_iter().map(|v| v.0).collect();
     state
         .wal_empty
         .retain(|id| view.members.get(id).is_some_and(|m| m.draining));
@@ -478,7 +523,7 @@ async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
             WalReport::Unknown
         };
         if !m.dead && wal != WalReport::Empty && view.partitions_of(&id) == 0 {
-            wal = match wal_outstanding(node, &id).await {
+            wal = match wal_outstanding(ctl, &id).await {
                 Some(0) => {
                     tracing::info!(member = %id, "drained member reported an empty WAL");
                     state.wal_empty.insert(id.clone());
@@ -488,17 +533,11 @@ async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
                 None => WalReport::Unknown,
             };
         }
-        let step = decommission_step(
-            &view,
-            &voters,
-            &id,
-            wal,
-            node.config.test.hold_drained_voters,
-        );
+        let step = decommission_step(&view, &voters, &id, wal, ctl.hold_drained_voters);
         match step {
             Step::Shedding => {}
             Step::RemoveMember => {
-                match node
+                match ctl
                     .meta
                     .write(MetaCommand::RemoveMember { id: id.clone() })
                     .await
@@ -511,7 +550,7 @@ async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
             }
             Step::RemoveVoter => {
                 tracing::info!(member = %id, dead = m.dead, voters = voters.len(), "member drained (no partitions, empty WAL); removing it from the voters");
-                if let Err(e) = node.meta.remove_voter(&id, MIN_VOTERS).await {
+                if let Err(e) = ctl.meta.remove_voter(&id, MIN_VOTERS).await {
                     tracing::warn!(member = %id, error = %e, "could not remove a drained voter");
                 }
                 // One membership change at a time; the member record goes on a later pass.
@@ -532,7 +571,7 @@ async fn finish_decommissions(node: &Node, state: &mut Decommissions) {
             }
         }
     }
-    node.set_decommission_reasons(reasons);
+    ctl.set_decommission_reasons(reasons);
 }
 
 #[cfg(test)]

@@ -36,16 +36,16 @@ use narad_storage::{PartitionLog, StorageError};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
 
-use super::calls::Call;
-use super::wire::{
+use crate::cluster::calls::Call;
+use crate::cluster::wire::{
     AssignmentReply, AssignmentRequest, ChunkRequest, HandoffReply, HandoffRequest, PartitionRef,
     SegmentInfo, SegmentList, SmallFile, MAX_CHUNK,
 };
-use super::{Cluster, TopicLookup};
+use crate::cluster::{Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult, ErrorCode};
-use crate::metrics::MoveOutcomeLabels;
-use crate::node::Node;
-use crate::partition::{Partition, Released};
+use crate::health::Health;
+use crate::metrics::{Metrics, MoveOutcomeLabels};
+use crate::partition::{Partition, Registry, Released};
 use crate::rpc::RpcReply;
 use crate::wal::WalRecord;
 
@@ -56,9 +56,57 @@ const SMALL_TAIL: u64 = 1024 * 1024;
 const MAX_PRECOPY_ROUNDS: usize = 20;
 const RETRY: Duration = Duration::from_secs(1);
 
+/// The moves this node takes part in, as owner (freezes, listings, chunks) and as target
+/// (copies in), and the removal of old copies. Holds only the handles it uses.
+pub struct Moves {
+    pub node_id: String,
+    pub meta: narad_meta::Meta,
+    pub cluster: Arc<Cluster>,
+    pub registry: Arc<Registry>,
+    pub wal: crate::wal::Wal,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+    /// How long a move's source must stay marked dead before a copy that reached its last
+    /// known high watermark is force-promoted (SPEC §6.5: 120 s; the test knob
+    /// `NARAD_TEST_FORCE_PROMOTE_MS` shortens it).
+    pub force_promote_after: Duration,
+    /// Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: a pause before the handoff.
+    pub handoff_pause: Option<Duration>,
+    tracker: Tracker,
+}
+
+impl Moves {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        node_id: String,
+        meta: narad_meta::Meta,
+        cluster: Arc<Cluster>,
+        registry: Arc<Registry>,
+        wal: crate::wal::Wal,
+        metrics: Arc<Metrics>,
+        health: Arc<Health>,
+        knobs: &crate::config::TestKnobs,
+    ) -> Moves {
+        Moves {
+            node_id,
+            meta,
+            cluster,
+            registry,
+            wal,
+            metrics,
+            health,
+            force_promote_after: knobs
+                .force_promote_after
+                .unwrap_or(Duration::from_secs(120)),
+            handoff_pause: knobs.move_handoff_pause,
+            tracker: Tracker::default(),
+        }
+    }
+}
+
 /// What runs on this node for moves.
 #[derive(Default)]
-pub struct Tracker {
+struct Tracker {
     /// Partitions with a copy or a deletion in progress here (one at a time per partition).
     busy: Mutex<HashSet<(u64, u32)>>,
     /// Freezes this node (as owner) watches: (topic id, partition, move id).
@@ -74,8 +122,8 @@ impl Tracker {
     }
 }
 
-fn topic_partition(node: &Node, topic_id: u64, p: u32) -> Result<Arc<Topic>, RpcReply> {
-    match node.cluster.topic_by_id(topic_id) {
+fn topic_partition(moves: &Moves, topic_id: u64, p: u32) -> Result<Arc<Topic>, RpcReply> {
+    match moves.cluster.topic_by_id(topic_id) {
         TopicLookup::Known(t) if p < t.config.partitions => Ok(t),
         TopicLookup::Known(_) | TopicLookup::Deleted => Err(RpcReply::fail(
             ErrorCode::NotFound,
@@ -88,8 +136,9 @@ fn topic_partition(node: &Node, topic_id: u64, p: u32) -> Result<Arc<Topic>, Rpc
     }
 }
 
-fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, RpcReply> {
-    node.registry
+fn open_partition(moves: &Moves, topic: &Topic, p: u32) -> Result<Arc<Partition>, RpcReply> {
+    moves
+        .registry
         .topic(topic.id)
         .and_then(|rt| rt.partition(p))
         .ok_or_else(|| {
@@ -97,7 +146,7 @@ fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, 
                 ErrorCode::Conflict,
                 &format!(
                     "partition {p} of {} is not open on {}",
-                    topic.name, node.node_id
+                    topic.name, moves.node_id
                 ),
             )
         })
@@ -105,15 +154,15 @@ fn open_partition(node: &Node, topic: &Topic, p: u32) -> Result<Arc<Partition>, 
 
 /// `ListPartitionSegments`: the owner's segment files with their committed sizes, the
 /// queue frontier and the fan-out cursors, all as of one instant.
-pub async fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
-    let topic = match topic_partition(node, req.topic_id, req.partition) {
+pub async fn serve_list(moves: &Moves, req: PartitionRef) -> RpcReply {
+    let topic = match topic_partition(moves, req.topic_id, req.partition) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    if !node.cluster.is_mine(&topic, req.partition) {
+    if !moves.cluster.is_mine(&topic, req.partition) {
         return RpcReply::fail(ErrorCode::NotOwner, "not the owner of this partition");
     }
-    let part = match open_partition(node, &topic, req.partition) {
+    let part = match open_partition(moves, &topic, req.partition) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -139,12 +188,12 @@ pub async fn serve_list(node: &Node, req: PartitionRef) -> RpcReply {
 }
 
 /// `FetchSegmentChunk`: raw committed bytes of one segment file.
-pub async fn serve_chunk(node: &Node, req: ChunkRequest) -> RpcReply {
-    let topic = match topic_partition(node, req.topic_id, req.partition) {
+pub async fn serve_chunk(moves: &Moves, req: ChunkRequest) -> RpcReply {
+    let topic = match topic_partition(moves, req.topic_id, req.partition) {
         Ok(t) => t,
         Err(r) => return r,
     };
-    let part = match open_partition(node, &topic, req.partition) {
+    let part = match open_partition(moves, &topic, req.partition) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -161,13 +210,13 @@ pub async fn serve_chunk(node: &Node, req: ChunkRequest) -> RpcReply {
 }
 
 /// `PrepareHandoff`: freeze the partition for the final copy of a move to the caller.
-pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) -> RpcReply {
-    let topic = match topic_partition(node, req.topic_id, req.partition) {
+pub async fn serve_handoff(moves: &Arc<Moves>, from: &str, req: HandoffRequest) -> RpcReply {
+    let topic = match topic_partition(moves, req.topic_id, req.partition) {
         Ok(t) => t,
         Err(r) => return r,
     };
     let a = &topic.assignments[req.partition as usize];
-    if a.owner.as_deref() != Some(node.node_id.as_str()) {
+    if a.owner.as_deref() != Some(moves.node_id.as_str()) {
         return RpcReply::fail(ErrorCode::NotOwner, "not the owner of this partition");
     }
     if a.move_id < req.move_id {
@@ -182,7 +231,7 @@ pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) ->
             &format!("move {} is not in flight", req.move_id),
         );
     }
-    let part = match open_partition(node, &topic, req.partition) {
+    let part = match open_partition(moves, &topic, req.partition) {
         Ok(p) => p,
         Err(r) => return r,
     };
@@ -199,10 +248,10 @@ pub async fn serve_handoff(node: &Arc<Node>, from: &str, req: HandoffRequest) ->
         Err(e) => return RpcReply::fail(ErrorCode::Internal, &format!("freeze task failed: {e}")),
     };
     let key = (req.topic_id, req.partition, req.move_id);
-    if node.cluster.moves.freezes.lock().insert(key) {
+    if moves.tracker.freezes.lock().insert(key) {
         tracing::info!(topic = %topic.name, partition = req.partition, move_id, to = %from,
             high_watermark = state.high_watermark, "partition frozen for a move's final copy");
-        tokio::spawn(watch_freeze(node.clone(), part, key));
+        tokio::spawn(watch_freeze(moves.clone(), part, key));
     }
     RpcReply::json(
         200,
@@ -240,7 +289,7 @@ fn read_small_files(dir: &Path) -> Vec<SmallFile> {
 /// The owner's side of a freeze: lifts it once the move can no longer complete, aborting
 /// the move itself when the freeze lapses; leaves it (the partition closes) when the move
 /// completed.
-async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64)) {
+async fn watch_freeze(moves: Arc<Moves>, part: Arc<Partition>, key: (u64, u32, u64)) {
     let (topic_id, p, move_id) = key;
     let until = Instant::now() + FREEZE;
     loop {
@@ -248,7 +297,7 @@ async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64
         if part.frozen_for() != Some(move_id) {
             break;
         }
-        let a = match node.cluster.topic_by_id(topic_id) {
+        let a = match moves.cluster.topic_by_id(topic_id) {
             TopicLookup::Known(t) => t.assignments.get(p as usize).cloned(),
             _ => None,
         };
@@ -257,7 +306,7 @@ async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64
             part.unfreeze(move_id);
             break;
         };
-        if a.owner.as_deref() != Some(node.node_id.as_str()) {
+        if a.owner.as_deref() != Some(moves.node_id.as_str()) {
             // The flip is applied: the registry closes the partition; it stays frozen.
             break;
         }
@@ -272,7 +321,7 @@ async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64
             break;
         }
         if Instant::now() >= until {
-            let TopicLookup::Known(t) = node.cluster.topic_by_id(topic_id) else {
+            let TopicLookup::Known(t) = moves.cluster.topic_by_id(topic_id) else {
                 continue;
             };
             tracing::warn!(topic = %t.name, partition = p, move_id, "freeze lapsed before the move completed; aborting it");
@@ -282,19 +331,19 @@ async fn watch_freeze(node: Arc<Node>, part: Arc<Partition>, key: (u64, u32, u64
                 partition: p,
                 move_id,
             };
-            if let Err(e) = node.cluster.propose(cmd).await {
+            if let Err(e) = moves.cluster.propose(cmd).await {
                 tracing::warn!(error = %e.message, "could not abort the move; the partition stays frozen");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
     }
-    node.cluster.moves.freezes.lock().remove(&key);
+    moves.tracker.freezes.lock().remove(&key);
 }
 
 /// `GetAssignment`: the leader's confirmed view of one assignment, plus the callee's WAL
 /// backlog.
-pub async fn serve_assignment(node: &Node, req: AssignmentRequest) -> RpcReply {
-    let wal_outstanding = node.wal.outstanding() as u64;
+pub async fn serve_assignment(moves: &Moves, req: AssignmentRequest) -> RpcReply {
+    let wal_outstanding = moves.wal.outstanding() as u64;
     let Some(topic_id) = req.topic_id else {
         return RpcReply::json(
             200,
@@ -305,15 +354,15 @@ pub async fn serve_assignment(node: &Node, req: AssignmentRequest) -> RpcReply {
             },
         );
     };
-    if !node.meta.is_leader() {
+    if !moves.meta.is_leader() {
         return RpcReply::fail(ErrorCode::NotLeader, "not the metadata leader");
     }
-    match node.meta.barrier().await {
+    match moves.meta.barrier().await {
         Ok(index) => RpcReply::json(
             200,
             &AssignmentReply {
                 index,
-                assignment: assignment_in(&node.meta.view(), topic_id, req.partition),
+                assignment: assignment_in(&moves.meta.view(), topic_id, req.partition),
                 wal_outstanding,
             },
         ),
@@ -331,18 +380,18 @@ fn assignment_in(view: &narad_meta::MetaState, topic_id: u64, p: u32) -> Option<
 /// The leader's current assignment of a partition (`None`: the topic or partition is gone),
 /// with the leader's applied index it was read at.
 async fn confirmed_assignment(
-    node: &Node,
+    moves: &Moves,
     topic_id: u64,
     p: u32,
 ) -> ApiResult<(u64, Option<Assignment>)> {
-    if node.meta.is_leader() {
-        let index = node.meta.barrier().await.map_err(ApiError::from)?;
-        return Ok((index, assignment_in(&node.meta.view(), topic_id, p)));
+    if moves.meta.is_leader() {
+        let index = moves.meta.barrier().await.map_err(ApiError::from)?;
+        return Ok((index, assignment_in(&moves.meta.view(), topic_id, p)));
     }
-    let Some((leader, _)) = node.meta.current_leader() else {
+    let Some((leader, _)) = moves.meta.current_leader() else {
         return Err(ApiError::unavailable("no metadata leader", 1));
     };
-    let a = node
+    let a = moves
         .cluster
         .ask(
             &leader,
@@ -357,40 +406,40 @@ async fn confirmed_assignment(
 
 /// The moves this node takes part in: starts a copy for every assignment targeting it, and
 /// deletes old copies once the leader confirms they are not needed. Runs until shutdown.
-pub async fn run(node: Arc<Node>) {
-    let mut rx = node.meta.subscribe();
+pub async fn run(moves: Arc<Moves>) {
+    let mut rx = moves.meta.subscribe();
     let mut last_janitor = Instant::now();
     let mut orphans_checked = false;
     loop {
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = node.shutdown_signal() => return,
+            _ = moves.health.shutdown_signal() => return,
         }
-        let view = node.meta.view();
-        if !orphans_checked && node.is_ready() {
+        let view = moves.meta.view();
+        if !orphans_checked && moves.health.is_ready() {
             // Once per start, with a view that has caught up enough to serve.
             orphans_checked = true;
-            node.registry.release_orphans(&view.topics, &node.node_id);
+            moves.registry.release_orphans(&view.topics, &moves.node_id);
         }
         for t in view.topics.values() {
             for (p, a) in t.assignments.iter().enumerate() {
-                if a.target.as_deref() != Some(node.node_id.as_str()) {
+                if a.target.as_deref() != Some(moves.node_id.as_str()) {
                     continue;
                 }
                 let Some(from) = a.owner.clone() else {
                     continue;
                 };
                 let key = (t.id, p as u32);
-                if !node.cluster.moves.claim(key) {
+                if !moves.tracker.claim(key) {
                     continue;
                 }
-                tokio::spawn(copy_in(node.clone(), t.clone(), p as u32, from, a.move_id));
+                tokio::spawn(copy_in(moves.clone(), t.clone(), p as u32, from, a.move_id));
             }
         }
         if last_janitor.elapsed() >= Duration::from_secs(2) {
             last_janitor = Instant::now();
-            tokio::spawn(janitor(node.clone()));
+            tokio::spawn(janitor(moves.clone()));
         }
     }
 }
@@ -398,33 +447,33 @@ pub async fn run(node: Arc<Node>) {
 /// Deletes released partition directories the leader confirms this node neither owns nor
 /// receives; keeps the others for a later try. A directory a force promotion left behind
 /// first gives its records past the promoted high watermark back to the WAL (salvage).
-async fn janitor(node: Arc<Node>) {
-    let released = node.registry.take_released();
+async fn janitor(moves: Arc<Moves>) {
+    let released = moves.registry.take_released();
     if released.is_empty() {
         return;
     }
     let mut keep = Vec::new();
     for r in released {
         let key = (r.topic_id, r.partition);
-        if !node.cluster.moves.claim(key) {
+        if !moves.tracker.claim(key) {
             keep.push(r);
             continue;
         }
-        let open = node
+        let open = moves
             .registry
             .topic(r.topic_id)
             .and_then(|rt| rt.partition(r.partition))
             .is_some_and(|p| p.dir() == r.dir);
         if open {
-            node.cluster.moves.release(key);
+            moves.tracker.release(key);
             continue;
         }
-        let me = node.node_id.as_str();
-        match confirmed_assignment(&node, r.topic_id, r.partition).await {
+        let me = moves.node_id.as_str();
+        match confirmed_assignment(&moves, r.topic_id, r.partition).await {
             Ok((index, Some(a)))
                 if a.owner.as_deref() != Some(me) && a.target.as_deref() != Some(me) =>
             {
-                match retire(&node, &r, index).await {
+                match retire(&moves, &r, index).await {
                     Ok(()) => {
                         tracing::info!(topic = %r.topic, partition = r.partition, dir = %r.dir.display(), "removed the copy of a partition moved away")
                     }
@@ -443,32 +492,33 @@ async fn janitor(node: Arc<Node>) {
                 keep.push(r);
             }
         }
-        node.cluster.moves.release(key);
+        moves.tracker.release(key);
     }
-    node.registry.keep_released(keep);
+    moves.registry.keep_released(keep);
 }
 
 /// Removes an old copy the leader confirmed (as of its applied `index`) is not this node's:
 /// once the local replica has applied that index, a salvage claim on it is settled first.
-async fn retire(node: &Arc<Node>, r: &Released, index: u64) -> Result<(), String> {
-    if !node.meta.wait_applied(index, Duration::from_secs(5)).await {
+async fn retire(moves: &Arc<Moves>, r: &Released, index: u64) -> Result<(), String> {
+    if !moves.meta.wait_applied(index, Duration::from_secs(5)).await {
         return Err("the local replica is behind the leader".into());
     }
-    let claim = node
+    let claim = moves
         .meta
         .view()
-        .salvage_claim(r.topic_id, r.partition, &node.node_id)
+        .salvage_claim(r.topic_id, r.partition, &moves.node_id)
         .cloned();
     if let Some(claim) = claim {
-        let n = salvage(node, r, claim.high_watermark).await?;
-        node.metrics.moves_salvaged.inc_by(n as u64);
+        let n = salvage(moves, r, claim.high_watermark).await?;
+        moves.metrics.moves_salvaged.inc_by(n as u64);
         tracing::warn!(topic = %r.topic, partition = r.partition, records = n, from_offset = claim.high_watermark,
             "re-produced the records a force promotion left behind on this node");
-        node.cluster
+        moves
+            .cluster
             .propose(MetaCommand::SalvageDone {
                 topic_id: r.topic_id,
                 partition: r.partition,
-                from: node.node_id.clone(),
+                from: moves.node_id.clone(),
             })
             .await
             .map_err(|e| format!("settle the salvage claim: {}", e.message))?;
@@ -483,8 +533,8 @@ async fn retire(node: &Arc<Node>, r: &Released, index: u64) -> Result<(), String
 /// Appends the records of the old copy at `r.dir` from offset `from` on to the WAL, for the
 /// dispatcher to commit to the partition's owner (duplicates if this repeats, never loss).
 /// Returns how many.
-async fn salvage(node: &Arc<Node>, r: &Released, from: u64) -> Result<usize, String> {
-    let (dir, cfg) = (r.dir.join("log"), node.registry.log_config().clone());
+async fn salvage(moves: &Arc<Moves>, r: &Released, from: u64) -> Result<usize, String> {
+    let (dir, cfg) = (r.dir.join("log"), moves.registry.log_config().clone());
     let log = tokio::task::spawn_blocking(move || PartitionLog::open(&dir, cfg))
         .await
         .map_err(|e| format!("open task failed: {e}"))?
@@ -522,7 +572,8 @@ async fn salvage(node: &Arc<Node>, r: &Released, from: u64) -> Result<usize, Str
                 payload: x.payload,
             })
             .collect();
-        node.wal
+        moves
+            .wal
             .append(batch)
             .await
             .map_err(|e| format!("append to the WAL: {e}"))?;
@@ -550,64 +601,57 @@ enum Outcome {
 }
 
 /// Whether move `move_id` of (topic, p) from `from` to this node is still in flight.
-fn still_moving(node: &Node, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
-    match node.cluster.topic_by_id(topic_id) {
+fn still_moving(moves: &Moves, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
+    match moves.cluster.topic_by_id(topic_id) {
         TopicLookup::Known(t) => t.assignments.get(p as usize).is_some_and(|a| {
             a.move_id == move_id
                 && a.owner.as_deref() == Some(from)
-                && a.target.as_deref() == Some(node.node_id.as_str())
+                && a.target.as_deref() == Some(moves.node_id.as_str())
         }),
         _ => false,
     }
 }
 
-fn staging_dir(node: &Node, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
-    node.registry
+fn staging_dir(moves: &Moves, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
+    moves
+        .registry
         .root()
         .join(topic_id.to_string())
         .join(format!("{p}.move-{move_id}"))
 }
 
-/// How long a move's source must stay marked dead before a copy that reached its last
-/// known high watermark is force-promoted (SPEC §6.5). The test knob
-/// `NARAD_TEST_FORCE_PROMOTE_MS` shortens it.
-fn force_promote_after(node: &Node) -> Duration {
-    node.config
-        .test
-        .force_promote_after
-        .unwrap_or(Duration::from_secs(120))
-}
-
 /// The target's side of one move, retried until it completes or is no longer in flight.
 /// While the source answers, a failed attempt starts over from an empty copy; while it is
-/// marked dead the copy is kept, and once it stayed dead [`force_promote_after`] a copy
+/// marked dead the copy is kept, and once it stayed dead [`Moves::force_promote_after`] a copy
 /// holding everything of its last listing is promoted.
-async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_id: u64) {
+async fn copy_in(moves: Arc<Moves>, topic: Arc<Topic>, p: u32, from: String, move_id: u64) {
     let key = (topic.id, p);
     let started = Instant::now();
-    node.metrics.moves_inflight.inc();
+    moves.metrics.moves_inflight.inc();
     tracing::info!(topic = %topic.name, partition = p, from = %from, move_id, "copying a partition in");
-    let staging = staging_dir(&node, topic.id, p, move_id);
+    let staging = staging_dir(&moves, topic.id, p, move_id);
     let mut progress = Progress::default();
     let mut dead_since: Option<Instant> = None;
     let finished = |outcome: &'static str| {
-        node.metrics
+        moves
+            .metrics
             .moves_total
             .get_or_create(&MoveOutcomeLabels { outcome })
             .inc();
-        node.metrics
+        moves
+            .metrics
             .moves_duration
             .observe(started.elapsed().as_secs_f64());
     };
     loop {
-        if node.is_shutting_down() {
+        if moves.health.is_shutting_down() {
             break;
         }
-        if !still_moving(&node, topic.id, p, &from, move_id) {
+        if !still_moving(&moves, topic.id, p, &from, move_id) {
             tracing::info!(topic = %topic.name, partition = p, move_id, "move no longer in flight; copy abandoned");
             break;
         }
-        match attempt(&node, &topic, p, &from, move_id, &staging, &mut progress).await {
+        match attempt(&moves, &topic, p, &from, move_id, &staging, &mut progress).await {
             Ok(Outcome::Completed) => {
                 finished("completed");
                 tracing::info!(topic = %topic.name, partition = p, from = %from, move_id,
@@ -617,20 +661,20 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
             Ok(Outcome::Abandoned) => break,
             Err(e) => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "move attempt failed; retrying");
-                if Cluster::is_alive(&node.meta.view(), &from) {
+                if Cluster::is_alive(&moves.meta.view(), &from) {
                     dead_since = None;
                     // A source that answers had a reason: start over from an empty copy. One
                     // that does not may be dying: keep what is copied.
-                    if node.cluster.reachable(&from).await {
+                    if moves.cluster.reachable(&from).await {
                         progress = Progress::default();
                         let s = staging.clone();
                         let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
                     }
                 } else {
                     let since = *dead_since.get_or_insert_with(Instant::now);
-                    let due = since.elapsed() >= force_promote_after(&node);
+                    let due = since.elapsed() >= moves.force_promote_after;
                     if let Some(list) = progress.promotable().filter(|_| due) {
-                        match force_promote(&node, &topic, p, &from, move_id, &staging, list).await
+                        match force_promote(&moves, &topic, p, &from, move_id, &staging, list).await
                         {
                             Ok(Outcome::Completed) => {
                                 finished("force_promoted");
@@ -648,20 +692,21 @@ async fn copy_in(node: Arc<Node>, topic: Arc<Topic>, p: u32, from: String, move_
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(RETRY) => {}
-                    _ = node.shutdown_signal() => break,
+                    _ = moves.health.shutdown_signal() => break,
                 }
             }
         }
     }
     let s = staging.clone();
     let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
-    node.metrics.moves_inflight.dec();
-    node.cluster.moves.release(key);
+    moves.metrics.moves_inflight.dec();
+    moves.tracker.release(key);
 }
 
 /// The typed call `req` on `to`, its failure as the text a move reports.
-async fn ask<C: Call>(node: &Node, to: &str, req: &C) -> Result<C::Reply, String> {
-    node.cluster
+async fn ask<C: Call>(moves: &Moves, to: &str, req: &C) -> Result<C::Reply, String> {
+    moves
+        .cluster
         .ask(to, req)
         .await
         .map_err(|e| format!("{to} answered {e}"))
@@ -689,7 +734,7 @@ impl Progress {
 
 /// One try: pre-copy, handoff, tail, verify, install, flip.
 async fn attempt(
-    node: &Arc<Node>,
+    moves: &Arc<Moves>,
     topic: &Topic,
     p: u32,
     from: &str,
@@ -713,28 +758,28 @@ async fn attempt(
     };
     // 1. Copy while produce goes on, until the tail is small.
     for _ in 0..MAX_PRECOPY_ROUNDS {
-        if !still_moving(node, topic.id, p, from, move_id) {
+        if !still_moving(moves, topic.id, p, from, move_id) {
             return Ok(Outcome::Abandoned);
         }
-        let list = ask(node, from, &part_ref).await?;
+        let list = ask(moves, from, &part_ref).await?;
         progress.last_known_hwm = progress.last_known_hwm.max(list.high_watermark);
-        let copied = sync_log(node, from, topic.id, p, &log_dir, &list.files).await?;
+        let copied = sync_log(moves, from, topic.id, p, &log_dir, &list.files).await?;
         progress.synced = Some(list);
         if copied < SMALL_TAIL {
             break;
         }
     }
     // Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: tests act while a move is half done.
-    if let Some(pause) = node.config.test.move_handoff_pause {
+    if let Some(pause) = moves.handoff_pause {
         tokio::time::sleep(pause).await;
     }
-    if !still_moving(node, topic.id, p, from, move_id) {
+    if !still_moving(moves, topic.id, p, from, move_id) {
         return Ok(Outcome::Abandoned);
     }
     // 2. Freeze: from here on the clock runs (the owner aborts after FREEZE).
     let frozen_at = Instant::now();
     let h = ask(
-        node,
+        moves,
         from,
         &HandoffRequest {
             topic_id: topic.id,
@@ -745,14 +790,14 @@ async fn attempt(
     .await?;
     // 3. The tail, exactly as frozen.
     progress.last_known_hwm = progress.last_known_hwm.max(h.high_watermark);
-    sync_log(node, from, topic.id, p, &log_dir, &h.files).await?;
+    sync_log(moves, from, topic.id, p, &log_dir, &h.files).await?;
     let fin = Final {
         high_watermark: h.high_watermark,
         oldest_offset: h.oldest_offset,
         frontier: h.frontier,
         small_files: h.small_files,
     };
-    prepare_copy(node, staging, fin).await?;
+    prepare_copy(moves, staging, fin).await?;
     if frozen_at.elapsed() + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
         return Err("the final copy outlasted the freeze".into());
     }
@@ -762,10 +807,10 @@ async fn attempt(
         topic_id: topic.id,
         partition: p,
         from: from.to_string(),
-        to: node.node_id.clone(),
+        to: moves.node_id.clone(),
         move_id,
     };
-    install_and_flip(node, topic, p, staging, cmd).await
+    install_and_flip(moves, topic, p, staging, cmd).await
 }
 
 /// The source stayed dead: promote the staged copy of its last listing (`ForceCompleteMove`,
@@ -773,7 +818,7 @@ async fn attempt(
 /// committed after that listing stay on its disk; it re-produces them when it returns
 /// (the salvage claim, see [`janitor`]).
 async fn force_promote(
-    node: &Arc<Node>,
+    moves: &Arc<Moves>,
     topic: &Topic,
     p: u32,
     from: &str,
@@ -791,17 +836,17 @@ async fn force_promote(
     tokio::task::spawn_blocking(move || trim_to(&log_dir, &files))
         .await
         .map_err(|e| format!("trim task failed: {e}"))??;
-    prepare_copy(node, staging, fin).await?;
+    prepare_copy(moves, staging, fin).await?;
     let cmd = MetaCommand::ForceCompleteMove {
         topic: topic.name.clone(),
         topic_id: topic.id,
         partition: p,
         from: from.to_string(),
-        to: node.node_id.clone(),
+        to: moves.node_id.clone(),
         move_id,
         high_watermark: list.high_watermark,
     };
-    install_and_flip(node, topic, p, staging, cmd).await
+    install_and_flip(moves, topic, p, staging, cmd).await
 }
 
 /// Cuts the staged log back to exactly `files` (a later round may have copied more, or files
@@ -848,9 +893,9 @@ struct Final {
 
 /// Writes the frontier and the cursor files into the staged copy, checks that it reopens at
 /// exactly the high watermark, and makes it durable.
-async fn prepare_copy(node: &Node, staging: &Path, fin: Final) -> Result<(), String> {
+async fn prepare_copy(moves: &Moves, staging: &Path, fin: Final) -> Result<(), String> {
     let staging = staging.to_path_buf();
-    let cfg = node.registry.log_config().clone();
+    let cfg = moves.registry.log_config().clone();
     tokio::task::spawn_blocking(move || -> Result<(), String> {
         for f in &fin.small_files {
             if f.path.contains("..") || f.path.starts_with('/') {
@@ -885,14 +930,14 @@ async fn prepare_copy(node: &Node, staging: &Path, fin: Final) -> Result<(), Str
 
 /// Moves the verified copy into place and proposes the flip `cmd`.
 async fn install_and_flip(
-    node: &Arc<Node>,
+    moves: &Arc<Moves>,
     topic: &Topic,
     p: u32,
     staging: &Path,
     cmd: MetaCommand,
 ) -> Result<Outcome, String> {
-    let dest = node.registry.partition_dir(topic.id, p);
-    if node
+    let dest = moves.registry.partition_dir(topic.id, p);
+    if moves
         .registry
         .topic(topic.id)
         .and_then(|rt| rt.partition(p))
@@ -927,15 +972,18 @@ async fn install_and_flip(
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match node.cluster.propose(cmd.clone()).await {
+        match moves.cluster.propose(cmd.clone()).await {
             Ok(_) => {
-                node.apply_topics().map_err(|e| e.message)?;
+                moves
+                    .registry
+                    .apply(&moves.meta.view(), &moves.node_id)
+                    .map_err(|e| e.message)?;
                 return Ok(Outcome::Completed);
             }
             // The leader's state machine refused it (the move was aborted or superseded).
             Err(e) if matches!(e.code, ErrorCode::Conflict | ErrorCode::NotFound) => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e.message, "the flip was refused; discarding the copy");
-                node.registry.keep_released(vec![released()]);
+                moves.registry.keep_released(vec![released()]);
                 return Ok(Outcome::Abandoned);
             }
             Err(e) if Instant::now() < deadline => {
@@ -945,7 +993,7 @@ async fn install_and_flip(
             Err(e) => {
                 // Unknown outcome: leave the copy in place; the janitor removes it only if
                 // the leader confirms it is not ours.
-                node.registry.keep_released(vec![released()]);
+                moves.registry.keep_released(vec![released()]);
                 return Err(format!("flip not confirmed: {}", e.message));
             }
         }
@@ -962,7 +1010,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// Brings the segment files in `dir` up to the listed committed sizes; removes copies of
 /// segments the owner no longer lists. Returns the bytes copied.
 async fn sync_log(
-    node: &Node,
+    moves: &Moves,
     from: &str,
     topic_id: u64,
     p: u32,
@@ -1013,7 +1061,7 @@ async fn sync_log(
                 pos,
                 len: ((f.size - pos).min(MAX_CHUNK as u64)) as u32,
             };
-            let chunk = match node.cluster.ask(from, &req).await {
+            let chunk = match moves.cluster.ask(from, &req).await {
                 Ok(chunk) => chunk,
                 // Retention removed it meanwhile; the next listing no longer has it.
                 Err(e) if e.code == ErrorCode::Gone => break,
@@ -1027,7 +1075,7 @@ async fn sync_log(
                 .map_err(|e| format!("write {}: {e}", path.display()))?;
             pos += chunk.len() as u64;
             copied += chunk.len() as u64;
-            node.metrics.moves_bytes.inc_by(chunk.len() as u64);
+            moves.metrics.moves_bytes.inc_by(chunk.len() as u64);
         }
         out.sync_all()
             .await

@@ -1,5 +1,6 @@
-//! The node-RPC server side: every opcode this build serves (SPEC §6.6). Anything else is
-//! answered `400 unsupported rpc operation <n>`, which a caller reads as "peer too old".
+//! The node-RPC adapter: the server side of every opcode this build serves (SPEC §6.6),
+//! beside the HTTP one (`api`); both are given the same [`App`]. Anything else is answered
+//! `400 unsupported rpc operation <n>`, which a caller reads as "peer too old".
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -8,30 +9,31 @@ use bytes::Bytes;
 use narad_meta::{MetaCommand, MetaError};
 use narad_storage::NewRecord;
 
-use super::wire::{
-    AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest, GetTopicReply, GetTopicRequest,
-    HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
-    SettleRequest, StatsRequest, TransferRequest,
-};
-use super::{forward_opcode, TopicLookup};
+use crate::app::App;
 use crate::clock::now_ms;
+use crate::cluster::wire::{
+    AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest, ForwardProduce, GetTopicReply,
+    GetTopicRequest, HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply,
+    ProposeRequest, SettleRequest, StatsRequest, TransferRequest,
+};
+use crate::cluster::{forward_opcode, TopicLookup};
 use crate::delivery::{ConsumeAsk, Delivery};
 use crate::error::{ApiError, ErrorCode};
-use crate::node::Node;
 use crate::rpc::{BoxFuture, Caller, Opcode, RpcHandler, RpcReply};
+use crate::wal::WalRecord;
 
 /// Serves node RPCs once the node is built (`503` before).
 #[derive(Default)]
 pub struct NodeRpc {
-    node: OnceLock<Arc<Node>>,
+    app: OnceLock<Arc<App>>,
 }
 
 impl NodeRpc {
     pub fn new() -> Arc<NodeRpc> {
         Arc::new(NodeRpc::default())
     }
-    pub fn set_node(&self, node: Arc<Node>) {
-        let _ = self.node.set(node);
+    pub fn set_app(&self, app: Arc<App>) {
+        let _ = self.app.set(app);
     }
 }
 
@@ -39,20 +41,20 @@ impl RpcHandler for NodeRpc {
     fn handle<'a>(&'a self, caller: &'a Caller, op: u8, body: Bytes) -> BoxFuture<'a, RpcReply> {
         Box::pin(async move {
             let from = &*caller.node_id;
-            let Some(node) = self.node.get().cloned() else {
+            let Some(app) = self.app.get().cloned() else {
                 return RpcReply::fail(ErrorCode::Starting, "node is starting");
             };
             // Second line behind the handshake: with security on, nothing is served to a
             // caller that proved no secret (a node never runs that way; see `rpc::auth`).
-            if node.config.security.enabled && !caller.proven {
+            if app.config.security.enabled && !caller.proven {
                 return RpcReply::fail(ErrorCode::Forbidden, crate::rpc::auth::AUTH_FAILED);
             }
-            node.metrics
+            app.metrics
                 .rpc_served
                 .get_or_create(&crate::metrics::RpcOpLabels { opcode: op })
                 .inc();
             // Test knob `NARAD_TEST_RPC_UNSUPPORTED`: play a node of an older build.
-            let simulated_unknown = node.config.test.rpc_unsupported.contains(&op);
+            let simulated_unknown = app.config.test.rpc_unsupported.contains(&op);
             let Some(opcode) = Opcode::from_u8(op).filter(|_| !simulated_unknown) else {
                 return RpcReply::unsupported(op);
             };
@@ -69,64 +71,67 @@ impl RpcHandler for NodeRpc {
                 | Opcode::DetachChild
                 | Opcode::CompleteMove
                 | Opcode::AbortMove
-                | Opcode::DecommissionMember => propose(&node, from, opcode, &body).await,
+                | Opcode::DecommissionMember => propose(&app, from, opcode, &body).await,
                 Opcode::ListPartitionSegments => match json::<PartitionRef>(&body) {
-                    Ok(req) => super::moves::serve_list(&node, req).await,
+                    Ok(req) => crate::placement::moves::serve_list(&app.moves, req).await,
                     Err(r) => r,
                 },
                 Opcode::FetchSegmentChunk => match json::<ChunkRequest>(&body) {
-                    Ok(req) => super::moves::serve_chunk(&node, req).await,
+                    Ok(req) => crate::placement::moves::serve_chunk(&app.moves, req).await,
                     Err(r) => r,
                 },
                 Opcode::PrepareHandoff => match json::<HandoffRequest>(&body) {
-                    Ok(req) => super::moves::serve_handoff(&node, from, req).await,
+                    Ok(req) => crate::placement::moves::serve_handoff(&app.moves, from, req).await,
                     Err(r) => r,
                 },
                 Opcode::GetAssignment => match json::<AssignmentRequest>(&body) {
-                    Ok(req) => super::moves::serve_assignment(&node, req).await,
+                    Ok(req) => crate::placement::moves::serve_assignment(&app.moves, req).await,
                     Err(r) => r,
                 },
-                Opcode::GetTopic => get_topic(&node, &body).await,
+                Opcode::GetTopic => get_topic(&app, &body).await,
                 Opcode::TransferLeadership => match json::<TransferRequest>(&body) {
-                    Ok(req) => match node.meta.elect_now(req.last_index).await {
+                    Ok(req) => match app.meta.elect_now(req.last_index).await {
                         Ok(()) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
                         Err(e) => meta_error_reply(e),
                     },
                     Err(r) => r,
                 },
-                Opcode::JoinCluster => join(&node, &body).await,
-                Opcode::Produce => crate::api::produce::serve_forwarded(&node, body).await,
-                Opcode::CommitProduceBatch => commit(&node, from, body, None).await,
-                Opcode::CommitProduce => commit(&node, from, body, Some(1)).await,
+                Opcode::JoinCluster => join(&app, &body).await,
+                Opcode::Produce => produce(&app, body).await,
+                Opcode::CommitProduceBatch => commit(&app, from, body, None).await,
+                Opcode::CommitProduce => commit(&app, from, body, Some(1)).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {
-                    Ok(req) => consume(&node.delivery, req).await,
+                    Ok(req) => consume(&app.delivery, req).await,
                     Err(r) => r,
                 },
                 Opcode::Ack | Opcode::ExtendAck | Opcode::Nack | Opcode::AckBatch => {
                     match json::<SettleRequest>(&body) {
-                        Ok(req) => settle(&node.delivery, req, opcode == Opcode::AckBatch),
+                        Ok(req) => settle(&app.delivery, req, opcode == Opcode::AckBatch),
                         Err(r) => r,
                     }
                 }
-                Opcode::FanoutCursors => match json::<super::wire::FanoutCursorsRequest>(&body) {
-                    Ok(req) => match node.cluster.topic_by_id(req.parent_id) {
-                        TopicLookup::Known(t) => {
-                            RpcReply::json(200, &node.fanout.partition_lags(&node.meta.view(), &t))
-                        }
-                        _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
-                    },
-                    Err(r) => r,
-                },
+                Opcode::FanoutCursors => {
+                    match json::<crate::cluster::wire::FanoutCursorsRequest>(&body) {
+                        Ok(req) => match app.cluster.topic_by_id(req.parent_id) {
+                            TopicLookup::Known(t) => RpcReply::json(
+                                200,
+                                &app.fanout.partition_lags(&app.meta.view(), &t),
+                            ),
+                            _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
+                        },
+                        Err(r) => r,
+                    }
+                }
                 Opcode::RemoteLinkStates => {
-                    match json::<super::wire::FanoutCursorsRequest>(&body) {
-                        Ok(req) => match node.cluster.topic_by_id(req.parent_id) {
+                    match json::<crate::cluster::wire::FanoutCursorsRequest>(&body) {
+                        Ok(req) => match app.cluster.topic_by_id(req.parent_id) {
                             TopicLookup::Known(t) => {
-                                let states: std::collections::BTreeMap<_, _> = node
+                                let states: std::collections::BTreeMap<_, _> = app
                                     .fanout
-                                    .remote_states(&node.meta.view(), &t)
+                                    .remote_states(&app.meta.view(), &t)
                                     .into_iter()
                                     .map(|(link, s)| {
-                                        let state = super::wire::RemoteLinkState {
+                                        let state = crate::cluster::wire::RemoteLinkState {
                                             state: s.state.as_str().to_string(),
                                             last_error: s.last_error,
                                         };
@@ -141,7 +146,7 @@ impl RpcHandler for NodeRpc {
                     }
                 }
                 Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
-                    Ok(req) => stats(&node, req).await,
+                    Ok(req) => stats(&app, req).await,
                     Err(r) => r,
                 },
                 _ => RpcReply::unsupported(op),
@@ -160,7 +165,7 @@ fn meta_error_reply(e: MetaError) -> RpcReply {
 }
 
 /// A metadata command forwarded to this node as leader.
-async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
+async fn propose(app: &App, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
     let req: ProposeRequest = match json(body) {
         Ok(r) => r,
         Err(r) => return r,
@@ -180,18 +185,18 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
         *at = now_ms();
         // A member the leader removed after its decommission stays out (it keeps running
         // until it is scaled down, and keeps heartbeating).
-        if node.meta.is_leader() && !node.meta.voters().iter().any(|(v, _)| v == from) {
+        if app.meta.is_leader() && !app.meta.voters().iter().any(|(v, _)| v == from) {
             return RpcReply::fail(ErrorCode::Conflict, "not a voter of this cluster (removed)");
         }
     }
-    if node.cluster.handing_off() {
+    if app.cluster.handing_off() {
         return RpcReply::fail(
             ErrorCode::LeaderHandingOff,
             "not the metadata leader; handing leadership off",
         );
     }
-    if !node.meta.is_leader() {
-        let leader = node.meta.current_leader().map(|l| l.0);
+    if !app.meta.is_leader() {
+        let leader = app.meta.current_leader().map(|l| l.0);
         return RpcReply::fail(
             ErrorCode::NotLeader,
             &match leader {
@@ -200,41 +205,41 @@ async fn propose(node: &Node, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
             },
         );
     }
-    match node.cluster.leader_write(cmd).await {
+    match app.cluster.leader_write(cmd).await {
         Ok((response, index)) => RpcReply::json(200, &ProposeReply { response, index }),
         Err(e) => meta_error_reply(e),
     }
 }
 
-async fn get_topic(node: &Node, body: &[u8]) -> RpcReply {
+async fn get_topic(app: &App, body: &[u8]) -> RpcReply {
     let req: GetTopicRequest = match json(body) {
         Ok(r) => r,
         Err(r) => return r,
     };
-    if !node.meta.is_leader() {
+    if !app.meta.is_leader() {
         return RpcReply::fail(ErrorCode::NotLeader, "not the metadata leader");
     }
-    match node.meta.barrier().await {
+    match app.meta.barrier().await {
         Ok(index) => RpcReply::json(
             200,
             &GetTopicReply {
                 index,
                 topic: req
                     .name
-                    .and_then(|n| node.meta.view().topics.get(&n).map(|t| (**t).clone())),
+                    .and_then(|n| app.meta.view().topics.get(&n).map(|t| (**t).clone())),
             },
         ),
         Err(e) => meta_error_reply(e),
     }
 }
 
-async fn join(node: &Node, body: &[u8]) -> RpcReply {
+async fn join(app: &App, body: &[u8]) -> RpcReply {
     let req: JoinRequest = match json(body) {
         Ok(r) => r,
         Err(r) => return r,
     };
-    let initialized = node.meta.is_initialized().await;
-    let leader = node.meta.current_leader().map(|l| l.0);
+    let initialized = app.meta.is_initialized().await;
+    let leader = app.meta.current_leader().map(|l| l.0);
     if req.probe || !initialized {
         return RpcReply::json(
             200,
@@ -245,7 +250,7 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
             },
         );
     }
-    if !node.meta.is_leader() {
+    if !app.meta.is_leader() {
         return RpcReply::fail(
             ErrorCode::NotLeader,
             &format!(
@@ -254,10 +259,10 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
             ),
         );
     }
-    if !node.cluster.clustered {
+    if !app.cluster.clustered {
         return RpcReply::fail(ErrorCode::Conflict, "a standalone node cannot be joined");
     }
-    match node.meta.add_voter(&req.id, &req.cluster_addr).await {
+    match app.meta.add_voter(&req.id, &req.cluster_addr).await {
         Ok(()) => RpcReply::json(
             200,
             &JoinReply {
@@ -270,10 +275,33 @@ async fn join(node: &Node, body: &[u8]) -> RpcReply {
     }
 }
 
+/// `Produce` from a draining node: `202 {"accepted": n}` once stored here.
+async fn produce(app: &App, body: Bytes) -> RpcReply {
+    let req = match ForwardProduce::decode(body) {
+        Ok(r) => r,
+        Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
+    };
+    let records = req
+        .records
+        .into_iter()
+        .map(|r| WalRecord {
+            topic_id: req.topic_id,
+            partition: r.partition,
+            pinned: r.pinned,
+            key: r.key,
+            payload: r.payload,
+        })
+        .collect();
+    match app.ingest.store_forwarded(req.topic_id, records).await {
+        Ok(accepted) => RpcReply::json(202, &narad_api::BatchProduceResponse { accepted }),
+        Err(e) => e.to_reply(),
+    }
+}
+
 /// `CommitProduceBatch`: commit into a partition this node owns; `200` once visible.
 /// `CommitProduceBatch`, or `CommitProduce` (`exactly: Some(1)`: the same encoding holding
 /// one record).
-async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize>) -> RpcReply {
+async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>) -> RpcReply {
     let batch = match CommitBatch::decode(body) {
         Ok(b) => b,
         Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
@@ -287,7 +315,7 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
             ),
         );
     }
-    let topic = match node.cluster.topic_by_id(batch.topic_id) {
+    let topic = match app.cluster.topic_by_id(batch.topic_id) {
         TopicLookup::Known(t) => t,
         TopicLookup::Deleted => return RpcReply::fail(ErrorCode::TopicNotFound, "topic deleted"),
         // Our replica is behind the sender's: let it retry.
@@ -295,16 +323,16 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
             return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet")
         }
     };
-    if !node.cluster.is_mine(&topic, batch.partition) {
+    if !app.cluster.is_mine(&topic, batch.partition) {
         return RpcReply::fail(
             ErrorCode::NotOwner,
             &format!(
                 "partition {} of {} is not owned by {}",
-                batch.partition, topic.name, node.node_id
+                batch.partition, topic.name, app.node_id
             ),
         );
     }
-    let rt = match node.runtime(&topic) {
+    let rt = match app.runtime(&topic) {
         Ok(rt) => rt,
         Err(e) => return e.to_reply(),
     };
@@ -337,7 +365,7 @@ async fn commit(node: &Arc<Node>, from: &str, body: Bytes, exactly: Option<usize
         Ok(()) => RpcReply::new(200, crate::rpc::proto::JSON, Bytes::from_static(b"{}")),
         Err(e) if e.refused => RpcReply::fail(ErrorCode::CommitRefused, &e.reason),
         Err(e) => {
-            node.metrics.error("dispatcher", "commit");
+            app.metrics.error("dispatcher", "commit");
             RpcReply::fail(ErrorCode::Internal, &format!("commit failed: {}", e.reason))
         }
     }
@@ -414,20 +442,20 @@ fn settle(delivery: &Delivery, req: SettleRequest, batch: bool) -> RpcReply {
     }
 }
 
-async fn stats(node: &Node, req: StatsRequest) -> RpcReply {
+async fn stats(app: &App, req: StatsRequest) -> RpcReply {
     if let Some(index) = req.min_index {
-        node.catch_up_to(index).await;
+        app.catch_up_to(index).await;
     }
-    let topic = match node.topic_by_id_current(req.topic_id).await {
+    let topic = match app.topic_by_id_current(req.topic_id).await {
         TopicLookup::Known(t) => t,
         _ => return RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
     };
-    node.delivery.make_visible(&topic, None).await;
+    app.delivery.make_visible(&topic, None).await;
     let stats: Vec<narad_api::PartitionStats> = req
         .partitions
         .iter()
-        .filter(|p| node.cluster.is_mine(&topic, **p))
-        .map(|p| node.partition_stats(&topic, *p))
+        .filter(|p| app.cluster.is_mine(&topic, **p))
+        .map(|p| app.partition_stats(&topic, *p))
         .collect();
     RpcReply::json(200, &stats)
 }

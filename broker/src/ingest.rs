@@ -1,0 +1,331 @@
+//! Ingest: what a produce does once the HTTP route has parsed and authorized it (SPEC
+//! §2.3, §3.4): the partition choice, schema validation, and storage — fsynced in the
+//! ingress WAL, committed straight into a partition this node owns (`NARAD_WAL_SKIP_LOCAL`),
+//! or, on a draining node, handed to a live node that is not draining. Knows neither HTTP
+//! nor the RPC server: the routes in `api::produce` and the `Produce` handler in `node_rpc`
+//! call it.
+
+use std::sync::Arc;
+
+use narad_meta::{Meta, Topic};
+
+use crate::cluster::wire::{ForwardProduce, ForwardRecord};
+use crate::cluster::{rpc_error, Cluster, TopicLookup};
+use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::metrics::{Metrics, ReasonLabels};
+use crate::partition::{Registry, TopicRuntime};
+use crate::rpc::{Opcode, COMMIT_TIMEOUT};
+use crate::schema::SchemaCache;
+use crate::wal::{Wal, WalRecord};
+
+/// Stores what producers send. Holds only the handles it uses.
+pub struct Ingest {
+    node_id: String,
+    meta: Meta,
+    cluster: Arc<Cluster>,
+    registry: Arc<Registry>,
+    wal: Wal,
+    metrics: Arc<Metrics>,
+    /// Compiled JSON Schemas by topic id and version.
+    schemas: SchemaCache,
+    /// `NARAD_WAL_SKIP_LOCAL`: records for a partition this node owns skip the WAL.
+    wal_skip_local: bool,
+}
+
+impl Ingest {
+    pub fn new(
+        node_id: String,
+        meta: Meta,
+        cluster: Arc<Cluster>,
+        registry: Arc<Registry>,
+        wal: Wal,
+        metrics: Arc<Metrics>,
+        wal_skip_local: bool,
+    ) -> Ingest {
+        Ingest {
+            node_id,
+            meta,
+            cluster,
+            registry,
+            wal,
+            metrics,
+            schemas: SchemaCache::default(),
+            wal_skip_local,
+        }
+    }
+
+    /// Counts a refused produce (`narad_produce_rejections_total{topic,reason}`).
+    pub fn reject(&self, topic: &Topic, reason: &'static str) {
+        debug_assert!(crate::metrics::REJECT_REASONS.contains(&reason), "{reason}");
+        self.metrics
+            .produce_rejections
+            .get_or_create(&ReasonLabels {
+                topic: topic.name.clone(),
+                reason,
+            })
+            .inc();
+        // The series of a topic this replica saw deleted goes again.
+        self.metrics.forget_if_deleted(&self.meta.view(), topic);
+    }
+
+    /// A deleted topic's compiled schemas go.
+    pub fn forget_topic(&self, topic_id: u64) {
+        self.schemas.forget(topic_id);
+    }
+
+    /// SPEC §2.3: pinned, else key hash, else round robin; an unpinned choice whose owner
+    /// membership marks dead walks forward to the first partition with a live owner (if none,
+    /// the original choice stands: the WAL holds the message until the owner returns).
+    pub fn choose_partition(
+        &self,
+        topic: &Topic,
+        rt: &TopicRuntime,
+        key: Option<&[u8]>,
+        pinned: Option<u32>,
+    ) -> u32 {
+        let n = topic.config.partitions;
+        let p = match (pinned, key) {
+            (Some(p), _) => return p,
+            (None, Some(k)) => crate::partitioner::key_partition(k, n),
+            (None, None) => rt.next_produce_partition(n),
+        };
+        if !self.cluster.clustered {
+            return p;
+        }
+        let view = self.meta.view();
+        let live = |q: u32| Cluster::owner(topic, q).is_some_and(|o| Cluster::is_alive(&view, o));
+        (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
+    }
+
+    pub fn validate_schema(&self, topic: &Topic, body: &[u8]) -> ApiResult<()> {
+        if let Some(s) = topic.current_schema() {
+            let validator = self
+                .schemas
+                .validator(topic.id, s.version, &s.schema)
+                .map_err(ApiError::internal)?;
+            if let Err(reason) = crate::schema::validate(&validator, body) {
+                self.reject(topic, "schema");
+                return Err(ApiError::bad_request(reason));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores accepted records on this node (SPEC §1): fsynced in the WAL (one fsync shared by
+    /// every partition's records), from which the dispatcher commits them. With
+    /// `NARAD_WAL_SKIP_LOCAL`, a record for a partition this node owns (and has open) is
+    /// committed straight into that partition's log instead: fsynced, read back and verified,
+    /// hence visible, before the `202`; one whose direct commit did not happen (a partition
+    /// frozen for a move, a failing disk) goes through the WAL.
+    pub async fn stage(&self, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
+        let records = if self.wal_skip_local {
+            self.commit_owned(topic, records).await
+        } else {
+            records
+        };
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.wal
+            .append(records)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string(), 1))
+    }
+
+    /// Commits the records whose partition this node owns and has open (group commit per
+    /// partition); returns the others and those whose commit did not happen.
+    pub async fn commit_owned(&self, topic: &Topic, records: Vec<WalRecord>) -> Vec<WalRecord> {
+        let owned = |p: u32| {
+            self.cluster
+                .is_mine(topic, p)
+                .then(|| self.registry.local(topic.id, p))
+                .flatten()
+        };
+        let Some(first) = records.first().map(|r| r.partition) else {
+            return records;
+        };
+        // One partition (every single produce): no grouping.
+        if records.iter().all(|r| r.partition == first) {
+            return match owned(first) {
+                Some(part) => commit_direct(&part, records).await,
+                None => records,
+            };
+        }
+        let mut by_partition: std::collections::BTreeMap<u32, Vec<WalRecord>> = Default::default();
+        for r in records {
+            by_partition.entry(r.partition).or_default().push(r);
+        }
+        let mut rest = Vec::new();
+        let mut commits = Vec::new();
+        for (p, recs) in by_partition {
+            match owned(p) {
+                Some(part) => commits.push(async move { commit_direct(&part, recs).await }),
+                None => rest.extend(recs),
+            }
+        }
+        for failed in futures::future::join_all(commits).await {
+            rest.extend(failed);
+        }
+        rest
+    }
+
+    /// Whether this node is draining (decommission, SPEC §6.5): it stores no new produce, so its
+    /// WAL empties.
+    pub fn draining(&self) -> bool {
+        self.meta
+            .view()
+            .members
+            .get(&self.node_id)
+            .is_some_and(|m| m.draining)
+    }
+
+    /// The refusal of a draining node that found no other node to store a produce: nothing was
+    /// stored, so the text is the one clients read as "safe to resend elsewhere"
+    /// (CLIENT-COMPAT §4.2).
+    pub fn decommissioned(&self, why: &str) -> ApiError {
+        ApiError::unavailable(
+            format!(
+                "node {} is being decommissioned and takes no new produce ({why}); retry on another node",
+                self.node_id
+            ),
+            1,
+        )
+    }
+
+    /// Stores accepted records: in this node's WAL, or, on a draining node, in the WAL of a live
+    /// node that is not draining (SPEC §6.5), whose `202` the producer then gets.
+    pub async fn store(&self, topic: &Topic, records: Vec<WalRecord>) -> ApiResult<()> {
+        if self.cluster.clustered && self.draining() {
+            self.forward(records).await
+        } else {
+            self.stage(topic, records).await
+        }
+    }
+
+    /// A draining node's produce: `Produce` to each live, non-draining member in turn (rotated
+    /// per call) until one stores it. A target that did not get it (unreachable, an older build,
+    /// itself draining or refusing with `503`) passes to the next; one that may have stored it
+    /// without answering ends the attempt with the uncertain `502` (a resend may duplicate).
+    pub async fn forward(&self, records: Vec<WalRecord>) -> ApiResult<()> {
+        let Some(topic_id) = records.first().map(|r| r.topic_id) else {
+            return Ok(());
+        };
+        let body = ForwardProduce {
+            topic_id,
+            records: records
+                .into_iter()
+                .map(|r| ForwardRecord {
+                    partition: r.partition,
+                    pinned: r.pinned,
+                    key: r.key,
+                    payload: r.payload,
+                })
+                .collect(),
+        }
+        .encode();
+        let mut targets: Vec<String> = {
+            let view = self.meta.view();
+            let mut t: Vec<String> = view
+                .members
+                .values()
+                .filter(|m| m.id != self.node_id && !m.dead && !m.draining)
+                .map(|m| m.id.clone())
+                .collect();
+            t.sort();
+            t
+        };
+        if targets.len() > 1 {
+            let k = (crate::clock::now_micros() as usize) % targets.len();
+            targets.rotate_left(k);
+        }
+        let mut last = String::from("no live node that is not draining");
+        for target in targets {
+            match self
+                .cluster
+                .rpc_call(&target, Opcode::Produce, body.clone(), COMMIT_TIMEOUT)
+                .await
+            {
+                Ok(r) if r.is_success() => return Ok(()),
+                Ok(r) if r.status == 503 => {
+                    last = format!("{target} answered {}", ApiError::from_reply(&r).message);
+                }
+                Ok(r) => return Err(ApiError::from_reply(&r)),
+                Err(e) if e.outcome_unknown() => return Err(rpc_error(&target, &e)),
+                Err(e) => last = format!("{target}: {e}"),
+            }
+            tracing::debug!(to = %target, reason = %last, "forwarded produce not taken; trying the next node");
+        }
+        Err(self.decommissioned(&last))
+    }
+
+    /// `Produce` (1) from a draining node: stores its records (of topic `topic_id`) in this
+    /// node's WAL as a produce received here would be, and returns how many it accepted;
+    /// `503` when this node drains too, or does not know the topic yet.
+    pub async fn store_forwarded(
+        &self,
+        topic_id: u64,
+        records: Vec<WalRecord>,
+    ) -> ApiResult<usize> {
+        let topic = match self.cluster.topic_by_id(topic_id) {
+            TopicLookup::Known(t) => t,
+            TopicLookup::Deleted => {
+                return Err(ApiError::new(ErrorCode::TopicNotFound, "topic deleted"))
+            }
+            TopicLookup::Unknown => {
+                return Err(ApiError::new(
+                    ErrorCode::Unavailable,
+                    "topic not known here yet",
+                ))
+            }
+        };
+        if self.draining() {
+            return Err(self.decommissioned("asked to store a forwarded produce"));
+        }
+        let n = topic.config.partitions;
+        if let Some(r) = records.iter().find(|r| r.partition >= n) {
+            return Err(ApiError::bad_request(format!(
+                "partition {} out of range: {} has {n}",
+                r.partition, topic.name
+            )));
+        }
+        let accepted = records.len();
+        self.stage(&topic, records).await?;
+        Ok(accepted)
+    }
+}
+
+/// Commits records of one local partition; returns them if the commit did not happen.
+async fn commit_direct(
+    part: &std::sync::Arc<crate::partition::Partition>,
+    records: Vec<WalRecord>,
+) -> Vec<WalRecord> {
+    let n = records.len();
+    let (topic_id, partition) = (part.topic_id, part.index);
+    let pinned: Vec<bool> = records.iter().map(|r| r.pinned).collect();
+    let batch = records
+        .into_iter()
+        .map(|r| narad_storage::NewRecord {
+            key: r.key,
+            payload: r.payload,
+        })
+        .collect();
+    match crate::group_commit::commit_grouped(part, batch).await {
+        Ok(()) => Vec::new(),
+        Err(failed) => {
+            tracing::warn!(topic_id, partition, records = n, refused = failed.refused, reason = %failed.reason,
+                "direct commit into an owned partition did not happen; the records go through the wal");
+            failed
+                .records
+                .into_iter()
+                .zip(pinned)
+                .map(|(r, pinned)| WalRecord {
+                    topic_id,
+                    partition,
+                    pinned,
+                    key: r.key,
+                    payload: r.payload,
+                })
+                .collect()
+        }
+    }
+}
