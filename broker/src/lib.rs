@@ -1,9 +1,9 @@
 //! Narad: a queue-first message broker over plain HTTP.
 //!
 //! The map (who owns what), from the top down; a module imports only from those below it:
-//! - `node`: the composition root: builds everything below from a `Config`, spawns the
-//!   background tasks (frontier persistence, retention, idle-log eviction, metadata apply,
-//!   root seeding) and stops them in order.
+//! - `node`: the composition root: builds everything below from a `Config`, spawns every
+//!   background task into one task tracker and stops them in order, awaiting each.
+//! - `housekeeping`: frontier persistence, retention, idle-log eviction, metadata apply.
 //! - `api` (HTTP) and `node_rpc` (the cluster port's server side): the two adapters. They
 //!   parse, authorize, call a service and render; they own no state.
 //! - `app`: `App`, the handles to the services both adapters are given, and the queries that
@@ -53,6 +53,7 @@ pub mod error;
 pub mod fanout;
 pub mod group_commit;
 pub mod health;
+pub mod housekeeping;
 pub mod ingest;
 pub mod leases;
 pub mod metrics;

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use narad_meta::{Meta, MetaCommand, MetaOptions, MetaResponse};
+use narad_meta::{Meta, MetaCommand, MetaOptions};
 use narad_storage::LogConfig;
 use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
 
 use crate::app::App;
 use crate::clock::now_ms;
@@ -19,18 +20,22 @@ use crate::cluster::{membership, Cluster, Timing};
 use crate::config::Config;
 use crate::health::Health;
 use crate::ingest::Ingest;
-use crate::metrics::{Metrics, PartitionLabels, VersionLabels};
+use crate::metrics::{Metrics, VersionLabels};
 use crate::node_rpc::NodeRpc;
 use crate::partition::Registry;
 use crate::placement::{Controller, Moves};
-use crate::security::password::{self, HashParams};
-use crate::security::{audit, Authenticator};
+use crate::security::Authenticator;
 use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
 
 /// Threads for the fan-out engine's blocking work (reads, child commits, cursor files), at
 /// a lower CPU priority than produce: one can read while the other waits for an fsync.
 const FANOUT_IO_THREADS: usize = 2;
+
+/// The most a shutdown waits for the dispatcher to empty the WAL.
+const DRAIN_WAL: Duration = Duration::from_secs(5);
+/// The most a shutdown waits for the background tasks to end once signalled.
+const TASKS_END: Duration = Duration::from_secs(5);
 
 /// The version this binary reports.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -82,6 +87,8 @@ pub struct Running {
     server: tokio::task::JoinHandle<anyhow::Result<()>>,
     metrics_server: Option<tokio::task::JoinHandle<()>>,
     dispatcher: tokio::task::JoinHandle<()>,
+    /// Every background task of the node (housekeeping, membership, placement, seeding).
+    tasks: TaskTracker,
     /// The data dir's lock, released when the node has stopped.
     _lock: DirLock,
 }
@@ -129,14 +136,32 @@ impl Running {
         }
         // Messages prefetched from remote owners go back to them at once.
         app.delivery.release_all_kept().await;
-        // Let the dispatcher commit what the WAL holds, so a restart re-sends little.
-        let until = Instant::now() + Duration::from_secs(5);
-        while app.wal.outstanding() > 0 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        // Let the dispatcher commit what the WAL holds, so a restart re-sends little (what
+        // it cannot commit in time, for an owner that is down, stays in the WAL).
+        if tokio::time::timeout(DRAIN_WAL, app.wal.drained())
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                records = app.wal.outstanding(),
+                "records stay in the WAL for the next start (their owners did not take them in time)"
+            );
         }
         app.fanout.shutdown().await;
         self.rpc.shutdown(Duration::from_secs(1)).await;
         self.dispatcher.abort();
+        let _ = self.dispatcher.await;
+        // Every background task has seen the shutdown signal; wait for them to end.
+        self.tasks.close();
+        if tokio::time::timeout(TASKS_END, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                tasks = self.tasks.len(),
+                "background tasks outlived the shutdown"
+            );
+        }
         app.registry.persist_frontiers();
         app.wal.close();
         app.meta.shutdown().await;
@@ -398,6 +423,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         visibility,
         health.shutdown_token(),
     ));
+    let tasks = TaskTracker::new();
     let moves = Arc::new(Moves::new(
         node_id.clone(),
         meta.clone(),
@@ -407,6 +433,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics.clone(),
         health.clone(),
         &config.test,
+        tasks.clone(),
     ));
     let controller = Arc::new(Controller::new(
         node_id.clone(),
@@ -457,10 +484,10 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     );
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx, demands));
 
-    spawn_background(app.clone());
+    crate::housekeeping::spawn(&app, &tasks);
     if clustered {
         let token = app.health.shutdown_token();
-        tokio::spawn(membership::establish(cluster.clone(), token.clone()));
+        tasks.spawn(membership::establish(cluster.clone(), token.clone()));
         // The test knob `NARAD_TEST_VERSION` changes the version this member reports, so a
         // rolling-upgrade test can restart the same binary as the "new" version.
         let member_version = app
@@ -469,19 +496,23 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             .version
             .clone()
             .unwrap_or_else(|| VERSION.to_string());
-        tokio::spawn(membership::heartbeat(
+        tasks.spawn(membership::heartbeat(
             cluster.clone(),
             api_addr,
             member_version,
             token.clone(),
         ));
-        tokio::spawn(membership::controller(cluster.clone(), token));
-        tokio::spawn(crate::placement::moves::run(app.moves.clone()));
-        tokio::spawn(crate::placement::controller::run(app.controller.clone()));
+        tasks.spawn(membership::controller(cluster.clone(), token));
+        tasks.spawn(crate::placement::moves::run(app.moves.clone()));
+        tasks.spawn(crate::placement::controller::run(app.controller.clone()));
     }
     app.fanout.sync().await;
     if app.security_on() {
-        tokio::spawn(seed_root(app.clone()));
+        tasks.spawn(crate::security::seeding::seed_root(
+            app.meta.clone(),
+            app.config.security.admin_password.clone(),
+            app.health.shutdown_token(),
+        ));
     }
 
     let decoders =
@@ -523,6 +554,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         server,
         metrics_server,
         dispatcher,
+        tasks,
     })
 }
 
@@ -558,216 +590,6 @@ fn routable(bound: SocketAddr, node_id: &str) -> String {
     } else {
         bound.to_string()
     }
-}
-
-/// SPEC §4.4: on a secured node whose metadata holds no user, the Raft leader proposes
-/// `SeedRoot` with the argon2id hash of `NARAD_ADMIN_PASSWORD`, or of a random 192-bit
-/// password that this node then logs exactly once (warn). `SeedRoot` is a no-op once any
-/// user exists, so a restart (or another node) never changes an existing root. Retries until
-/// the root exists (no leader yet, no quorum) or shutdown.
-async fn seed_root(app: Arc<App>) {
-    let mut changes = app.meta.subscribe();
-    loop {
-        if app.health.is_shutting_down() {
-            return;
-        }
-        let view = app.meta.view();
-        if view.root_user().is_some() {
-            return;
-        }
-        if !view.users.is_empty() {
-            tracing::warn!(
-                component = "security",
-                users = view.users.len(),
-                "security is on but no root admin exists (users were created while security \
-                 was off); root is not seeded next to existing users"
-            );
-            return;
-        }
-        if app.meta.is_leader() {
-            let (secret, generated) = match app.config.security.admin_password.as_deref() {
-                Some(p) if !p.is_empty() => (p.to_string(), false),
-                _ => (password::generate_password(), true),
-            };
-            let hash = match password::hash_async(secret.clone(), HashParams::DEFAULT).await {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::error!(error = %e, "hashing the root password failed");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            match app
-                .meta
-                .write(MetaCommand::SeedRoot {
-                    password_hash: hash,
-                    now_ms: now_ms(),
-                })
-                .await
-            {
-                Ok(MetaResponse::User(u)) => {
-                    if generated {
-                        tracing::warn!(
-                            component = "security",
-                            username = %u.username,
-                            password = %secret,
-                            "seeded the root admin with a generated password; it is logged only \
-                             this once: store it now, or set NARAD_ADMIN_PASSWORD before the \
-                             first start"
-                        );
-                    } else {
-                        tracing::info!(
-                            component = "security",
-                            username = %u.username,
-                            "seeded the root admin with NARAD_ADMIN_PASSWORD"
-                        );
-                    }
-                    audit::event("user.create", "-", &u.username);
-                    return;
-                }
-                // Someone else seeded first (or a user appeared): nothing to do.
-                Ok(_) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "seeding the root admin failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    continue;
-                }
-            }
-        }
-        tokio::select! {
-            r = changes.changed() => {
-                if r.is_err() {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = app.health.shutdown_signal() => return,
-        }
-    }
-}
-
-fn spawn_background(app: Arc<App>) {
-    // Frontier persistence: at least every 100 ms (SPEC §2.4).
-    let n = app.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        while !n.health.is_shutting_down() {
-            tick.tick().await;
-            let r = n.registry.clone();
-            let _ = tokio::task::spawn_blocking(move || r.persist_frontiers()).await;
-        }
-    });
-    // Retention and time-based segment roll.
-    let n = app.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(n.config.storage.retention_check_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        while !n.health.is_shutting_down() {
-            tick.tick().await;
-            let n2 = n.clone();
-            let _ = tokio::task::spawn_blocking(move || run_retention(&n2)).await;
-        }
-    });
-    // Idle partition logs close their files; an unused topic costs only metadata.
-    let idle_ms = app.config.storage.idle_log_eviction_ms;
-    if idle_ms > 0 {
-        let n = app.clone();
-        tokio::spawn(async move {
-            let mut tick =
-                tokio::time::interval(Duration::from_millis((idle_ms / 4).clamp(100, 60_000)));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            while !n.health.is_shutting_down() {
-                tick.tick().await;
-                let now = now_ms();
-                for rt in n.registry.all() {
-                    for p in rt.partitions() {
-                        if p.evict_if_idle(idle_ms, now) {
-                            n.metrics.idle_logs_evicted.inc();
-                        }
-                    }
-                }
-            }
-        });
-    }
-    // Metadata changes reach the local partitions and the peer registry even without a
-    // local request.
-    let n = app;
-    tokio::spawn(async move {
-        let mut rx = n.meta.subscribe();
-        let mut remote_links = n.meta.view().all_remote_links().count();
-        while rx.changed().await.is_ok() {
-            // A remote link went: compact the log so its (sealed) credentials leave it.
-            let now = n.meta.view().all_remote_links().count();
-            if now < remote_links {
-                match n.meta.compact_log(Duration::from_secs(10)).await {
-                    Ok(upto) => tracing::info!(
-                        upto,
-                        "metadata log compacted after a remote link was detached"
-                    ),
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metadata log compaction after a remote link detach failed; the next snapshot covers it")
-                    }
-                }
-            }
-            remote_links = now;
-            if n.cluster.clustered {
-                n.cluster.sync_peers(&n.meta.view());
-            }
-            // Registered = this node's own registration, proposed after this start, is
-            // applied here: the local view has caught up with the leader (SPEC §6.1).
-            if !n.cluster.clustered || n.cluster.registered() {
-                n.fanout.confirm_view();
-            }
-            // Cursors of removed links stop before a deleted topic's data goes; new ones
-            // start once their partitions are open.
-            n.fanout.sync().await;
-            if let Err(e) = n.apply_topics() {
-                tracing::error!(error = %e.message, "applying metadata to local partitions failed");
-            }
-            n.fanout.sync().await;
-        }
-    });
-}
-
-fn run_retention(app: &App) {
-    let started = Instant::now();
-    let now = (now_ms() as i64 + app.config.storage.clock_offset_ms).max(0) as u64;
-    let view = app.meta.view();
-    for t in view.topics.values() {
-        let Some(rt) = app.registry.topic(t.id) else {
-            continue;
-        };
-        for p in rt.partitions() {
-            match p.run_retention(t.config.retention_ms, now) {
-                Ok(out) if out.segments_deleted > 0 => {
-                    app.fanout.poke(t.id, p.index);
-                    let l = PartitionLabels {
-                        topic: t.name.clone(),
-                        partition: p.index.to_string(),
-                    };
-                    app.metrics
-                        .retention_bytes_deleted
-                        .get_or_create(&l)
-                        .inc_by(out.bytes_deleted);
-                    app.metrics
-                        .retention_messages_deleted
-                        .get_or_create(&l)
-                        .inc_by(out.messages_deleted);
-                    tracing::info!(topic = %t.name, partition = p.index, segments = out.segments_deleted, messages = out.messages_deleted, "retention removed segments");
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    app.metrics.error("storage", "retention");
-                    tracing::error!(topic = %t.name, partition = p.index, error = %e, "retention failed")
-                }
-            }
-        }
-    }
-    app.metrics
-        .retention_run_duration
-        .observe(started.elapsed().as_secs_f64());
 }
 
 #[cfg(test)]

@@ -73,6 +73,9 @@ pub struct Moves {
     /// Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: a pause before the handoff.
     pub handoff_pause: Option<Duration>,
     tracker: Tracker,
+    /// The node's task tracker: copies, freeze watches and janitor runs are awaited at
+    /// shutdown.
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl Moves {
@@ -86,6 +89,7 @@ impl Moves {
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         knobs: &crate::config::TestKnobs,
+        tasks: tokio_util::task::TaskTracker,
     ) -> Moves {
         Moves {
             node_id,
@@ -100,6 +104,7 @@ impl Moves {
                 .unwrap_or(Duration::from_secs(120)),
             handoff_pause: knobs.move_handoff_pause,
             tracker: Tracker::default(),
+            tasks,
         }
     }
 }
@@ -251,7 +256,7 @@ pub async fn serve_handoff(moves: &Arc<Moves>, from: &str, req: HandoffRequest) 
     if moves.tracker.freezes.lock().insert(key) {
         tracing::info!(topic = %topic.name, partition = req.partition, move_id, to = %from,
             high_watermark = state.high_watermark, "partition frozen for a move's final copy");
-        tokio::spawn(watch_freeze(moves.clone(), part, key));
+        moves.tasks.spawn(watch_freeze(moves.clone(), part, key));
     }
     RpcReply::json(
         200,
@@ -293,7 +298,11 @@ async fn watch_freeze(moves: Arc<Moves>, part: Arc<Partition>, key: (u64, u32, u
     let (topic_id, p, move_id) = key;
     let until = Instant::now() + FREEZE;
     loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            // The freeze is this process's: it ends with it.
+            _ = moves.health.shutdown_signal() => break,
+        }
         if part.frozen_for() != Some(move_id) {
             break;
         }
@@ -434,12 +443,14 @@ pub async fn run(moves: Arc<Moves>) {
                 if !moves.tracker.claim(key) {
                     continue;
                 }
-                tokio::spawn(copy_in(moves.clone(), t.clone(), p as u32, from, a.move_id));
+                moves
+                    .tasks
+                    .spawn(copy_in(moves.clone(), t.clone(), p as u32, from, a.move_id));
             }
         }
         if last_janitor.elapsed() >= Duration::from_secs(2) {
             last_janitor = Instant::now();
-            tokio::spawn(janitor(moves.clone()));
+            moves.tasks.spawn(janitor(moves.clone()));
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod authn;
 pub mod authz;
 pub mod password;
 pub mod sealing;
+pub mod seeding;
 pub mod throttle;
 pub mod users;
 

@@ -163,6 +163,8 @@ struct Shared {
     last_checkpoint: AtomicU64,
     closed: AtomicBool,
     metrics: WalMetrics,
+    /// Notified when the last outstanding record is committed (see [`Wal::drained`]).
+    drained: tokio::sync::Notify,
 }
 
 /// Counters the WAL keeps for `/metrics`.
@@ -282,6 +284,7 @@ impl Wal {
             last_checkpoint: AtomicU64::new(checkpoint),
             closed: AtomicBool::new(false),
             metrics: WalMetrics::default(),
+            drained: tokio::sync::Notify::new(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         // std's Mutex, not parking_lot's: the lane that waits at the queue holds it while it
@@ -333,13 +336,32 @@ impl Wal {
     /// a deleted topic): they may leave the WAL.
     pub fn committed(&self, records: &[DurableRecord]) {
         let bytes: u64 = records.iter().map(|r| r.record.encoded_len() as u64).sum();
-        {
+        let drained = {
             let mut l = self.shared.lsns.lock();
             for r in records {
                 l.outstanding.remove(&r.lsn);
             }
-        }
+            l.outstanding.is_empty()
+        };
         self.shared.pending_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        if drained {
+            self.shared.drained.notify_waiters();
+        }
+    }
+
+    /// Resolves once every record staged so far has been committed to its partition (or
+    /// discarded for a deleted topic): the WAL holds nothing a restart would re-send.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.shared.drained.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a commit between the two is not missed.
+            notified.as_mut().enable();
+            if self.outstanding() == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Records staged or durable and not yet committed to their partitions.
