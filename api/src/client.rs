@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use crate::admin::*;
 use crate::duration::format_go_duration;
-use crate::error::{ApiError, Error};
+use crate::error::{Error, HttpError};
 use crate::render::encode_batch_payload;
 use crate::types::*;
 
@@ -305,7 +305,7 @@ impl Client {
         if ok.contains(&status.as_u16()) {
             Ok((status, bytes))
         } else {
-            Err(Error::Api(ApiError::from_body(
+            Err(Error::Api(HttpError::from_body(
                 status.as_u16(),
                 &bytes,
                 retry_after.as_deref(),

@@ -7,16 +7,16 @@ use std::fmt;
 ///
 /// `Display` is `http <code>: <message>` (SPEC §7).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
+pub struct HttpError {
     pub status: u16,
     pub message: String,
     pub retry_after: Option<u64>,
 }
 
-impl ApiError {
+impl HttpError {
     /// Builds the error from a status, a body and a `Retry-After` header value.
-    pub fn from_body(status: u16, body: &[u8], retry_after: Option<&str>) -> ApiError {
-        ApiError {
+    pub fn from_body(status: u16, body: &[u8], retry_after: Option<&str>) -> HttpError {
+        HttpError {
             status,
             message: error_message(body),
             retry_after: retry_after.and_then(|v| v.trim().parse::<u64>().ok()),
@@ -29,7 +29,7 @@ impl ApiError {
     }
 }
 
-impl fmt::Display for ApiError {
+impl fmt::Display for HttpError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.message.is_empty() {
             write!(f, "http {}", self.status)
@@ -39,7 +39,7 @@ impl fmt::Display for ApiError {
     }
 }
 
-impl std::error::Error for ApiError {}
+impl std::error::Error for HttpError {}
 
 /// The message of an error body: the `error` field of `{"error":"…"}`, else the `status` field
 /// of `{"status":"…"}` (the `/healthz` shape), else the trimmed body text (at most 8 KiB).
@@ -69,7 +69,7 @@ pub fn error_message(body: &[u8]) -> String {
 #[derive(Debug)]
 pub enum Error {
     /// The server answered with an unexpected status.
-    Api(ApiError),
+    Api(HttpError),
     /// The request could not be sent or the answer not received (connect, timeout, reset).
     Transport {
         /// One-line description, e.g. `cannot connect to http://127.0.0.1:7942: Connection refused`.
@@ -94,8 +94,8 @@ impl Error {
         }
     }
 
-    /// The `ApiError`, if this is one.
-    pub fn api(&self) -> Option<&ApiError> {
+    /// The `HttpError`, if this is one.
+    pub fn api(&self) -> Option<&HttpError> {
         match self {
             Error::Api(e) => Some(e),
             _ => None,
@@ -181,8 +181,8 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-impl From<ApiError> for Error {
-    fn from(e: ApiError) -> Self {
+impl From<HttpError> for Error {
+    fn from(e: HttpError) -> Self {
         Error::Api(e)
     }
 }
@@ -193,19 +193,19 @@ mod tests {
 
     #[test]
     fn messages() {
-        let e = ApiError::from_body(404, br#"{"error":"topic \"x\" not found"}"#, None);
+        let e = HttpError::from_body(404, br#"{"error":"topic \"x\" not found"}"#, None);
         assert_eq!(e.to_string(), "http 404: topic \"x\" not found");
-        let e = ApiError::from_body(503, b"upstream down\n", Some("3"));
+        let e = HttpError::from_body(503, b"upstream down\n", Some("3"));
         assert_eq!(e.message, "upstream down");
         assert_eq!(e.retry_after, Some(3));
         assert!(e.is_retryable());
-        let e = ApiError::from_body(503, br#"{"status":"shutting down"}"#, Some("soon"));
+        let e = HttpError::from_body(503, br#"{"status":"shutting down"}"#, Some("soon"));
         assert_eq!(e.message, "shutting down");
         assert_eq!(e.retry_after, None);
-        let e = ApiError::from_body(400, b"", None);
+        let e = HttpError::from_body(400, b"", None);
         assert_eq!(e.to_string(), "http 400");
         assert!(!e.is_retryable());
-        let e = ApiError::from_body(400, br#"{"error":""}"#, None);
+        let e = HttpError::from_body(400, br#"{"error":""}"#, None);
         assert_eq!(e.message, r#"{"error":""}"#);
         assert_eq!(Error::from(e).status(), Some(400));
     }

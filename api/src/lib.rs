@@ -18,7 +18,7 @@ pub mod types;
 
 pub use admin::*;
 pub use client::{Client, Replay, Settle};
-pub use error::{ApiError, Error};
+pub use error::{Error, HttpError};
 pub use types::*;
 
 #[cfg(test)]

@@ -91,11 +91,11 @@ impl Retry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ApiError;
+    use crate::HttpError;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn api(status: u16, retry_after: Option<&str>) -> Error {
-        Error::Api(ApiError::from_body(
+        Error::Api(HttpError::from_body(
             status,
             b"{\"error\":\"x\"}",
             retry_after,

@@ -291,7 +291,7 @@ mod tests {
         assert_eq!(backoff(0, None), Duration::from_millis(100));
         assert_eq!(backoff(1, None), Duration::from_millis(200));
         assert_eq!(backoff(10, None), Duration::from_secs(5));
-        let e = Error::Api(narad_api::ApiError {
+        let e = Error::Api(narad_api::HttpError {
             status: 503,
             message: "x".into(),
             retry_after: Some(2),

@@ -6,7 +6,7 @@
 //! [`Call`] ties a request type to its opcode, reply type and timeout, so a caller writes
 //! `cluster.ask(&to, &GetTopicRequest { .. })` and gets the `GetTopicReply` or an `ApiError`
 //! with its code (`Cluster::ask`): no body built by hand, no status checked at the call site.
-//! The wire types themselves are in `wire`; the server side dispatches in `handler`.
+//! The wire types themselves are in `wire`; the server side dispatches in `node_rpc`.
 
 use std::time::Duration;
 

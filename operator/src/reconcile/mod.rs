@@ -377,7 +377,7 @@ mod tests {
     #[test]
     fn reasons() {
         let api = |s: u16| {
-            narad_api::Error::Api(narad_api::ApiError {
+            narad_api::Error::Api(narad_api::HttpError {
                 status: s,
                 message: "m".into(),
                 retry_after: None,

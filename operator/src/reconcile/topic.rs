@@ -361,7 +361,7 @@ pub async fn converge(
     }
     match observed {
         Some(r) => Ok(Ok(r)),
-        None => Err(narad_api::Error::Api(narad_api::ApiError {
+        None => Err(narad_api::Error::Api(narad_api::HttpError {
             status: 404,
             message: format!("topic {:?} vanished while reconciling", d.name),
             retry_after: None,
