@@ -375,7 +375,7 @@ impl App {
         let now = now_ms();
         let runtimes = self.registry.all();
         for rt in &runtimes {
-            if !view.topics.get(&rt.name).is_some_and(|t| t.id == rt.id) {
+            if view.topics.get(&rt.name).is_none_or(|t| t.id != rt.id) {
                 continue;
             }
             let mut topic_bytes = 0u64;

@@ -140,7 +140,6 @@ impl ErrorCode {
     pub fn for_status(status: u16) -> ErrorCode {
         use ErrorCode::*;
         match status {
-            400 => BadRequest,
             401 => Unauthenticated,
             403 => Forbidden,
             404 => NotFound,

@@ -278,6 +278,10 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(
+        clippy::await_holding_lock,
+        reason = "the guard is the gate the blocking commit thread waits at"
+    )]
     async fn callers_that_arrive_during_a_commit_share_the_next_one() {
         let f = Arc::new(Fake::default());
         let gate = f.gate.lock().unwrap();
@@ -307,6 +311,10 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[allow(
+        clippy::await_holding_lock,
+        reason = "the guard is the gate the blocking commit thread waits at"
+    )]
     async fn a_failed_commit_gives_every_caller_its_own_records_back() {
         let f = Arc::new(Fake::default());
         f.refuse.store(true, Ordering::SeqCst);

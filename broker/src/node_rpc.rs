@@ -157,7 +157,7 @@ impl RpcHandler for NodeRpc {
 
 fn json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, RpcReply> {
     serde_json::from_slice(body)
-        .map_err(|e| RpcReply::fail(ErrorCode::BadRequest, &format!("bad request: {e}")))
+        .map_err(|e| RpcReply::fail(ErrorCode::BadRequest, format!("bad request: {e}")))
 }
 
 fn meta_error_reply(e: MetaError) -> RpcReply {
@@ -174,7 +174,7 @@ async fn propose(app: &App, from: &str, op: Opcode, body: &[u8]) -> RpcReply {
     if forward_opcode(&cmd) != Some(op) {
         return RpcReply::fail(
             ErrorCode::BadRequest,
-            &format!("command does not travel with opcode {}", op.code()),
+            format!("command does not travel with opcode {}", op.code()),
         );
     }
     if let MetaCommand::RegisterMember { id, now_ms: at, .. } = &mut cmd {
@@ -253,7 +253,7 @@ async fn join(app: &App, body: &[u8]) -> RpcReply {
     if !app.meta.is_leader() {
         return RpcReply::fail(
             ErrorCode::NotLeader,
-            &format!(
+            format!(
                 "not the metadata leader; the leader is {}",
                 leader.as_deref().unwrap_or("unknown")
             ),
@@ -309,7 +309,7 @@ async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>)
     if let Some(n) = exactly.filter(|n| *n != batch.records.len()) {
         return RpcReply::fail(
             ErrorCode::BadRequest,
-            &format!(
+            format!(
                 "this operation commits {n} record, got {}",
                 batch.records.len()
             ),
@@ -326,7 +326,7 @@ async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>)
     if !app.cluster.is_mine(&topic, batch.partition) {
         return RpcReply::fail(
             ErrorCode::NotOwner,
-            &format!(
+            format!(
                 "partition {} of {} is not owned by {}",
                 batch.partition, topic.name, app.node_id
             ),
@@ -366,7 +366,7 @@ async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>)
         Err(e) if e.refused => RpcReply::fail(ErrorCode::CommitRefused, &e.reason),
         Err(e) => {
             app.metrics.error("dispatcher", "commit");
-            RpcReply::fail(ErrorCode::Internal, &format!("commit failed: {}", e.reason))
+            RpcReply::fail(ErrorCode::Internal, format!("commit failed: {}", e.reason))
         }
     }
 }

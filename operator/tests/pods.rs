@@ -752,13 +752,13 @@ async fn serves_tls_and_metrics(
 ) {
     let payload = format!("{what} over tls");
     admin
-        .request(Method::POST, &format!("/v1/topics/{topic}/produce"))
+        .request(Method::POST, format!("/v1/topics/{topic}/produce"))
         .body(payload.clone())
         .send()
         .await
         .expect(202);
     let m = admin
-        .request(Method::GET, &format!("/v1/topics/{topic}/consume?wait=10s"))
+        .request(Method::GET, format!("/v1/topics/{topic}/consume?wait=10s"))
         .send()
         .await
         .expect_json(200);

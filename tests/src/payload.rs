@@ -81,23 +81,6 @@ fn parse_id(id: &str) -> Option<(u32, u64)> {
     Some((p.parse().ok()?, s.parse().ok()?))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_and_detection() {
-        let b = make(7, 42);
-        assert_eq!(verify(&b).unwrap(), "p7-42");
-        let mut flipped = b.clone();
-        let i = flipped.len() - 5;
-        flipped[i] ^= 0x01;
-        assert!(verify(&flipped).is_err());
-        assert!(verify(&b[..b.len() - 1]).is_err());
-        assert_ne!(make(7, 42), make(7, 43));
-    }
-}
-
 /// `len` bytes that are not UTF-8 text (rendered as base64 on consume, SPEC §2.9), different
 /// for each `seed`: payloads whose consume answer is a third larger than the message.
 pub fn binary(seed: u64, len: usize) -> Vec<u8> {
@@ -113,4 +96,21 @@ pub fn binary(seed: u64, len: usize) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_detection() {
+        let b = make(7, 42);
+        assert_eq!(verify(&b).unwrap(), "p7-42");
+        let mut flipped = b.clone();
+        let i = flipped.len() - 5;
+        flipped[i] ^= 0x01;
+        assert!(verify(&flipped).is_err());
+        assert!(verify(&b[..b.len() - 1]).is_err());
+        assert_ne!(make(7, 42), make(7, 43));
+    }
 }

@@ -57,6 +57,17 @@ pub fn test_rng(test: &str) -> StdRng {
     StdRng::seed_from_u64(seed)
 }
 
+/// Resident memory of process `pid` in bytes (`VmRSS`).
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("VmRSS")
+        * 1024
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,15 +84,4 @@ mod tests {
         assert_eq!(pct("a b/c"), "a%20b%2Fc");
         assert_eq!(pct([0xff, b'x']), "%FFx");
     }
-}
-
-/// Resident memory of process `pid` in bytes (`VmRSS`).
-pub fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
 }

@@ -186,7 +186,7 @@ mod tests {
         while n < MAX_BATCH && a.push("t", &record(n, &worst), 0, n) {
             n += 1;
         }
-        assert!(n >= 1 && n < MAX_BATCH, "{n}");
+        assert!((1..MAX_BATCH).contains(&n), "{n}");
         let body = a.finish();
         assert!(body.len() <= MAX_ANSWER_BYTES);
         let reply = RpcReply::new(200, crate::rpc::proto::JSON, body);

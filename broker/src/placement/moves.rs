@@ -149,7 +149,7 @@ fn open_partition(moves: &Moves, topic: &Topic, p: u32) -> Result<Arc<Partition>
         .ok_or_else(|| {
             RpcReply::fail(
                 ErrorCode::Conflict,
-                &format!(
+                format!(
                     "partition {p} of {} is not open on {}",
                     topic.name, moves.node_id
                 ),
@@ -188,7 +188,7 @@ pub async fn serve_list(moves: &Moves, req: PartitionRef) -> RpcReply {
                 small_files,
             },
         ),
-        Err(e) => RpcReply::fail(ErrorCode::Internal, &format!("list task failed: {e}")),
+        Err(e) => RpcReply::fail(ErrorCode::Internal, format!("list task failed: {e}")),
     }
 }
 
@@ -209,8 +209,8 @@ pub async fn serve_chunk(moves: &Moves, req: ChunkRequest) -> RpcReply {
     {
         Ok(Ok(b)) => RpcReply::new(200, "application/octet-stream", Bytes::from(b)),
         Ok(Err(StorageError::Gone { .. })) => RpcReply::fail(ErrorCode::Gone, "segment removed"),
-        Ok(Err(e)) => RpcReply::fail(ErrorCode::Internal, &format!("read failed: {e}")),
-        Err(e) => RpcReply::fail(ErrorCode::Internal, &format!("read task failed: {e}")),
+        Ok(Err(e)) => RpcReply::fail(ErrorCode::Internal, format!("read failed: {e}")),
+        Err(e) => RpcReply::fail(ErrorCode::Internal, format!("read task failed: {e}")),
     }
 }
 
@@ -233,7 +233,7 @@ pub async fn serve_handoff(moves: &Arc<Moves>, from: &str, req: HandoffRequest) 
     if a.move_id != req.move_id || a.target.as_deref() != Some(from) {
         return RpcReply::fail(
             ErrorCode::Conflict,
-            &format!("move {} is not in flight", req.move_id),
+            format!("move {} is not in flight", req.move_id),
         );
     }
     let part = match open_partition(moves, &topic, req.partition) {
@@ -250,7 +250,7 @@ pub async fn serve_handoff(moves: &Arc<Moves>, from: &str, req: HandoffRequest) 
     .await
     {
         Ok(s) => s,
-        Err(e) => return RpcReply::fail(ErrorCode::Internal, &format!("freeze task failed: {e}")),
+        Err(e) => return RpcReply::fail(ErrorCode::Internal, format!("freeze task failed: {e}")),
     };
     let key = (req.topic_id, req.partition, req.move_id);
     if moves.tracker.freezes.lock().insert(key) {

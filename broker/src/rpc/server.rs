@@ -490,10 +490,7 @@ fn reply_frame(id: u64, op: u8, reply: &RpcReply) -> Frame {
             )
         }
         Err(e) => {
-            let r = RpcReply::fail(
-                ErrorCode::Internal,
-                &format!("rpc reply not encodable: {e}"),
-            );
+            let r = RpcReply::fail(ErrorCode::Internal, format!("rpc reply not encodable: {e}"));
             Frame::new(
                 FrameType::Reply,
                 id,

@@ -306,7 +306,7 @@ mod prop_tests {
                     prop_assert!(cut >= INDEX_HEADER_LEN);
                     let whole = (cut - INDEX_HEADER_LEN) / INDEX_ENTRY_LEN;
                     prop_assert_eq!(&p.entries[..], &e[..whole]);
-                    prop_assert_eq!(p.clean, (cut - INDEX_HEADER_LEN) % INDEX_ENTRY_LEN == 0);
+                    prop_assert_eq!(p.clean, (cut - INDEX_HEADER_LEN).is_multiple_of(INDEX_ENTRY_LEN));
                 }
                 Err(_) => prop_assert!(cut < INDEX_HEADER_LEN),
             }

@@ -1,0 +1,119 @@
+//! A node started in this process (`node::start` on port 0): the test level between the unit
+//! tests and the black-box suite, where a test can look at the node's services directly while
+//! it talks HTTP to it.
+
+use std::time::Duration;
+
+use narad::config::Config;
+use narad_api::{Client, CreateTopicRequest};
+
+fn config(dir: &std::path::Path) -> Config {
+    let mut c = Config {
+        dev: true,
+        ..Config::default()
+    };
+    c.security.enabled = false;
+    c.cluster.node_id = "in-process".into();
+    c.http.addr = "127.0.0.1:0".into();
+    c.storage.data_dir = dir.join("data");
+    c
+}
+
+/// A hang guard only: none of these steps takes more than a fraction of it.
+const GUARD: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_in_process_serves_stops_in_order_and_restarts_on_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = narad::node::start(config(dir.path())).await.unwrap();
+    let app = running.app.clone();
+    assert!(app.health.startup_done());
+    // Standalone: admitted, registered and leader at once.
+    tokio::time::timeout(GUARD, async {
+        while !app.health.is_ready() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("ready");
+
+    let client = Client::new(&format!("http://{}", running.addr), None).unwrap();
+    client
+        .create_topic(&CreateTopicRequest {
+            name: "orders".into(),
+            partitions: Some(3),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for i in 0..50 {
+        client
+            .produce("orders", format!("m{i}"), None, None)
+            .await
+            .unwrap();
+    }
+    // Half of them consumed and acked; the other half stays for after the restart.
+    for _ in 0..25 {
+        let m = client
+            .consume("orders", Some(Duration::from_secs(5)), None)
+            .await
+            .unwrap()
+            .expect("a message");
+        client
+            .ack("orders", m.receipt_handle.as_deref().unwrap())
+            .await
+            .unwrap();
+    }
+
+    // The ordered shutdown ends every task it started and releases the data dir; the
+    // services see the signal.
+    let health = app.health.clone();
+    tokio::time::timeout(GUARD, running.shutdown())
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+    assert!(health.is_shutting_down());
+    assert!(health.is_stopping());
+    assert_eq!(app.wal.outstanding(), 0, "the WAL drained before the stop");
+    drop(app);
+
+    // The same data dir opens again at once (the lock went with the stopped node), and the
+    // 25 messages not acked are still there, each once.
+    let running = narad::node::start(config(dir.path())).await.unwrap();
+    let client = Client::new(&format!("http://{}", running.addr), None).unwrap();
+    let mut left = std::collections::BTreeSet::new();
+    while let Some(m) = client
+        .consume("orders", Some(Duration::from_millis(500)), None)
+        .await
+        .unwrap()
+    {
+        assert!(
+            left.insert((m.partition, m.offset)),
+            "delivered twice: {m:?}"
+        );
+        client
+            .ack("orders", m.receipt_handle.as_deref().unwrap())
+            .await
+            .unwrap();
+    }
+    assert_eq!(left.len(), 25);
+    tokio::time::timeout(GUARD, running.shutdown())
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_the_same_data_dir_is_refused_while_the_first_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = narad::node::start(config(dir.path())).await.unwrap();
+    let err = match narad::node::start(config(dir.path())).await {
+        Ok(_) => panic!("two nodes on one data dir"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("in use by another narad process"), "{err}");
+    tokio::time::timeout(GUARD, running.shutdown())
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+}
