@@ -433,7 +433,9 @@ impl Dispatcher {
             }
             let route = self.router.route(key.0, key.1);
             let owner_dead = matches!(route, Route::Remote { dead: true, .. });
-            let failing = self.failures.get(&key).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES;
+            // Failed too often, now or within the last `STUCK_FOR`: its records (new ones
+            // too) go to a sibling rather than to it again.
+            let failing = self.is_stuck(&key);
             if (owner_dead || failing) && !matches!(route, Route::Gone) {
                 if self.reroute(key) {
                     rerouted = true;
@@ -846,5 +848,240 @@ mod visibility_tests {
         // Its own topic's flush commits it.
         assert!(s.visibility.flush(1, None, Duration::from_secs(5)).await);
         assert_eq!(s.hwm(), 2);
+    }
+}
+
+/// The dispatcher over a fake router (every partition remote, owners scripted): retries,
+/// reroutes and discards, with no clock in the assertions. (Real time, not tokio's paused
+/// clock: that needs tokio's `test-util` feature, which would build the whole dependency
+/// tree twice and put a clock check on every timer of the production build.)
+#[cfg(test)]
+mod routing_tests {
+    use super::*;
+    use crate::wal::{WalOptions, WalRecord};
+    use bytes::Bytes;
+    use parking_lot::Mutex;
+
+    /// Topic 1 with `owners.len()` partitions; partition `p` is on `owners[p]`.
+    struct Fake {
+        owners: Vec<&'static str>,
+        /// Owners membership marks dead.
+        dead: Vec<&'static str>,
+        /// Owners whose commits fail.
+        failing: Vec<&'static str>,
+        /// Topic 1 was deleted.
+        gone: bool,
+        /// Routes answered `NotReady` before the topic is known.
+        not_ready_for: Mutex<u32>,
+        /// Every remote commit attempted: (owner, partition, payloads), and whether it took.
+        commits: Mutex<Vec<(String, u32, Vec<String>, bool)>>,
+    }
+
+    impl Fake {
+        fn new(owners: &[&'static str]) -> Fake {
+            Fake {
+                owners: owners.to_vec(),
+                dead: vec![],
+                failing: vec![],
+                gone: false,
+                not_ready_for: Mutex::new(0),
+                commits: Mutex::new(vec![]),
+            }
+        }
+        fn attempts_on(&self, partition: u32) -> usize {
+            self.commits
+                .lock()
+                .iter()
+                .filter(|c| c.1 == partition)
+                .count()
+        }
+        /// Payloads committed (taken) per partition, in commit order.
+        fn taken(&self, partition: u32) -> Vec<String> {
+            self.commits
+                .lock()
+                .iter()
+                .filter(|c| c.1 == partition && c.3)
+                .flat_map(|c| c.2.clone())
+                .collect()
+        }
+    }
+
+    impl Router for Arc<Fake> {
+        fn route(&self, topic_id: u64, partition: u32) -> Route {
+            assert_eq!(topic_id, 1);
+            if self.gone {
+                return Route::Gone;
+            }
+            {
+                let mut n = self.not_ready_for.lock();
+                if *n > 0 {
+                    *n -= 1;
+                    return Route::NotReady;
+                }
+            }
+            let owner = self.owners[partition as usize];
+            Route::Remote {
+                owner: owner.to_string(),
+                dead: self.dead.contains(&owner),
+            }
+        }
+        fn reroute(&self, _: u64, from: u32, usable: &dyn Fn(u32) -> bool) -> Option<u32> {
+            let n = self.owners.len() as u32;
+            (1..n)
+                .map(|i| (from + i) % n)
+                .find(|p| usable(*p) && !self.dead.contains(&self.owners[*p as usize]))
+        }
+        fn commit_remote(
+            &self,
+            owner: String,
+            _: u64,
+            partition: u32,
+            records: Vec<NewRecord>,
+        ) -> BoxFuture<'static, Result<(), String>> {
+            let ok = !self.failing.contains(&owner.as_str());
+            let payloads = records
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+                .collect();
+            self.commits
+                .lock()
+                .push((owner.clone(), partition, payloads, ok));
+            Box::pin(async move {
+                if ok {
+                    Ok(())
+                } else {
+                    Err(format!("{owner} refused"))
+                }
+            })
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        wal: Wal,
+    }
+
+    fn start(fake: &Arc<Fake>) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let opened = Wal::open(&dir.path().join("ingress"), WalOptions::default()).unwrap();
+        let (_visibility, demands) = Visibility::new(opened.wal.clone());
+        let d = Dispatcher::new(
+            opened.wal.clone(),
+            Arc::new(fake.clone()),
+            Arc::new(crate::metrics::Metrics::new()),
+            Duration::from_millis(5),
+            Duration::from_millis(50),
+            4,
+        );
+        tokio::spawn(d.run(opened.recovered, opened.durable_rx, demands));
+        Setup {
+            _dir: dir,
+            wal: opened.wal,
+        }
+    }
+
+    impl Setup {
+        async fn produce(&self, partition: u32, pinned: bool, payloads: &[&str]) {
+            let records = payloads
+                .iter()
+                .map(|p| WalRecord {
+                    topic_id: 1,
+                    partition,
+                    pinned,
+                    key: None,
+                    payload: Bytes::from(p.to_string()),
+                })
+                .collect();
+            self.wal.append(records).await.unwrap();
+        }
+        /// Waits until the WAL holds nothing (the bound is a hang guard only).
+        async fn drained(&self) {
+            tokio::time::timeout(Duration::from_secs(30), self.wal.drained())
+                .await
+                .expect("the WAL never drained");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn records_for_a_live_owner_are_committed_there_and_leave_the_wal() {
+        let fake = Arc::new(Fake::new(&["a", "b", "c"]));
+        let s = start(&fake);
+        s.produce(1, false, &["x", "y"]).await;
+        s.drained().await;
+        assert_eq!(fake.taken(1), ["x", "y"]);
+        assert_eq!(fake.commits.lock().len(), 1, "one batch, one commit");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partition_that_keeps_failing_gives_its_records_to_the_next_live_one() {
+        let mut f = Fake::new(&["a", "b", "c"]);
+        f.failing = vec!["a"];
+        let fake = Arc::new(f);
+        let s = start(&fake);
+        // Pinned records too (SPEC §6.4): durable records must reach some partition.
+        s.produce(0, true, &["p1", "p2"]).await;
+        s.drained().await;
+        assert_eq!(
+            fake.attempts_on(0),
+            REROUTE_AFTER_FAILURES as usize,
+            "retried until the reroute threshold, then no more"
+        );
+        assert!(fake.taken(0).is_empty());
+        assert_eq!(fake.taken(1), ["p1", "p2"]);
+        // The failing partition is skipped for a while: new records go on to partition 1
+        // without trying partition 0 again.
+        s.produce(0, false, &["n1"]).await;
+        s.drained().await;
+        assert_eq!(fake.attempts_on(0), REROUTE_AFTER_FAILURES as usize);
+        assert_eq!(fake.taken(1), ["p1", "p2", "n1"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_owner_is_not_tried_its_records_go_to_a_live_sibling_at_once() {
+        let mut f = Fake::new(&["a", "b", "c"]);
+        f.dead = vec!["a", "b"];
+        let fake = Arc::new(f);
+        let s = start(&fake);
+        s.produce(0, false, &["d1"]).await;
+        s.drained().await;
+        assert_eq!(fake.attempts_on(0), 0);
+        assert_eq!(fake.attempts_on(1), 0, "b is dead too");
+        assert_eq!(fake.taken(2), ["d1"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_every_owner_dead_the_records_stay_in_the_wal() {
+        let mut f = Fake::new(&["a", "b"]);
+        f.dead = vec!["a", "b"];
+        let fake = Arc::new(f);
+        let s = start(&fake);
+        s.produce(0, false, &["kept"]).await;
+        // Several retry passes go by: nothing is attempted, nothing dropped.
+        tokio::time::sleep(RETRY_BACKOFF * 5).await;
+        assert!(fake.commits.lock().is_empty());
+        assert_eq!(s.wal.outstanding(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deleted_topic_s_records_are_dropped_from_the_wal_without_a_commit() {
+        let mut f = Fake::new(&["a"]);
+        f.gone = true;
+        let fake = Arc::new(f);
+        let s = start(&fake);
+        s.produce(0, false, &["g1", "g2"]).await;
+        s.drained().await;
+        assert!(fake.commits.lock().is_empty());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_partition_not_open_yet_is_retried_until_it_is() {
+        let f = Fake::new(&["a", "b"]);
+        *f.not_ready_for.lock() = 5;
+        let fake = Arc::new(f);
+        let s = start(&fake);
+        s.produce(1, false, &["later"]).await;
+        s.drained().await;
+        assert_eq!(*fake.not_ready_for.lock(), 0);
+        assert_eq!(fake.taken(1), ["later"]);
     }
 }
