@@ -4,25 +4,21 @@
 //! connection moves to the next node (as a client behind a Service would reach another pod).
 //! Every `202` is recorded as acknowledged, every failure as ambiguous (never counted lost).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use narad_tests::ledger::{wait_all_consumed, Consumers};
-use narad_tests::{payload, topic_path, Http, Ledger, Method, Report};
-use tokio::task::JoinHandle;
+use narad_tests::ledger::{wait_all_consumed, Consumers, ProduceSpec, Producers};
+use narad_tests::{Http, Ledger, Method, Report};
 
 /// Producers pause while this many acknowledged messages are unconsumed, so the final drain
 /// stays bounded on a 2-core machine.
 pub const MAX_BACKLOG: usize = 5000;
-const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct Load {
     pub ledger: Arc<Ledger>,
     urls: Vec<String>,
     topic: String,
-    stop: Arc<AtomicBool>,
-    producers: Vec<JoinHandle<()>>,
+    producers: Option<Producers>,
     consumers: Vec<Consumers>,
     /// Child topics consumed too: every message acknowledged by the parent must reach each.
     children: Vec<(String, Arc<Ledger>, Vec<Consumers>)>,
@@ -45,21 +41,18 @@ impl Load {
         consumers_per_node: usize,
     ) -> Load {
         let ledger = Ledger::new();
-        let stop = Arc::new(AtomicBool::new(false));
         let child_ledgers: Vec<Arc<Ledger>> = children.iter().map(|_| Ledger::new()).collect();
-        let producers = (0..producers)
-            .map(|p| {
-                let mut ledgers = vec![ledger.clone()];
-                ledgers.extend(child_ledgers.iter().cloned());
-                tokio::spawn(produce_loop(
-                    p,
-                    urls.to_vec(),
-                    topic.to_string(),
-                    ledgers,
-                    stop.clone(),
-                ))
-            })
-            .collect();
+        let mut ledgers = vec![ledger.clone()];
+        ledgers.extend(child_ledgers.iter().cloned());
+        let spec = ProduceSpec {
+            urls: urls.to_vec(),
+            topic: topic.to_string(),
+            ledgers,
+            max_backlog: MAX_BACKLOG,
+            key_every: None,
+            on_send: None,
+        };
+        let producers = Some(Producers::spawn(producers, &spec));
         let spawn = |t: &str, l: &Arc<Ledger>| -> Vec<Consumers> {
             urls.iter()
                 .map(|u| Consumers::spawn(consumers_per_node, u, t, l))
@@ -75,7 +68,6 @@ impl Load {
             ledger,
             urls: urls.to_vec(),
             topic: topic.to_string(),
-            stop,
             producers,
             consumers,
             children,
@@ -88,9 +80,8 @@ impl Load {
 
     /// Stops the producers (waiting for their last requests).
     pub async fn stop_producing(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for p in self.producers.drain(..) {
-            p.await.expect("producer panicked");
+        if let Some(p) = self.producers.take() {
+            p.stop().await;
         }
     }
 
@@ -128,81 +119,6 @@ impl Load {
         }
         out
     }
-}
-
-async fn produce_loop(
-    producer: u32,
-    urls: Vec<String>,
-    topic: String,
-    ledgers: Vec<Arc<Ledger>>,
-    stop: Arc<AtomicBool>,
-) {
-    let ledger = &ledgers[0];
-    let clients: Vec<Http> = urls.iter().map(Http::new).collect();
-    let mut node = producer as usize % clients.len();
-    let path = format!("{}/produce", topic_path(&topic));
-    let mut seq = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        if ledger.backlog() > MAX_BACKLOG {
-            tokio::time::sleep(Duration::from_millis(10)).await; // backpressure
-            continue;
-        }
-        seq += 1;
-        let id = payload::id(producer, seq);
-        let r = clients[node]
-            .request(Method::POST, path.clone())
-            .body(payload::make(producer, seq))
-            .timeout(PRODUCE_TIMEOUT)
-            .try_send()
-            .await;
-        match r {
-            Ok(r) if r.status == 202 => {
-                for l in &ledgers {
-                    l.record_acked(id.clone());
-                }
-            }
-            Ok(r) if r.status >= 500 => {
-                for l in &ledgers {
-                    l.record_ambiguous(id.clone());
-                }
-                ledger.record_failure(format!(
-                    "{} via {}: {}",
-                    wall_clock(),
-                    urls[node],
-                    r.describe()
-                ));
-                node = (node + 1) % clients.len();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Ok(r) => {
-                for l in &ledgers {
-                    l.record_ambiguous(id.clone());
-                }
-                ledger.record_rejected(r.describe());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => {
-                for l in &ledgers {
-                    l.record_ambiguous(id.clone());
-                }
-                ledger.record_failure(format!("{} via {}: {e:?}", wall_clock(), urls[node]));
-                node = (node + 1) % clients.len();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
-
-/// UTC time of day `HH:MM:SS.mmm`, to line failures up with the brokers' logs.
-fn wall_clock() -> String {
-    let ms = narad_tests::now_ms() % 86_400_000;
-    format!(
-        "{:02}:{:02}:{:02}.{:03}",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1000 % 60,
-        ms % 1000
-    )
 }
 
 /// Prints what each node says about the topic and its queues (for a drain that stalled).

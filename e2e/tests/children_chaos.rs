@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use narad_e2e::TestCluster;
-use narad_tests::ledger::{wait_all_consumed, Consumers, Ledger};
+use narad_tests::ledger::{wait_all_consumed, Consumers, Ledger, ProduceSpec, Producers};
 use narad_tests::{json, now_ms, payload, test_rng, topic_path, Http, Method, Msg};
 use rand::Rng;
 use tokio::task::JoinHandle;
@@ -37,57 +37,6 @@ struct Times {
 }
 
 type Shared = Arc<Mutex<Times>>;
-
-async fn produce_loop(
-    producer: u32,
-    urls: Vec<String>,
-    ledgers: Vec<Arc<Ledger>>,
-    times: Shared,
-    stop: Arc<AtomicBool>,
-) {
-    let clients: Vec<Http> = urls.iter().map(Http::new).collect();
-    let mut node = producer as usize % clients.len();
-    let mut seq = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        if ledgers[0].backlog() > 2000 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        }
-        seq += 1;
-        let id = payload::id(producer, seq);
-        // Half the messages keyed: keys travel to the children too.
-        let path = if seq.is_multiple_of(2) {
-            format!("{}/produce?key={id}", topic_path("feed"))
-        } else {
-            format!("{}/produce", topic_path("feed"))
-        };
-        times.lock().unwrap().sent.insert(id.clone(), now_ms());
-        let r = clients[node]
-            .request(Method::POST, path)
-            .body(payload::make(producer, seq))
-            .timeout(Duration::from_secs(10))
-            .try_send()
-            .await;
-        match r {
-            Ok(r) if r.status == 202 => {
-                for l in &ledgers {
-                    l.record_acked(id.clone());
-                }
-            }
-            Ok(r) if r.status < 500 => {
-                ledgers[0].record_rejected(r.describe());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            _ => {
-                for l in &ledgers {
-                    l.record_ambiguous(id.clone());
-                }
-                node = (node + 1) % clients.len();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
 
 /// Consumes `topic` through `url`, acking each message; records timing for the parent and
 /// the delay child.
@@ -192,19 +141,22 @@ async fn fan_out_and_delay_children_survive_kill9_without_loss_or_early_delivery
     let urls: Vec<String> = (0..3).map(|i| c.url(i)).collect();
     let ledgers: Vec<Arc<Ledger>> = (0..3).map(|_| Ledger::new()).collect();
     let times: Shared = Arc::default();
-    let stop_producing = Arc::new(AtomicBool::new(false));
     let stop_consuming = Arc::new(AtomicBool::new(false));
-    let producers: Vec<JoinHandle<()>> = (0..PRODUCERS)
-        .map(|p| {
-            tokio::spawn(produce_loop(
-                p,
-                urls.clone(),
-                ledgers.clone(),
-                times.clone(),
-                stop_producing.clone(),
-            ))
-        })
-        .collect();
+    // Half the messages keyed: keys travel to the children too.
+    let sent = times.clone();
+    let producers = Producers::spawn(
+        PRODUCERS,
+        &ProduceSpec {
+            urls: urls.clone(),
+            topic: "feed".into(),
+            ledgers: ledgers.clone(),
+            max_backlog: 2000,
+            key_every: Some(2),
+            on_send: Some(Arc::new(move |id: &str| {
+                sent.lock().unwrap().sent.insert(id.to_string(), now_ms());
+            })),
+        },
+    );
     let mut consumers: Vec<JoinHandle<()>> = Vec::new();
     for u in &urls {
         for (topic, ledger) in [("feed", &ledgers[0]), ("feed-late", &ledgers[2])] {
@@ -256,10 +208,7 @@ async fn fan_out_and_delay_children_survive_kill9_without_loss_or_early_delivery
         c.wait_ready(victim).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    stop_producing.store(true, Ordering::SeqCst);
-    for p in producers {
-        p.await.unwrap();
-    }
+    producers.stop().await;
     let mut drained = Vec::new();
     for (name, l) in ["feed", "feed-fan", "feed-late"].iter().zip(&ledgers) {
         drained.push((*name, wait_all_consumed(l, DRAIN).await));

@@ -297,6 +297,146 @@ pub async fn produce_tagged_concurrently(
     }
 }
 
+/// What a [`Producers`] loop sends and where: the one produce loop of every durability and
+/// chaos run.
+#[derive(Clone)]
+pub struct ProduceSpec {
+    /// Nodes to send to; a producer starts at `urls[producer % len]` and moves to the next
+    /// after a transport error or a `5xx` (as a client behind a Service reaches another pod).
+    pub urls: Vec<String>,
+    pub topic: String,
+    /// `[0]`: the topic's ledger (failures and refusals are described there); every ledger
+    /// (the topic's children's too) records each acknowledgement and each ambiguous produce.
+    pub ledgers: Vec<Arc<Ledger>>,
+    /// Producers pause while the first ledger has this many acknowledged messages
+    /// unconsumed, so the final drain stays bounded.
+    pub max_backlog: usize,
+    /// `Some(n)`: every `n`th message carries its id as key.
+    pub key_every: Option<u64>,
+    /// Called with each message's id just before it is sent.
+    pub on_send: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+}
+
+impl ProduceSpec {
+    /// One node, one ledger, no keys.
+    pub fn new(url: &str, topic: &str, ledger: &Arc<Ledger>, max_backlog: usize) -> ProduceSpec {
+        ProduceSpec {
+            urls: vec![url.to_string()],
+            topic: topic.to_string(),
+            ledgers: vec![ledger.clone()],
+            max_backlog,
+            key_every: None,
+            on_send: None,
+        }
+    }
+}
+
+/// Per-produce timeout of a [`Producers`] loop; a produce that times out is ambiguous.
+pub const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Producer tasks that send fresh tagged payloads until stopped, recording each outcome:
+/// `202` acknowledged; a transport error or `5xx` ambiguous (it may have been stored); any
+/// other answer ambiguous and refused (a valid produce is never refused).
+pub struct Producers {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Producers {
+    /// Starts producers `0..n`, each with its own keep-alive clients.
+    pub fn spawn(n: u32, spec: &ProduceSpec) -> Producers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..n)
+            .map(|p| tokio::spawn(produce_loop(p, spec.clone(), stop.clone())))
+            .collect();
+        Producers { stop, tasks }
+    }
+
+    /// Stops the producers and waits for their last requests.
+    pub async fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.expect("producer task panicked");
+        }
+    }
+}
+
+async fn produce_loop(producer: u32, spec: ProduceSpec, stop: Arc<AtomicBool>) {
+    let clients: Vec<Http> = spec.urls.iter().map(Http::new).collect();
+    let mut node = producer as usize % clients.len();
+    let ledger = &spec.ledgers[0];
+    let path = format!("{}/produce", topic_path(&spec.topic));
+    let mut seq = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        if ledger.backlog() > spec.max_backlog {
+            tokio::time::sleep(Duration::from_millis(10)).await; // backpressure, not a sync wait
+            continue;
+        }
+        seq += 1;
+        let id = payload::id(producer, seq);
+        let path = match spec.key_every {
+            Some(n) if seq.is_multiple_of(n) => format!("{path}?key={id}"),
+            _ => path.clone(),
+        };
+        if let Some(f) = &spec.on_send {
+            f(&id);
+        }
+        let r = clients[node]
+            .request(Method::POST, path)
+            .header("content-type", "application/json")
+            .body(payload::make(producer, seq))
+            .timeout(PRODUCE_TIMEOUT)
+            .try_send()
+            .await;
+        let ambiguous = |ledgers: &[Arc<Ledger>]| {
+            for l in ledgers {
+                l.record_ambiguous(id.clone());
+            }
+        };
+        match r {
+            Ok(r) if r.status == 202 => {
+                for l in &spec.ledgers {
+                    l.record_acked(id.clone());
+                }
+                continue;
+            }
+            Ok(r) if r.status >= 500 => {
+                ambiguous(&spec.ledgers);
+                ledger.record_failure(format!(
+                    "{} via {}: {}",
+                    wall_clock(),
+                    spec.urls[node],
+                    r.describe()
+                ));
+                node = (node + 1) % clients.len();
+            }
+            Ok(r) => {
+                ambiguous(&spec.ledgers);
+                ledger.record_rejected(r.describe());
+            }
+            Err(e) => {
+                // Refused, reset or timed out: the node is down or was killed mid-request.
+                ambiguous(&spec.ledgers);
+                ledger.record_failure(format!("{} via {}: {e:?}", wall_clock(), spec.urls[node]));
+                node = (node + 1) % clients.len();
+            }
+        }
+        tokio::time::sleep(ERROR_BACKOFF).await;
+    }
+}
+
+/// UTC time of day `HH:MM:SS.mmm`, to line failures up with the brokers' logs.
+fn wall_clock() -> String {
+    let ms = crate::now_ms() % 86_400_000;
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
 /// Consumer tasks that consume, verify and ack until stopped, tolerating a dead server.
 pub struct Consumers {
     stop: Arc<AtomicBool>,

@@ -10,12 +10,11 @@
 //! Every payload is self-checking (see `narad_tests::payload`), so each delivery is
 //! verified byte for byte.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use narad_tests::ledger::{produce_tagged_concurrently, wait_all_consumed, Consumers};
-use narad_tests::payload;
+use narad_tests::ledger::{
+    produce_tagged_concurrently, wait_all_consumed, Consumers, ProduceSpec, Producers,
+};
 use narad_tests::*;
 use rand::Rng;
 
@@ -34,49 +33,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Producers pause while this many acked messages are unconsumed, so the drain stays
 /// bounded on a slow machine.
 const MAX_BACKLOG: usize = 5000;
-/// Per-produce timeout; a produce that times out is ambiguous.
-const PRODUCE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Leases lapse quickly if an ack was lost while the server was alive.
 const VISIBILITY_MS: u64 = 5000;
-
-/// One producer: sends fresh tagged payloads until stopped; records each outcome.
-async fn produce_loop(producer: u32, url: String, ledger: Arc<Ledger>, stop: Arc<AtomicBool>) {
-    let http = Http::new(url);
-    let path = format!("{}/produce", topic_path(TOPIC));
-    let mut seq = 0u64;
-    while !stop.load(Ordering::SeqCst) {
-        if ledger.backlog() > MAX_BACKLOG {
-            tokio::time::sleep(Duration::from_millis(10)).await; // backpressure, not a sync wait
-            continue;
-        }
-        seq += 1;
-        let id = payload::id(producer, seq);
-        let r = http
-            .request(Method::POST, path.clone())
-            .header("content-type", "application/json")
-            .body(payload::make(producer, seq))
-            .timeout(PRODUCE_TIMEOUT)
-            .try_send()
-            .await;
-        match r {
-            Ok(r) if r.status == 202 => ledger.record_acked(id),
-            Ok(r) if r.status >= 500 => {
-                ledger.record_ambiguous(id);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Ok(r) => {
-                ledger.record_ambiguous(id);
-                ledger.record_rejected(r.describe());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(_) => {
-                // Refused/reset/timed out: the server is down or was killed mid-request.
-                ledger.record_ambiguous(id);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_messages_survive_repeated_kill9() {
@@ -90,17 +48,10 @@ async fn acknowledged_messages_survive_repeated_kill9() {
     .await;
 
     let ledger = Ledger::new();
-    let stop_producing = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|p| {
-            tokio::spawn(produce_loop(
-                p,
-                url.clone(),
-                ledger.clone(),
-                stop_producing.clone(),
-            ))
-        })
-        .collect();
+    let producers = Producers::spawn(
+        PRODUCERS,
+        &ProduceSpec::new(&url, TOPIC, &ledger, MAX_BACKLOG),
+    );
     let consumers = Consumers::spawn(CONSUMERS, &url, TOPIC, &ledger);
 
     let started = Instant::now();
@@ -116,10 +67,7 @@ async fn acknowledged_messages_survive_repeated_kill9() {
         server.restart().await;
     }
     tokio::time::sleep(FINAL_RUN).await;
-    stop_producing.store(true, Ordering::SeqCst);
-    for p in producers {
-        p.await.expect("producer panicked");
-    }
+    producers.stop().await;
     eprintln!(
         "producers stopped at {:?}: {}",
         started.elapsed(),
