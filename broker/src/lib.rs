@@ -6,8 +6,9 @@
 //! - `housekeeping`: frontier persistence, retention, idle-log eviction, metadata apply.
 //! - `api` (HTTP) and `node_rpc` (the cluster port's server side): the two adapters. They
 //!   parse, authorize, call a service and render; they own no state.
-//! - `app`: `App`, the handles to the services both adapters are given, and the queries that
-//!   span several of them (topic statistics across owners, children's lag, gauges).
+//! - `app`: `App`, the handles to the services both adapters are given.
+//! - `queries`: topic statistics from every owner, children's lag, remote links' state,
+//!   waiting for the members to apply a topic change.
 //! - `placement`: partition moves (`Moves`) and the leader's move and decommission
 //!   `Controller`.
 //! - `ingest`: produce — partition choice, schema validation, storage (WAL, direct commit,
@@ -62,6 +63,7 @@ pub mod node_rpc;
 pub mod partition;
 pub mod partitioner;
 pub mod placement;
+pub mod queries;
 pub mod rpc;
 pub mod schema;
 pub mod security;

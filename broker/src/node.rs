@@ -24,6 +24,7 @@ use crate::metrics::{Metrics, VersionLabels};
 use crate::node_rpc::NodeRpc;
 use crate::partition::Registry;
 use crate::placement::{Controller, Moves};
+use crate::queries::Queries;
 use crate::security::Authenticator;
 use crate::wal::dispatcher::Dispatcher;
 use crate::wal::{Wal, WalOptions};
@@ -350,6 +351,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         segment_max_bytes: config.storage.segment_max_bytes,
         verify_from_device: config.storage.verify_from_device,
         preallocate: true,
+        codec: config.storage.log_codec(),
+        compression_level: config.storage.log_compression_level(),
         ..LogConfig::default()
     };
     let registry = Arc::new(Registry::new(
@@ -443,6 +446,14 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         health.clone(),
         config.test.hold_drained_voters,
     ));
+    let queries = Arc::new(Queries::new(
+        node_id.clone(),
+        meta.clone(),
+        registry.clone(),
+        cluster.clone(),
+        delivery.clone(),
+        fanout.clone(),
+    ));
     let app = Arc::new(App {
         credentials,
         config: config.clone(),
@@ -464,6 +475,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         fanout,
         cluster: cluster.clone(),
         delivery,
+        queries,
         health,
         moves,
         controller,

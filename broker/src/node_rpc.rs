@@ -455,7 +455,7 @@ async fn stats(app: &App, req: StatsRequest) -> RpcReply {
         .partitions
         .iter()
         .filter(|p| app.cluster.is_mine(&topic, **p))
-        .map(|p| app.partition_stats(&topic, *p))
+        .map(|p| app.queries.partition_stats(&topic, *p))
         .collect();
     RpcReply::json(200, &stats)
 }

@@ -85,7 +85,7 @@ pub async fn attach(
     };
     app.apply_topics()?;
     app.fanout.sync().await;
-    app.await_members_applied(&topic).await;
+    app.queries.await_members_applied(&topic).await;
     audit::event(
         "topic.attach",
         caller.actor(),
@@ -190,8 +190,8 @@ pub async fn list(
     let view = app.meta.view();
     let sees_errors = authz::sees_link_errors(&caller, &topic);
     let (lag, states) = tokio::join!(
-        app.children_lag(&view, &topic),
-        app.remote_link_states(&view, &topic)
+        app.queries.children_lag(&view, &topic),
+        app.queries.remote_link_states(&view, &topic)
     );
     let mut children: Vec<ChildInfo> = view
         .children_of(&parent)

@@ -237,7 +237,7 @@ pub async fn create(
     };
     app.apply_topics()?;
     app.fanout.sync().await;
-    app.await_members_applied(&topic).await;
+    app.queries.await_members_applied(&topic).await;
     audit::event("topic.create", caller.actor(), &topic.name);
     if let Some(parent) = &req.parent {
         audit::event(
@@ -316,7 +316,7 @@ pub async fn get(
     let wanted: Vec<u32> = (0..topic.config.partitions)
         .filter(|p| only.is_none_or(|o| o == *p))
         .collect();
-    let stats = app.topic_stats(&topic, &wanted).await;
+    let stats = app.queries.topic_stats(&topic, &wanted).await;
     rec.partial = stats.iter().any(|s| s.status != "ok");
     rec.partition_stats = Some(stats);
     Ok(json(StatusCode::OK, &rec))
@@ -406,7 +406,7 @@ pub async fn alter(
         }
     };
     app.apply_topics()?;
-    app.await_members_applied(&updated).await;
+    app.queries.await_members_applied(&updated).await;
     Ok(json(StatusCode::OK, &record(&app.meta.view(), &updated)))
 }
 
@@ -431,7 +431,7 @@ pub async fn delete(
     // Cursors copying into or out of it stop before its data goes.
     app.fanout.sync().await;
     app.apply_topics()?;
-    app.await_members_applied(&deleted).await;
+    app.queries.await_members_applied(&deleted).await;
     audit::event("topic.delete", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
