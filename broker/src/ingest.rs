@@ -73,9 +73,8 @@ impl Ingest {
         self.schemas.forget(topic_id);
     }
 
-    /// SPEC §2.3: pinned, else key hash, else round robin; an unpinned choice whose owner
-    /// membership marks dead walks forward to the first partition with a live owner (if none,
-    /// the original choice stands: the WAL holds the message until the owner returns).
+    /// The partition of a produce to `topic` ([`pick_partition`]), with this node's view of
+    /// which owners are alive (standalone: all of them).
     pub fn choose_partition(
         &self,
         topic: &Topic,
@@ -84,17 +83,13 @@ impl Ingest {
         pinned: Option<u32>,
     ) -> u32 {
         let n = topic.config.partitions;
-        let p = match (pinned, key) {
-            (Some(p), _) => return p,
-            (None, Some(k)) => crate::partitioner::key_partition(k, n),
-            (None, None) => rt.next_produce_partition(n),
-        };
+        let round_robin = || rt.next_produce_partition(n);
         if !self.cluster.clustered {
-            return p;
+            return pick_partition(n, pinned, key, round_robin, |_| true);
         }
         let view = self.meta.view();
         let live = |q: u32| Cluster::owner(topic, q).is_some_and(|o| Cluster::is_alive(&view, o));
-        (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
+        pick_partition(n, pinned, key, round_robin, live)
     }
 
     pub fn validate_schema(&self, topic: &Topic, body: &[u8]) -> ApiResult<()> {
@@ -326,6 +321,79 @@ async fn commit_direct(
                     payload: r.payload,
                 })
                 .collect()
+        }
+    }
+}
+
+/// SPEC §2.3: pinned, else key hash, else round robin (`next` is asked only then); an
+/// unpinned choice whose owner is not `live` walks forward to the first partition with a
+/// live owner (if none, the original choice stands: the WAL holds the message until the
+/// owner returns). A pinned partition is kept even when its owner is down.
+pub fn pick_partition(
+    n: u32,
+    pinned: Option<u32>,
+    key: Option<&[u8]>,
+    next: impl FnOnce() -> u32,
+    live: impl Fn(u32) -> bool,
+) -> u32 {
+    let p = match (pinned, key) {
+        (Some(p), _) => return p,
+        (None, Some(k)) => crate::partitioner::key_partition(k, n),
+        (None, None) => next() % n,
+    };
+    (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partitioner::key_partition;
+
+    const ALL: fn(u32) -> bool = |_| true;
+
+    #[test]
+    fn pinned_wins_even_with_its_owner_down() {
+        assert_eq!(pick_partition(4, Some(2), Some(b"k"), || 0, |_| false), 2);
+        assert_eq!(pick_partition(4, Some(3), None, || 0, ALL), 3);
+    }
+
+    #[test]
+    fn a_key_hashes_and_no_key_takes_the_round_robin_turn() {
+        let k = b"customer-42";
+        assert_eq!(
+            pick_partition(6, None, Some(k), || panic!("no turn taken"), ALL),
+            key_partition(k, 6)
+        );
+        assert_eq!(pick_partition(6, None, None, || 4, ALL), 4);
+        assert_eq!(pick_partition(6, None, None, || 13, ALL), 1);
+    }
+
+    #[test]
+    fn a_dead_owner_s_partition_passes_to_the_next_live_one() {
+        let k = b"k";
+        let home = key_partition(k, 5);
+        let after = (home + 1) % 5;
+        assert_eq!(pick_partition(5, None, Some(k), || 0, |q| q != home), after);
+        // Wraps around.
+        assert_eq!(pick_partition(3, None, None, || 2, |q| q == 0), 0);
+        // Nobody alive: the first choice stands.
+        assert_eq!(pick_partition(3, None, None, || 1, |_| false), 1);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prop_the_choice_is_in_range_and_live_when_any_is(
+            n in 1u32..64,
+            turn in proptest::prelude::any::<u32>(),
+            key in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..16)),
+            alive in proptest::collection::vec(proptest::prelude::any::<bool>(), 64),
+        ) {
+            let live = |q: u32| alive[q as usize];
+            let p = pick_partition(n, None, key.as_deref(), || turn, live);
+            proptest::prop_assert!(p < n);
+            if (0..n).any(live) {
+                proptest::prop_assert!(live(p));
+            }
         }
     }
 }
