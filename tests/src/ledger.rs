@@ -297,6 +297,9 @@ pub async fn produce_tagged_concurrently(
     }
 }
 
+/// Called with each message's id just before a [`Producers`] loop sends it.
+pub type SendHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// What a [`Producers`] loop sends and where: the one produce loop of every durability and
 /// chaos run.
 #[derive(Clone)]
@@ -314,7 +317,7 @@ pub struct ProduceSpec {
     /// `Some(n)`: every `n`th message carries its id as key.
     pub key_every: Option<u64>,
     /// Called with each message's id just before it is sent.
-    pub on_send: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub on_send: Option<SendHook>,
 }
 
 impl ProduceSpec {

@@ -873,8 +873,15 @@ mod routing_tests {
         gone: bool,
         /// Routes answered `NotReady` before the topic is known.
         not_ready_for: Mutex<u32>,
-        /// Every remote commit attempted: (owner, partition, payloads), and whether it took.
-        commits: Mutex<Vec<(String, u32, Vec<String>, bool)>>,
+        /// Every remote commit attempted.
+        commits: Mutex<Vec<Attempt>>,
+    }
+
+    struct Attempt {
+        partition: u32,
+        payloads: Vec<String>,
+        /// The owner took it.
+        taken: bool,
     }
 
     impl Fake {
@@ -892,7 +899,7 @@ mod routing_tests {
             self.commits
                 .lock()
                 .iter()
-                .filter(|c| c.1 == partition)
+                .filter(|c| c.partition == partition)
                 .count()
         }
         /// Payloads committed (taken) per partition, in commit order.
@@ -900,8 +907,8 @@ mod routing_tests {
             self.commits
                 .lock()
                 .iter()
-                .filter(|c| c.1 == partition && c.3)
-                .flat_map(|c| c.2.clone())
+                .filter(|c| c.partition == partition && c.taken)
+                .flat_map(|c| c.payloads.clone())
                 .collect()
         }
     }
@@ -943,9 +950,11 @@ mod routing_tests {
                 .iter()
                 .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
                 .collect();
-            self.commits
-                .lock()
-                .push((owner.clone(), partition, payloads, ok));
+            self.commits.lock().push(Attempt {
+                partition,
+                payloads,
+                taken: ok,
+            });
             Box::pin(async move {
                 if ok {
                     Ok(())
