@@ -198,8 +198,10 @@ pub struct ClusterConfig {
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
     pub data_dir: PathBuf,
-    /// `none` or `zstd`.
+    /// `none` or `zstd` (checked by [`Config::validate`]; see [`StorageConfig::log_codec`]).
     pub codec: String,
+    /// `fastest`, `default`, `better` or `best` (checked by [`Config::validate`]; see
+    /// [`StorageConfig::log_compression_level`]).
     pub compression_level: String,
     /// 0 = off.
     pub idle_log_eviction_ms: u64,
@@ -216,6 +218,20 @@ pub struct StorageConfig {
     pub retention_check_interval: Duration,
     /// Test knob: added to the wall clock for retention decisions (default 0).
     pub clock_offset_ms: i64,
+}
+
+impl StorageConfig {
+    /// The partition logs' frame codec (`storage.codec`). A value [`Config::validate`]
+    /// refuses reads as the default, `none`.
+    pub fn log_codec(&self) -> narad_storage::Codec {
+        narad_storage::Codec::from_name(&self.codec).unwrap_or_default()
+    }
+
+    /// The partition logs' zstd level (`storage.compression_level`). A value
+    /// [`Config::validate`] refuses reads as the default, `fastest`.
+    pub fn log_compression_level(&self) -> narad_storage::CompressionLevel {
+        narad_storage::CompressionLevel::from_name(&self.compression_level).unwrap_or_default()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -1120,18 +1136,17 @@ impl Config {
         if self.storage.segment_max_bytes < 4096 {
             return Err(bad("storage.segment_max_bytes must be at least 4096"));
         }
-        match self.storage.codec.as_str() {
-            "none" => {}
-            "zstd" => {
-                return Err(bad(
-                    "storage.codec zstd is not supported by this build yet; use none",
-                ))
-            }
-            other => {
-                return Err(bad(format!(
-                    "storage.codec must be none or zstd, got {other:?}"
-                )))
-            }
+        if narad_storage::Codec::from_name(&self.storage.codec).is_none() {
+            return Err(bad(format!(
+                "storage.codec must be none or zstd, got {:?}",
+                self.storage.codec
+            )));
+        }
+        if narad_storage::CompressionLevel::from_name(&self.storage.compression_level).is_none() {
+            return Err(bad(format!(
+                "storage.compression_level must be fastest, default, better or best, got {:?}",
+                self.storage.compression_level
+            )));
         }
         if self.storage.idle_log_eviction_ms != 0
             && self.storage.idle_log_eviction_ms < 60_000
@@ -1260,6 +1275,63 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("NARAD_HTTP_SHUTDOWN_DELAY"), "{e}");
+    }
+
+    #[test]
+    fn storage_codec_and_level_from_file_are_checked() {
+        use narad_storage::{Codec, CompressionLevel};
+        let c = load(ServerArgs::default(), &[]).unwrap();
+        assert_eq!(
+            (c.storage.log_codec(), c.storage.log_compression_level()),
+            (Codec::None, CompressionLevel::Fastest)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        let with = |storage: &str| {
+            std::fs::write(&f, format!(r#"{{"storage":{storage}}}"#)).unwrap();
+            load(
+                ServerArgs {
+                    config: Some(f.clone()),
+                    ..Default::default()
+                },
+                &[],
+            )
+        };
+        let c = with(r#"{"codec":"zstd"}"#).unwrap();
+        assert_eq!(
+            (c.storage.log_codec(), c.storage.log_compression_level()),
+            (Codec::Zstd, CompressionLevel::Fastest)
+        );
+        for (name, level) in [
+            ("fastest", CompressionLevel::Fastest),
+            ("default", CompressionLevel::Default),
+            ("better", CompressionLevel::Better),
+            ("best", CompressionLevel::Best),
+        ] {
+            let c = with(&format!(
+                r#"{{"codec":"zstd","compression_level":"{name}"}}"#
+            ))
+            .unwrap();
+            assert_eq!(c.storage.log_compression_level(), level, "{name}");
+        }
+        let c = with(r#"{"codec":"none","compression_level":"best"}"#).unwrap();
+        assert_eq!(c.storage.log_codec(), Codec::None);
+        for bad_codec in ["lz4", "ZSTD", "", "gzip"] {
+            let e = with(&format!(r#"{{"codec":"{bad_codec}"}}"#)).unwrap_err();
+            assert!(
+                e.0.contains("storage.codec must be none or zstd")
+                    && e.0.contains(&format!("{bad_codec:?}")),
+                "{e}"
+            );
+        }
+        let e = with(r#"{"codec":"zstd","compression_level":"max"}"#).unwrap_err();
+        assert!(
+            e.0.contains("storage.compression_level must be fastest, default, better or best")
+                && e.0.contains(r#""max""#),
+            "{e}"
+        );
+        let e = with(r#"{"compression_level":"9"}"#).unwrap_err();
+        assert!(e.0.contains("storage.compression_level"), "{e}");
     }
 
     #[test]

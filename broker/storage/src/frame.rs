@@ -9,23 +9,35 @@
 //!  4     4    frame length (bytes, header included)
 //!  8     4    CRC32C (Castagnoli) of bytes [12, frame length)
 //! 12     1    version (1)
-//! 13     1    flags: bits 0-2 codec (0 = none; anything else is unreadable for now), rest 0
+//! 13     1    flags: bits 0-2 codec of the records section (0 = none, 1 = zstd; 2-7 are
+//!             unreadable), rest 0
 //! 14     2    reserved (0)
 //! 16     8    base offset (offset of the first record)
-//! 24     4    record count (>= 1)
+//! 24     4    record count (>= 1; at most 64 with codec 1)
 //! 28     8    timestamp, Unix ms (commit time of every record of the frame)
 //! 36     8    high watermark of the log when the frame was written ("attested committed")
-//! 44          records, `count` times:
+//! 44          records section, as stored (codec 0: as below; codec 1: one zstd frame, with
+//!             its content size, of the section below); `count` times:
 //!               4  key length, 0xFFFF_FFFF = no key (distinct from an empty key)
 //!               4  payload length
 //!               .. key bytes, payload bytes
 //! ```
 //!
-//! The frame length must match the records exactly. The "attested committed" field lets
+//! The frame length must match the stored bytes exactly, and the (decompressed) records
+//! section must hold exactly `count` records and nothing else. The CRC covers the bytes as
+//! stored, compressed or not, so the CRC check and torn-write detection do not depend on
+//! the codec; a codec-1 frame that passes its CRC but does not decompress to exactly
+//! `count` well-formed records (at most [`MAX_RECORDS_SECTION`] bytes, a bound checked
+//! against the zstd frame header before anything is allocated) is damaged like a
+//! malformed uncompressed frame. The writer uses codec 1 only for frames it makes smaller,
+//! so a log may mix codecs. The "attested committed" field lets
 //! recovery tell corruption of committed data (a later frame attests that the damaged
 //! offsets had been fsynced and verified before it was written) from a torn unsynced write.
 
+use std::cell::RefCell;
+
 use bytes::Bytes;
+use zstd::zstd_safe;
 
 use crate::{NewRecord, StoredRecord};
 
@@ -42,7 +54,16 @@ pub const MAX_FRAME_LEN: usize = FRAME_HEADER_LEN + RECORD_HEADER_LEN + MAX_RECO
 pub const FRAME_TARGET_BYTES: usize = 64 * 1024;
 /// At most this many records per frame.
 pub const FRAME_MAX_RECORDS: usize = 64;
+/// Largest records section (decompressed, for codec 1): the one of a single maximal record.
+pub const MAX_RECORDS_SECTION: usize = MAX_FRAME_LEN - FRAME_HEADER_LEN;
 const CODEC_MASK: u8 = 0x07;
+/// Codec bits of an uncompressed frame.
+pub const CODEC_NONE: u8 = 0;
+/// Codec bits of a frame whose records section is one zstd frame.
+pub const CODEC_ZSTD: u8 = 1;
+/// The zstd compression buffer a writing thread keeps between frames (larger ones, for a
+/// single big record, are freed after use).
+const SCRATCH_KEEP: usize = 256 * 1024;
 
 /// The parsed fixed header of a frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +81,11 @@ impl FrameHeader {
     /// The offset after the last record of the frame.
     pub fn end_offset(&self) -> u64 {
         self.base_offset + self.count as u64
+    }
+
+    /// The codec bits of the flags (0 = none, 1 = zstd).
+    pub fn codec(&self) -> u8 {
+        self.flags & CODEC_MASK
     }
 }
 
@@ -92,7 +118,14 @@ pub fn parse_header(b: &[u8]) -> Result<FrameHeader, String> {
         return Err(format!("implausible frame length {len}"));
     }
     let count = u32_at(b, 24);
-    if count == 0 || count as usize > (len as usize - FRAME_HEADER_LEN) / RECORD_HEADER_LEN {
+    // Stored uncompressed, each record takes at least its 8-byte header; compressed, the
+    // writer never puts more than FRAME_MAX_RECORDS in a frame.
+    let max_count = if b[13] & CODEC_MASK == CODEC_ZSTD {
+        FRAME_MAX_RECORDS
+    } else {
+        (len as usize - FRAME_HEADER_LEN) / RECORD_HEADER_LEN
+    };
+    if count == 0 || count as usize > max_count {
         return Err(format!("implausible record count {count}"));
     }
     let base_offset = u64_at(b, 16);
@@ -110,7 +143,7 @@ pub fn parse_header(b: &[u8]) -> Result<FrameHeader, String> {
     })
 }
 
-/// Where one record's key and payload lie inside the frame buffer.
+/// Where one record's key and payload lie inside the buffer of a decoded frame.
 #[derive(Debug, Clone, Copy)]
 struct RecLoc {
     key_start: u32,
@@ -119,9 +152,17 @@ struct RecLoc {
     payload_len: u32,
 }
 
-fn parse_records(frame: &[u8], count: u32, out: Option<&mut Vec<RecLoc>>) -> Result<(), String> {
+/// Checks that `frame[start..]` is exactly `count` records (`start`: where the records
+/// section begins in `frame`: after the header of an uncompressed frame, 0 in a decompressed
+/// section), recording where each lies in `out`.
+fn parse_records(
+    frame: &[u8],
+    start: usize,
+    count: u32,
+    out: Option<&mut Vec<RecLoc>>,
+) -> Result<(), String> {
     let mut out = out;
-    let mut p = FRAME_HEADER_LEN;
+    let mut p = start;
     for i in 0..count {
         if p + RECORD_HEADER_LEN > frame.len() {
             return Err(format!("record {i} header past the frame end"));
@@ -157,8 +198,9 @@ fn parse_records(frame: &[u8], count: u32, out: Option<&mut Vec<RecLoc>>) -> Res
     Ok(())
 }
 
-/// Fully checks a frame held in `frame` (exactly one frame): header, CRC, record layout, codec.
-pub fn check_frame(frame: &[u8]) -> Result<FrameHeader, String> {
+/// Checks everything of a frame held in `frame` (exactly one frame) but its records
+/// section: header, length, CRC, flags, a known codec.
+fn check_envelope(frame: &[u8]) -> Result<FrameHeader, String> {
     let h = parse_header(frame)?;
     if frame.len() != h.len as usize {
         return Err("frame buffer length mismatch".into());
@@ -173,14 +215,99 @@ pub fn check_frame(frame: &[u8]) -> Result<FrameHeader, String> {
     if h.flags & !CODEC_MASK != 0 || frame[14] != 0 || frame[15] != 0 {
         return Err(format!("unknown flags {:#04x}", h.flags));
     }
-    if h.flags & CODEC_MASK != 0 {
-        return Err(format!("unsupported codec {}", h.flags & CODEC_MASK));
+    if !matches!(h.codec(), CODEC_NONE | CODEC_ZSTD) {
+        return Err(format!("unsupported codec {}", h.codec()));
     }
-    parse_records(frame, h.count, None)?;
     Ok(h)
 }
 
-/// Appends one encoded frame holding `records` to `out`.
+/// Fully checks a frame held in `frame` (exactly one frame): header, CRC, codec, record
+/// layout (of a compressed frame: after decompressing it, within the bound).
+pub fn check_frame(frame: &[u8]) -> Result<FrameHeader, String> {
+    let h = check_envelope(frame)?;
+    if h.codec() == CODEC_NONE {
+        parse_records(frame, FRAME_HEADER_LEN, h.count, None)?;
+    } else {
+        let section = decompress_records(&frame[FRAME_HEADER_LEN..], h.count)?;
+        parse_records(&section, 0, h.count, None)?;
+    }
+    Ok(h)
+}
+
+thread_local! {
+    /// This thread's zstd decompression context, reused frame after frame (decompressing
+    /// into a caller's buffer in one pass allocates nothing else).
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+    /// This thread's zstd compression context (with its level) and output buffer: appends
+    /// run on a few threads, so this keeps a context per writing thread rather than one per
+    /// partition log (a zstd context holds from a few hundred KiB to MiBs), lock-free.
+    static COMPRESSOR: RefCell<Compressor> = const {
+        RefCell::new(Compressor { ctx: None, scratch: Vec::new() })
+    };
+}
+
+struct Compressor {
+    ctx: Option<(i32, zstd::bulk::Compressor<'static>)>,
+    scratch: Vec<u8>,
+}
+
+/// Decompresses the records section of a codec-1 frame holding `count` records. The size
+/// the zstd frame header announces must be there (the writer always records it), lie
+/// within what `count` records can take and [`MAX_RECORDS_SECTION`], and be exactly what
+/// the data decompresses to; the buffer is allocated only once that size has passed
+/// these checks, and the data must be exactly one zstd frame.
+fn decompress_records(data: &[u8], count: u32) -> Result<Vec<u8>, String> {
+    let size = match zstd_safe::get_frame_content_size(data) {
+        Ok(Some(n)) => n,
+        Ok(None) => return Err("zstd frame without a content size".into()),
+        Err(_) => return Err("not a zstd frame header".into()),
+    };
+    let least = count as u64 * RECORD_HEADER_LEN as u64;
+    if size < least || size > MAX_RECORDS_SECTION as u64 {
+        return Err(format!(
+            "implausible decompressed size {size} for {count} records"
+        ));
+    }
+    match zstd_safe::find_frame_compressed_size(data) {
+        Ok(n) if n == data.len() => {}
+        Ok(n) => {
+            return Err(format!(
+                "{} stray bytes after the zstd frame",
+                data.len().saturating_sub(n)
+            ))
+        }
+        Err(code) => {
+            return Err(format!(
+                "bad zstd frame: {}",
+                zstd_safe::get_error_name(code)
+            ))
+        }
+    }
+    let size = size as usize;
+    let mut out = Vec::with_capacity(size);
+    let got = DECOMPRESSOR.with(|d| {
+        let mut d = d.borrow_mut();
+        let d = match d.as_mut() {
+            Some(d) => d,
+            None => d.insert(
+                zstd::bulk::Decompressor::new()
+                    .map_err(|e| format!("cannot create a zstd context: {e}"))?,
+            ),
+        };
+        // Writes at most `out.capacity()` (= size) bytes.
+        d.decompress_to_buffer(data, &mut out)
+            .map_err(|e| format!("zstd: {e}"))
+    })?;
+    if got != size || out.len() != size {
+        return Err(format!(
+            "zstd frame decompresses to {got} bytes, its header says {size}"
+        ));
+    }
+    Ok(out)
+}
+
+/// Appends one encoded (uncompressed, codec 0) frame holding `records` to `out`.
 pub fn encode_frame(
     out: &mut Vec<u8>,
     base_offset: u64,
@@ -188,8 +315,76 @@ pub fn encode_frame(
     attested: u64,
     records: &[NewRecord],
 ) {
-    debug_assert!(!records.is_empty());
     let start = out.len();
+    write_frame(out, base_offset, timestamp_ms, attested, records);
+    seal_frame(out, start);
+}
+
+/// Appends one encoded frame holding `records` to `out`, its records section compressed
+/// with zstd at `level` (codec 1) if that makes the frame smaller, else uncompressed (codec
+/// 0, also if compressing fails). Uses this thread's compression context.
+pub fn encode_frame_zstd(
+    out: &mut Vec<u8>,
+    base_offset: u64,
+    timestamp_ms: u64,
+    attested: u64,
+    records: &[NewRecord],
+    level: i32,
+) {
+    let start = out.len();
+    write_frame(out, base_offset, timestamp_ms, attested, records);
+    COMPRESSOR.with(|c| compress_section(&mut c.borrow_mut(), out, start, level));
+    seal_frame(out, start);
+}
+
+/// Replaces the records section of the unsealed frame at `out[start..]` by its zstd
+/// compression and sets codec 1, if the compressed section is smaller.
+fn compress_section(c: &mut Compressor, out: &mut Vec<u8>, start: usize, level: i32) {
+    let body = start + FRAME_HEADER_LEN;
+    let raw_len = out.len() - body;
+    let ctx = match &mut c.ctx {
+        Some((l, ctx)) if *l == level => ctx,
+        Some((l, ctx)) => {
+            if ctx.set_compression_level(level).is_err() {
+                return;
+            }
+            *l = level;
+            ctx
+        }
+        None => match zstd::bulk::Compressor::new(level) {
+            Ok(ctx) => &mut c.ctx.insert((level, ctx)).1,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot create a zstd context; writing the frame uncompressed");
+                return;
+            }
+        },
+    };
+    // zstd writes into the buffer's capacity from its start; output that does not fit in
+    // fewer bytes than the input is an error, and the frame stays uncompressed.
+    c.scratch.clear();
+    c.scratch.reserve_exact(raw_len - 1);
+    if let Ok(n) = ctx.compress_to_buffer(&out[body..], &mut c.scratch) {
+        if n < raw_len && c.scratch.len() == n {
+            out.truncate(body);
+            out.extend_from_slice(&c.scratch);
+            out[start + 13] = CODEC_ZSTD;
+        }
+    }
+    if c.scratch.capacity() > SCRATCH_KEEP {
+        c.scratch = Vec::new();
+    }
+}
+
+/// Appends the header (length and CRC left zero) and the uncompressed records section of a
+/// frame holding `records` to `out`.
+fn write_frame(
+    out: &mut Vec<u8>,
+    base_offset: u64,
+    timestamp_ms: u64,
+    attested: u64,
+    records: &[NewRecord],
+) {
+    debug_assert!(!records.is_empty());
     out.extend_from_slice(&FRAME_MAGIC);
     out.extend_from_slice(&[0u8; 8]); // length + crc, patched below
     out.extend_from_slice(&[FRAME_VERSION, 0, 0, 0]);
@@ -206,6 +401,10 @@ pub fn encode_frame(
         }
         out.extend_from_slice(&r.payload);
     }
+}
+
+/// Fills in the length and CRC of the frame that makes up `out[start..]`.
+fn seal_frame(out: &mut [u8], start: usize) {
     let len = (out.len() - start) as u32;
     out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
     let crc = crc32c::crc32c(&out[start + 12..]);
@@ -221,11 +420,18 @@ pub struct DecodedFrame {
 }
 
 impl DecodedFrame {
-    /// Verifies (`check_frame`) and decodes one frame.
+    /// Verifies (as [`check_frame`]) and decodes one frame. The records of an uncompressed
+    /// frame are slices of `buf`; those of a compressed one, of its decompressed section.
     pub fn decode(buf: Bytes) -> Result<Self, String> {
-        let header = check_frame(&buf)?;
+        let header = check_envelope(&buf)?;
+        let (buf, start) = if header.codec() == CODEC_NONE {
+            (buf, FRAME_HEADER_LEN)
+        } else {
+            let section = decompress_records(&buf[FRAME_HEADER_LEN..], header.count)?;
+            (Bytes::from(section), 0)
+        };
         let mut recs = Vec::with_capacity(header.count as usize);
-        parse_records(&buf, header.count, Some(&mut recs))?;
+        parse_records(&buf, start, header.count, Some(&mut recs))?;
         Ok(DecodedFrame { header, buf, recs })
     }
 
@@ -269,8 +475,116 @@ impl DecodedFrame {
     }
 }
 
+/// Helpers of the crate's unit tests: frames with arbitrary sections, hand-made zstd
+/// frames, and a probe of the largest allocation a piece of code makes.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// A header in front of `body` with a correct length and CRC, so that the checks past
+    /// the CRC (codec, record layout) see arbitrary bytes.
+    pub fn frame_with_body(base: u64, count: u32, flags: u8, body: &[u8]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
+        b.extend_from_slice(&FRAME_MAGIC);
+        b.extend_from_slice(&((FRAME_HEADER_LEN + body.len()) as u32).to_le_bytes());
+        b.extend_from_slice(&[0u8; 4]);
+        b.extend_from_slice(&[FRAME_VERSION, flags, 0, 0]);
+        b.extend_from_slice(&base.to_le_bytes());
+        b.extend_from_slice(&count.to_le_bytes());
+        b.extend_from_slice(&7u64.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(body);
+        reseal(&mut b);
+        b
+    }
+
+    /// Recomputes the CRC of the frame `b` (after a test changed its bytes).
+    pub fn reseal(b: &mut [u8]) {
+        let crc = crc32c::crc32c(&b[12..]);
+        b[8..12].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// The uncompressed records section of `records`.
+    pub fn section(records: &[NewRecord]) -> Vec<u8> {
+        let mut v = Vec::new();
+        write_frame(&mut v, 0, 0, 0, records);
+        v.split_off(FRAME_HEADER_LEN)
+    }
+
+    /// A zstd frame (single segment, 8-byte content size field) that says it holds
+    /// `content_size` bytes, with `content` in raw blocks: a real zstd frame when the two
+    /// agree, a lying one otherwise.
+    pub fn raw_zstd_frame(content_size: u64, content: &[u8]) -> Vec<u8> {
+        let mut v = vec![0x28, 0xB5, 0x2F, 0xFD, 0xE0];
+        v.extend_from_slice(&content_size.to_le_bytes());
+        let mut chunks = content.chunks(100).peekable();
+        if chunks.peek().is_none() {
+            v.extend_from_slice(&[1, 0, 0]); // last, raw, empty
+        }
+        while let Some(c) = chunks.next() {
+            let last = chunks.peek().is_none() as u32;
+            let h = last | (c.len() as u32) << 3;
+            v.extend_from_slice(&h.to_le_bytes()[..3]);
+            v.extend_from_slice(c);
+        }
+        v
+    }
+
+    pub mod alloc {
+        //! A global allocator that notes, per thread, the largest single allocation made
+        //! since [`largest`] started watching. (zstd's own context allocations go through
+        //! C `malloc` and are not seen; decompression allocates nothing beyond the output
+        //! buffer, which is Rust's.)
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        struct Probe;
+
+        thread_local! {
+            static LARGEST: Cell<usize> = const { Cell::new(0) };
+        }
+
+        fn note(size: usize) {
+            let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+        }
+
+        // SAFETY: every call forwards to `System` with the caller's arguments.
+        unsafe impl GlobalAlloc for Probe {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                note(layout.size());
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+                note(layout.size());
+                unsafe { System.alloc_zeroed(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                unsafe { System.dealloc(ptr, layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                note(new_size);
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+        }
+
+        #[global_allocator]
+        static PROBE: Probe = Probe;
+
+        /// Runs `f`; returns its result and the largest single allocation it made on this
+        /// thread.
+        pub fn largest<T>(f: impl FnOnce() -> T) -> (T, usize) {
+            let before = LARGEST.with(|l| l.replace(0));
+            let out = f();
+            let seen = LARGEST.with(|l| l.replace(before));
+            (out, seen)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_support::alloc::largest;
+    use super::test_support::*;
     use super::*;
 
     fn rec(key: Option<&[u8]>, payload: &[u8]) -> NewRecord {
@@ -324,21 +638,294 @@ mod tests {
     }
 
     #[test]
-    fn rejects_nonzero_codec_and_bad_lengths() {
+    fn rejects_unknown_codecs_and_bad_lengths() {
         let mut buf = Vec::new();
         encode_frame(&mut buf, 0, 0, 0, &[rec(None, b"abc")]);
+        for codec in 2..=7u8 {
+            let mut b = buf.clone();
+            b[13] = codec;
+            reseal(&mut b);
+            let e = check_frame(&b).unwrap_err();
+            assert!(e.contains(&format!("unsupported codec {codec}")), "{e}");
+            assert!(DecodedFrame::decode(Bytes::from(b)).is_err());
+        }
+        // Codec 1 over a section that is no zstd frame.
         let mut b = buf.clone();
-        b[13] = 1;
-        let crc = crc32c::crc32c(&b[12..]);
-        b[8..12].copy_from_slice(&crc.to_le_bytes());
-        assert!(check_frame(&b).unwrap_err().contains("codec"));
+        b[13] = CODEC_ZSTD;
+        reseal(&mut b);
+        assert!(check_frame(&b).unwrap_err().contains("zstd"));
         assert!(check_frame(&buf[..buf.len() - 1]).is_err());
         assert!(parse_header(&buf[..10]).is_err());
+    }
+
+    /// Records that compress well: repeated JSON-ish text, keys absent, empty and present.
+    fn compressible(n: usize) -> Vec<NewRecord> {
+        (0..n)
+            .map(|i| {
+                let key = match i % 3 {
+                    0 => None,
+                    1 => Some(&b""[..]),
+                    _ => Some(&b"customer-42"[..]),
+                };
+                let payload = format!(
+                    r#"{{"order":{i},"customer":"customer-42","items":["apple","banana","cherry"],"note":"{}"}}"#,
+                    "the quick brown fox ".repeat(1 + i % 4)
+                );
+                rec(key, payload.as_bytes())
+            })
+            .collect()
+    }
+
+    fn assert_same_records(f: &DecodedFrame, base: u64, ts: u64, recs: &[NewRecord]) {
+        assert_eq!(
+            (f.base_offset(), f.end_offset()),
+            (base, base + recs.len() as u64)
+        );
+        for (i, r) in recs.iter().enumerate() {
+            let got = f.record(base + i as u64);
+            assert_eq!((got.offset, got.timestamp_ms), (base + i as u64, ts));
+            assert_eq!(got.key, r.key, "key of record {i}");
+            assert_eq!(got.payload, r.payload, "payload of record {i}");
+            assert_eq!(
+                f.record_size(base + i as u64),
+                record_size(r) - RECORD_HEADER_LEN
+            );
+        }
+    }
+
+    #[test]
+    fn zstd_round_trip_keeps_the_header_and_shrinks_the_section() {
+        let recs = compressible(40);
+        let mut plain = Vec::new();
+        encode_frame(&mut plain, 1000, 77, 990, &recs);
+        for level in [1, 3, 7, 19] {
+            let mut buf = vec![0xAA; 5]; // appends after what is there
+            encode_frame_zstd(&mut buf, 1000, 77, 990, &recs, level);
+            assert_eq!(&buf[..5], &[0xAA; 5]);
+            let frame = Bytes::from(buf).slice(5..);
+            let h = check_frame(&frame).unwrap();
+            assert_eq!(h.codec(), CODEC_ZSTD);
+            assert_eq!(h.len as usize, frame.len());
+            assert!(
+                frame.len() * 3 < plain.len(),
+                "level {level}: {} bytes compressed, {} plain",
+                frame.len(),
+                plain.len()
+            );
+            // Everything but length, CRC, flags and the section is as in the plain frame.
+            assert_eq!(frame[..4], plain[..4]);
+            assert_eq!(frame[12], plain[12]);
+            assert_eq!(frame[14..FRAME_HEADER_LEN], plain[14..FRAME_HEADER_LEN]);
+            let ph = parse_header(&plain).unwrap();
+            assert_eq!(
+                (h.base_offset, h.count, h.timestamp_ms, h.attested_committed),
+                (
+                    ph.base_offset,
+                    ph.count,
+                    ph.timestamp_ms,
+                    ph.attested_committed
+                )
+            );
+            // The section is one zstd frame of exactly the plain section.
+            assert_eq!(
+                zstd::bulk::decompress(&frame[FRAME_HEADER_LEN..], MAX_RECORDS_SECTION).unwrap(),
+                &plain[FRAME_HEADER_LEN..]
+            );
+            let f = DecodedFrame::decode(frame).unwrap();
+            assert_same_records(&f, 1000, 77, &recs);
+        }
+    }
+
+    #[test]
+    fn a_single_large_record_round_trips_compressed() {
+        let big = "0123456789abcdef".repeat(100_000); // 1.6 MB, past the kept scratch buffer
+        let recs = vec![rec(Some(b"k"), big.as_bytes())];
+        for _ in 0..2 {
+            let mut buf = Vec::new();
+            encode_frame_zstd(&mut buf, 3, 4, 0, &recs, 3);
+            assert!(buf.len() < 100_000, "{}", buf.len());
+            let f = DecodedFrame::decode(Bytes::from(buf)).unwrap();
+            assert_eq!(f.header.codec(), CODEC_ZSTD);
+            assert_same_records(&f, 3, 4, &recs);
+        }
+        COMPRESSOR.with(|c| assert!(c.borrow().scratch.capacity() <= SCRATCH_KEEP));
+    }
+
+    #[test]
+    fn incompressible_records_stay_uncompressed() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for len in [1usize, 30, 500, 20_000] {
+            let a: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            let b: Vec<u8> = (0..len / 2).map(|_| rng.random()).collect();
+            let recs = vec![rec(None, &a), rec(Some(b"k"), &b)];
+            let mut plain = Vec::new();
+            encode_frame(&mut plain, 9, 1, 8, &recs);
+            let mut z = Vec::new();
+            encode_frame_zstd(&mut z, 9, 1, 8, &recs, 19);
+            assert_eq!(
+                z, plain,
+                "{len}-byte random payload: codec 0, byte for byte"
+            );
+            assert_eq!(check_frame(&z).unwrap().codec(), CODEC_NONE);
+        }
+        // A tiny frame: zstd's own overhead outweighs any gain.
+        let recs = vec![rec(None, b"aaaa")];
+        let (mut plain, mut z) = (Vec::new(), Vec::new());
+        encode_frame(&mut plain, 0, 0, 0, &recs);
+        encode_frame_zstd(&mut z, 0, 0, 0, &recs, 1);
+        assert_eq!(z, plain);
+    }
+
+    #[test]
+    fn every_single_byte_flip_of_a_compressed_frame_is_detected() {
+        let recs = compressible(10);
+        let mut buf = Vec::new();
+        encode_frame_zstd(&mut buf, 7, 5, 0, &recs, 1);
+        assert_eq!(check_frame(&buf).unwrap().codec(), CODEC_ZSTD);
+        for i in 0..buf.len() {
+            for bit in [0x01u8, 0x80] {
+                let mut b = buf.clone();
+                b[i] ^= bit;
+                assert!(check_frame(&b).is_err(), "flip of byte {i} bit {bit:#x}");
+                assert!(DecodedFrame::decode(Bytes::from(b)).is_err());
+            }
+        }
+    }
+
+    /// A CRC-valid codec-1 frame whose zstd data is damaged: every outcome is an error or
+    /// exactly `count` well-formed records (zstd data carries no checksum of its own, so a
+    /// flip inside a literal may still decode), never a panic, and no allocation beyond
+    /// the bound.
+    #[test]
+    fn crc_valid_but_damaged_zstd_data_is_an_error_or_well_formed() {
+        let recs = compressible(20);
+        let mut buf = Vec::new();
+        encode_frame_zstd(&mut buf, 100, 5, 0, &recs, 3);
+        let raw = section(&recs).len();
+        let mut errors = 0;
+        for i in FRAME_HEADER_LEN..buf.len() {
+            for bit in 0..8 {
+                let mut b = buf.clone();
+                b[i] ^= 1 << bit;
+                reseal(&mut b);
+                let (res, big) = largest(|| DecodedFrame::decode(Bytes::from(b.clone())));
+                assert!(
+                    big <= MAX_RECORDS_SECTION,
+                    "byte {i} bit {bit}: allocated {big}"
+                );
+                assert_eq!(check_frame(&b).is_ok(), res.is_ok(), "byte {i} bit {bit}");
+                match res {
+                    Err(_) => errors += 1,
+                    Ok(f) => {
+                        let n: usize = (f.base_offset()..f.end_offset())
+                            .map(|o| f.record_size(o) + RECORD_HEADER_LEN)
+                            .sum();
+                        assert_eq!((f.header.count, n), (20, raw));
+                    }
+                }
+            }
+        }
+        // The zstd frame header and block headers catch most damage.
+        assert!(errors > 8 * 8, "only {errors} flips rejected");
+        // The zstd magic, the reserved bit of the frame header descriptor and the content
+        // size (single-segment frame: right after the descriptor) in particular.
+        assert_ne!(buf[FRAME_HEADER_LEN + 4] & 0x20, 0, "single segment");
+        for (at, bit) in [(0, 0x10), (3, 0x01), (4, 0x08), (5, 0x01), (5, 0x80)] {
+            let mut b = buf.clone();
+            b[FRAME_HEADER_LEN + at] ^= bit;
+            reseal(&mut b);
+            assert!(check_frame(&b).is_err(), "zstd byte {at} bit {bit:#x}");
+        }
+    }
+
+    #[test]
+    fn a_section_of_the_wrong_record_count_is_an_error() {
+        let recs = compressible(3);
+        let z = zstd::bulk::compress(&section(&recs), 1).unwrap();
+        assert!(check_frame(&frame_with_body(0, 3, CODEC_ZSTD, &z)).is_ok());
+        for count in [1, 2, 4, 64] {
+            let b = frame_with_body(0, count, CODEC_ZSTD, &z);
+            let e = check_frame(&b).unwrap_err();
+            assert!(
+                e.contains("record") || e.contains("size"),
+                "count {count}: {e}"
+            );
+            assert!(DecodedFrame::decode(Bytes::from(b)).is_err());
+        }
+        // More records than a compressed frame may hold: refused by the header check.
+        let many: Vec<NewRecord> = (0..65).map(|_| rec(None, b"")).collect();
+        let z = zstd::bulk::compress(&section(&many), 1).unwrap();
+        let e = parse_header(&frame_with_body(0, 65, CODEC_ZSTD, &z)).unwrap_err();
+        assert!(e.contains("record count"), "{e}");
+        // A plain section of 65 empty records is a valid frame (its length covers them).
+        let mut plain = Vec::new();
+        encode_frame(&mut plain, 0, 0, 0, &many);
+        assert!(check_frame(&plain).is_ok());
+    }
+
+    #[test]
+    fn zstd_sizes_past_the_bound_are_refused_before_allocating() {
+        // A real zstd frame of one record section over the bound (zeros compress to little).
+        let over = vec![0u8; MAX_RECORDS_SECTION + 1];
+        let z = zstd::bulk::compress(&over, 1).unwrap();
+        assert!(z.len() < 4096);
+        let b = frame_with_body(0, 1, CODEC_ZSTD, &z);
+        let (res, big) = largest(|| DecodedFrame::decode(Bytes::from(b.clone())));
+        let e = res.unwrap_err();
+        assert!(e.contains("implausible decompressed size"), "{e}");
+        assert!(big < 4096, "allocated {big}");
+        // Lying content sizes: huge, and below what the count needs.
+        for (size, count) in [(u64::MAX - 2, 1), (1 << 40, 1), (15, 2), (0, 1)] {
+            let b = frame_with_body(0, count, CODEC_ZSTD, &raw_zstd_frame(size, &[0; 16]));
+            let (res, big) = largest(|| DecodedFrame::decode(Bytes::from(b.clone())));
+            assert!(res.is_err(), "size {size}");
+            assert!(big < 4096, "size {size}: allocated {big}");
+            assert!(check_frame(&b).is_err());
+        }
+        // A content size smaller than the data: refused by zstd, within the announced size.
+        let data = section(&[rec(None, &[7u8; 40])]);
+        let b = frame_with_body(0, 1, CODEC_ZSTD, &raw_zstd_frame(16, &data));
+        let (res, big) = largest(|| DecodedFrame::decode(Bytes::from(b.clone())));
+        assert!(res.is_err());
+        assert!(big < 4096, "allocated {big}");
+        // ... and exactly right: the hand-made frame decodes.
+        let b = frame_with_body(0, 1, CODEC_ZSTD, &raw_zstd_frame(data.len() as u64, &data));
+        let f = DecodedFrame::decode(Bytes::from(b)).unwrap();
+        assert_eq!(&f.record(0).payload[..], &[7u8; 40]);
+    }
+
+    #[test]
+    fn the_section_must_be_exactly_one_zstd_frame_with_a_size() {
+        let recs = compressible(2);
+        let sec = section(&recs);
+        let z = zstd::bulk::compress(&sec, 1).unwrap();
+        // Two frames back to back (the second empty), or trailing bytes.
+        let mut two = z.clone();
+        two.extend_from_slice(&raw_zstd_frame(0, &[]));
+        let mut trailing = z.clone();
+        trailing.push(0);
+        for body in [two, trailing] {
+            let e = check_frame(&frame_with_body(0, 2, CODEC_ZSTD, &body)).unwrap_err();
+            assert!(e.contains("stray bytes"), "{e}");
+        }
+        // A zstd frame that does not record its content size (streamed without a size).
+        let mut enc = zstd::stream::Encoder::new(Vec::new(), 1).unwrap();
+        std::io::Write::write_all(&mut enc, &sec).unwrap();
+        let streamed = enc.finish().unwrap();
+        assert!(matches!(
+            zstd_safe::get_frame_content_size(&streamed),
+            Ok(None)
+        ));
+        let e = check_frame(&frame_with_body(0, 2, CODEC_ZSTD, &streamed)).unwrap_err();
+        assert!(e.contains("content size"), "{e}");
     }
 }
 
 #[cfg(test)]
 mod prop_tests {
+    use super::test_support::alloc::largest;
+    use super::test_support::*;
     use super::*;
     use proptest::collection::vec;
     use proptest::prelude::*;
@@ -352,24 +939,6 @@ mod prop_tests {
                 key: key.map(Bytes::from),
                 payload: Bytes::from(payload),
             })
-    }
-
-    /// A frame header in front of `body` with a correct length and CRC, so that checks past
-    /// the CRC (the record layout) see arbitrary bytes.
-    fn frame_with_body(base: u64, count: u32, flags: u8, body: &[u8]) -> Vec<u8> {
-        let mut b = Vec::with_capacity(FRAME_HEADER_LEN + body.len());
-        b.extend_from_slice(&FRAME_MAGIC);
-        b.extend_from_slice(&((FRAME_HEADER_LEN + body.len()) as u32).to_le_bytes());
-        b.extend_from_slice(&[0u8; 4]);
-        b.extend_from_slice(&[FRAME_VERSION, flags, 0, 0]);
-        b.extend_from_slice(&base.to_le_bytes());
-        b.extend_from_slice(&count.to_le_bytes());
-        b.extend_from_slice(&7u64.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes());
-        b.extend_from_slice(body);
-        let crc = crc32c::crc32c(&b[12..]);
-        b[8..12].copy_from_slice(&crc.to_le_bytes());
-        b
     }
 
     /// A record area and a count for it: length fields that mostly, not always, match the
@@ -410,7 +979,11 @@ mod prop_tests {
         let len = h.len as usize;
         assert!((FRAME_HEADER_LEN + RECORD_HEADER_LEN..=MAX_FRAME_LEN).contains(&len));
         assert!(h.count >= 1);
-        assert!(h.count as usize <= (len - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+        if h.codec() == CODEC_ZSTD {
+            assert!(h.count as usize <= FRAME_MAX_RECORDS);
+        } else {
+            assert!(h.count as usize <= (len - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+        }
         assert!(h.base_offset.checked_add(h.count as u64).is_some());
     }
 
@@ -499,7 +1072,14 @@ mod prop_tests {
             if let Ok(f) = DecodedFrame::decode(Bytes::from(b)) {
                 check_header_invariants(&f.header);
                 prop_assert_eq!(f.header.len as usize, total);
-                prop_assert!(f.recs.capacity() <= (total - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);
+                // (A codec-1 frame decoding here would need a valid zstd frame in random
+                // bytes; its section is the decompressed one.)
+                let (stored, max_recs) = if f.header.codec() == CODEC_NONE {
+                    (total, (total - FRAME_HEADER_LEN) / RECORD_HEADER_LEN)
+                } else {
+                    (FRAME_HEADER_LEN + f.buf.len(), FRAME_MAX_RECORDS)
+                };
+                prop_assert!(f.recs.capacity() <= max_recs);
                 let mut sum = FRAME_HEADER_LEN;
                 for off in f.base_offset()..f.end_offset() {
                     let r = f.record(off);
@@ -507,7 +1087,84 @@ mod prop_tests {
                         + r.key.as_ref().map_or(0, |k| k.len())
                         + r.payload.len();
                 }
-                prop_assert_eq!(sum, total);
+                prop_assert_eq!(sum, stored);
+            }
+        }
+
+        /// Codec-1 frames (valid CRC) over arbitrary sections: garbage, hand-made zstd
+        /// frames announcing any content size, and real zstd frames of loose record
+        /// sections, damaged or not. Decoding never panics, never allocates beyond the
+        /// bound, agrees with `check_frame`, and what decodes is exactly `count` records.
+        #[test]
+        fn prop_frame_zstd_arbitrary_sections(
+            (count, body) in prop_oneof![
+                (prop_oneof![1..=64u32, any::<u32>()], vec(any::<u8>(), 0..200)),
+                (
+                    1..=64u32,
+                    prop_oneof![
+                        any::<u64>(),
+                        (MAX_RECORDS_SECTION as u64 - 2)..(MAX_RECORDS_SECTION as u64 + 2),
+                        0..600u64,
+                    ],
+                    vec(any::<u8>(), 0..300),
+                )
+                    .prop_map(|(count, size, content)| (count, raw_zstd_frame(size, &content))),
+                (
+                    loose_records(),
+                    proptest::option::of((any::<prop::sample::Index>(), 0..8u8)),
+                    1..4i32,
+                )
+                    .prop_map(|((count, section), flip, level)| {
+                        let mut z = zstd::bulk::compress(&section, level).unwrap();
+                        if let Some((at, bit)) = flip {
+                            let at = at.index(z.len());
+                            z[at] ^= 1 << bit;
+                        }
+                        (count, z)
+                    }),
+            ],
+            base in 0..1000u64,
+        ) {
+            let b = frame_with_body(base, count, CODEC_ZSTD, &body);
+            let (res, big) = largest(|| DecodedFrame::decode(Bytes::from(b.clone())));
+            prop_assert!(big <= MAX_RECORDS_SECTION, "allocated {}", big);
+            prop_assert_eq!(check_frame(&b).is_ok(), res.is_ok());
+            if let Ok(f) = res {
+                check_header_invariants(&f.header);
+                prop_assert_eq!(f.header.count, count);
+                prop_assert!(f.recs.capacity() <= FRAME_MAX_RECORDS);
+                let n: usize = (f.base_offset()..f.end_offset())
+                    .map(|o| f.record_size(o) + RECORD_HEADER_LEN)
+                    .sum();
+                prop_assert_eq!(n, f.buf.len());
+                prop_assert_eq!(
+                    zstd::bulk::decompress(&body, MAX_RECORDS_SECTION).unwrap(),
+                    f.buf.to_vec()
+                );
+            }
+        }
+
+        /// Records encoded with zstd at any level read back as written, compressed or not.
+        #[test]
+        fn prop_frame_zstd_roundtrip(
+            base in 0..=u64::MAX - 64,
+            recs in vec(record(), 1..=FRAME_MAX_RECORDS),
+            level in prop_oneof![Just(1), Just(3), Just(7), Just(19)],
+        ) {
+            let mut buf = Vec::new();
+            encode_frame_zstd(&mut buf, base, 5, 4, &recs, level);
+            let mut plain = Vec::new();
+            encode_frame(&mut plain, base, 5, 4, &recs);
+            prop_assert!(buf.len() <= plain.len());
+            if buf.len() == plain.len() {
+                prop_assert_eq!(&buf, &plain);
+            }
+            let f = DecodedFrame::decode(Bytes::from(buf)).unwrap();
+            prop_assert_eq!(f.header.codec() == CODEC_ZSTD, f.header.len as usize != plain.len());
+            for (i, r) in recs.iter().enumerate() {
+                let got = f.record(base + i as u64);
+                prop_assert_eq!(&got.key, &r.key);
+                prop_assert_eq!(&got.payload, &r.payload);
             }
         }
 
@@ -517,7 +1174,7 @@ mod prop_tests {
             b in vec(any::<u8>(), FRAME_HEADER_LEN..FRAME_HEADER_LEN + 128),
         ) {
             let mut out = Vec::new();
-            if parse_records(&b, count, Some(&mut out)).is_ok() {
+            if parse_records(&b, FRAME_HEADER_LEN, count, Some(&mut out)).is_ok() {
                 prop_assert_eq!(out.len() as u64, count as u64);
             }
             prop_assert!(out.len() <= (b.len() - FRAME_HEADER_LEN) / RECORD_HEADER_LEN);

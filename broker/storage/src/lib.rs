@@ -28,6 +28,13 @@
 //! followed by a valid frame, when the damaged offsets are known to have been committed
 //! (index header, or a later frame's attested high watermark), fails with `Corrupt`.
 //! [`verify_dir`] checks a log offline without changing it.
+//!
+//! # Compression
+//!
+//! With [`LogConfig::codec`] `Zstd`, the writer stores the records section of each frame
+//! zstd-compressed where that makes the frame smaller (see [`frame`]). Frames are
+//! self-describing: every reader path decodes both codecs, so a log may mix them and the
+//! codec can be changed between opens.
 
 use std::time::Duration;
 
@@ -66,6 +73,94 @@ pub struct LogConfig {
     /// the file's size and flushes no metadata; a sealed segment is cut to its frames. Off
     /// by default here (the file length is then the frames' length); the broker turns it on.
     pub preallocate: bool,
+    /// Codec of the frames written from now on (`storage.codec`). Reading never depends on
+    /// it: each frame says how it is stored.
+    pub codec: Codec,
+    /// zstd level of the frames written with [`Codec::Zstd`] (`storage.compression_level`).
+    pub compression_level: CompressionLevel,
+}
+
+/// How the writer stores the records section of a frame (`storage.codec`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Codec {
+    /// Uncompressed (frame codec 0). The writer does no extra work.
+    #[default]
+    None,
+    /// zstd (frame codec 1) for each frame it makes smaller; a frame it would not shrink is
+    /// written uncompressed (codec 0).
+    Zstd,
+}
+
+impl Codec {
+    /// The configuration names, in the order of the variants.
+    pub const NAMES: [&'static str; 2] = ["none", "zstd"];
+
+    /// The codec of a configuration name (`none`, `zstd`).
+    pub fn from_name(name: &str) -> Option<Codec> {
+        match name {
+            "none" => Some(Codec::None),
+            "zstd" => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::None => "none",
+            Codec::Zstd => "zstd",
+        }
+    }
+}
+
+/// zstd compression level of [`Codec::Zstd`] (`storage.compression_level`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum CompressionLevel {
+    /// zstd level 1.
+    #[default]
+    Fastest,
+    /// zstd level 3 (zstd's own default).
+    Default,
+    /// zstd level 7.
+    Better,
+    /// zstd level 19: several times slower per byte than `better` for a few percent more,
+    /// and compression runs in the partition's write path (a frame holds at most 64 KiB of
+    /// records unless it is one larger record), so it caps a partition's write throughput.
+    Best,
+}
+
+impl CompressionLevel {
+    /// The configuration names, in the order of the variants.
+    pub const NAMES: [&'static str; 4] = ["fastest", "default", "better", "best"];
+
+    /// The level of a configuration name (`fastest`, `default`, `better`, `best`).
+    pub fn from_name(name: &str) -> Option<CompressionLevel> {
+        match name {
+            "fastest" => Some(CompressionLevel::Fastest),
+            "default" => Some(CompressionLevel::Default),
+            "better" => Some(CompressionLevel::Better),
+            "best" => Some(CompressionLevel::Best),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CompressionLevel::Fastest => "fastest",
+            CompressionLevel::Default => "default",
+            CompressionLevel::Better => "better",
+            CompressionLevel::Best => "best",
+        }
+    }
+
+    /// The zstd level it stands for: 1, 3, 7, 19.
+    pub fn zstd_level(self) -> i32 {
+        match self {
+            CompressionLevel::Fastest => 1,
+            CompressionLevel::Default => 3,
+            CompressionLevel::Better => 7,
+            CompressionLevel::Best => 19,
+        }
+    }
 }
 
 impl Default for LogConfig {
@@ -76,6 +171,8 @@ impl Default for LogConfig {
             index_interval_bytes: 4096,
             verify_from_device: true,
             preallocate: false,
+            codec: Codec::None,
+            compression_level: CompressionLevel::Fastest,
         }
     }
 }

@@ -15,14 +15,14 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{io_err, Result, StorageError};
 use crate::frame::{
-    encode_frame, record_size, FRAME_HEADER_LEN, FRAME_MAX_RECORDS, FRAME_TARGET_BYTES,
-    MAX_RECORD_BYTES,
+    encode_frame, encode_frame_zstd, record_size, FRAME_HEADER_LEN, FRAME_MAX_RECORDS,
+    FRAME_TARGET_BYTES, MAX_RECORD_BYTES,
 };
 use crate::recovery::{self, sync_dir};
 use crate::segment::{
     drop_cache, log_file_name, probe, ChunkReader, Cursor, Entry, Probe, Segment, SCAN_CHUNK,
 };
-use crate::{LogConfig, LogStats, NewRecord, RetentionOutcome, SegmentFile, StoredRecord};
+use crate::{Codec, LogConfig, LogStats, NewRecord, RetentionOutcome, SegmentFile, StoredRecord};
 
 /// Decoded frames (or damaged ranges) kept for readers.
 const CACHE_ENTRIES: usize = 4;
@@ -202,6 +202,7 @@ impl PartitionLog {
                 j += 1;
             }
             let cur = buf_start + buf.len() as u64;
+            // (`frame_bytes` is the uncompressed size: a compressed frame is no larger.)
             if cur > 0 && cur + frame_bytes as u64 > max {
                 self.flush(&seg, &buf, buf_start)?;
                 buf.clear();
@@ -209,7 +210,17 @@ impl PartitionLog {
                 buf_start = 0;
             }
             let frame_pos = buf_start + buf.len() as u64;
-            encode_frame(&mut buf, off, ts, attested, &records[i..j]);
+            match self.cfg.codec {
+                Codec::None => encode_frame(&mut buf, off, ts, attested, &records[i..j]),
+                Codec::Zstd => encode_frame_zstd(
+                    &mut buf,
+                    off,
+                    ts,
+                    attested,
+                    &records[i..j],
+                    self.cfg.compression_level.zstd_level(),
+                ),
+            }
             seg.note_frame(
                 &mut seg.w.lock(),
                 frame_pos,
@@ -345,12 +356,12 @@ impl PartitionLog {
                     reason,
                 };
                 match probe(&mut rd, pos).map_err(io_err(&s.log_path))? {
-                    Probe::Valid(h, _) if h.base_offset == expected => {
+                    Probe::Valid(h) if h.base_offset == expected => {
                         pos += h.len as u64;
                         expected = h.end_offset();
                         frames += 1;
                     }
-                    Probe::Valid(h, _) => {
+                    Probe::Valid(h) => {
                         return Err(fail(format!(
                             "frame at byte {pos} has offset {}",
                             h.base_offset
@@ -956,10 +967,417 @@ mod tests {
             SCAN_CHUNK,
         );
         let (mut pos, mut counts) = (0, Vec::new());
-        while let Probe::Valid(h, _) = probe(&mut rd, pos).unwrap() {
+        while let Probe::Valid(h) = probe(&mut rd, pos).unwrap() {
             counts.push(h.count);
             pos += h.len as u64;
         }
         assert_eq!(counts, vec![64, 64, 2, 2, 2, 1]);
+    }
+}
+
+/// Logs written with zstd (frame codec 1), alone and mixed with uncompressed frames.
+#[cfg(test)]
+mod codec_tests {
+    use super::*;
+    use crate::frame::test_support::reseal;
+    use crate::frame::{FrameHeader, CODEC_NONE, CODEC_ZSTD};
+    use crate::{verify_dir, CompressionLevel};
+    use bytes::Bytes;
+    use rand::{Rng, SeedableRng};
+
+    fn cfg(codec: Codec) -> LogConfig {
+        LogConfig {
+            codec,
+            compression_level: CompressionLevel::Default,
+            index_interval_bytes: 256,
+            ..LogConfig::default()
+        }
+    }
+
+    /// The deterministic, compressible record of `offset` (JSON-ish text; keys absent,
+    /// empty or present).
+    fn text(offset: u64) -> NewRecord {
+        let key = match offset % 3 {
+            0 => None,
+            1 => Some(Bytes::new()),
+            _ => Some(Bytes::from(format!("customer-{}", offset % 7))),
+        };
+        let payload = format!(
+            r#"{{"id":{offset},"kind":"order","status":"paid","items":[{}]}}"#,
+            r#"{"sku":"apple","qty":1},"#.repeat(1 + (offset % 5) as usize)
+        );
+        NewRecord {
+            key,
+            payload: Bytes::from(payload),
+        }
+    }
+
+    fn texts(start: u64, n: u64) -> Vec<NewRecord> {
+        (start..start + n).map(text).collect()
+    }
+
+    /// Appends and commits `n` text records, `per` to a commit.
+    fn fill(log: &PartitionLog, n: u64, per: u64) {
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(per);
+            let start = log.next_offset();
+            assert_eq!(log.append(&texts(start, k), 1).unwrap(), start..start + k);
+            log.commit().unwrap();
+            left -= k;
+        }
+    }
+
+    /// Every record below the high watermark, one by one and in batches, against `want`
+    /// (the text records unless overridden).
+    fn check_all(log: &PartitionLog, want: &dyn Fn(u64) -> NewRecord) {
+        let hwm = log.high_watermark();
+        for o in 0..hwm {
+            let r = log.read(o).unwrap().unwrap();
+            let w = want(o);
+            assert_eq!((r.offset, &r.key, &r.payload), (o, &w.key, &w.payload));
+        }
+        let mut o = 0;
+        while o < hwm {
+            let batch = log.read_from(o, 100, 1 << 20).unwrap();
+            assert!(!batch.is_empty());
+            for r in batch {
+                assert_eq!(r.offset, o);
+                assert_eq!(r.payload, want(o).payload);
+                o += 1;
+            }
+        }
+    }
+
+    /// (position, header) of every frame of the segment file `path`.
+    fn frames_in(path: &Path) -> Vec<(u64, FrameHeader)> {
+        let f = Arc::new(fs::File::open(path).unwrap());
+        let len = f.metadata().unwrap().len();
+        let mut rd = ChunkReader::new(f, len, SCAN_CHUNK);
+        let (mut pos, mut out) = (0, Vec::new());
+        while let Probe::Valid(h) = probe(&mut rd, pos).unwrap() {
+            out.push((pos, h));
+            pos += h.len as u64;
+        }
+        out
+    }
+
+    /// The headers of every frame of the log.
+    fn headers(log: &PartitionLog) -> Vec<FrameHeader> {
+        log.segment_files()
+            .iter()
+            .flat_map(|s| frames_in(&log.dir().join(&s.name)))
+            .map(|(_, h)| h)
+            .collect()
+    }
+
+    fn copy_dir(from: &Path, to: &Path) {
+        fs::create_dir_all(to).unwrap();
+        for e in fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+
+    fn edit(path: &Path, f: impl FnOnce(&mut Vec<u8>)) {
+        let mut b = fs::read(path).unwrap();
+        f(&mut b);
+        fs::write(path, b).unwrap();
+    }
+
+    #[test]
+    fn zstd_log_round_trips_and_reopens() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (zdir, pdir) = (tmp.path().join("zstd"), tmp.path().join("plain"));
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let noise: Vec<u8> = (0..3000).map(|_| rng.random()).collect();
+        let big = Bytes::from("a large, repetitive record; ".repeat(20_000)); // 560 KB
+        let want = |o: u64| match o {
+            200 => NewRecord {
+                key: None,
+                payload: Bytes::copy_from_slice(&noise),
+            },
+            201 => NewRecord {
+                key: Some(Bytes::from_static(b"big")),
+                payload: big.clone(),
+            },
+            _ => text(o),
+        };
+        let mut sizes = Vec::new();
+        for (dir, codec) in [(&zdir, Codec::Zstd), (&pdir, Codec::None)] {
+            let log = PartitionLog::open(dir, cfg(codec)).unwrap();
+            fill(&log, 130, 1);
+            fill(&log, 70, 64);
+            log.append(&[want(200)], 1).unwrap(); // incompressible: stays codec 0
+            log.append(&[want(201)], 1).unwrap();
+            log.commit().unwrap();
+            fill(&log, 98, 7);
+            assert_eq!(log.high_watermark(), 300);
+            check_all(&log, &want);
+            sizes.push(log.stats().size_bytes);
+            let hs = headers(&log);
+            assert_eq!(hs.len(), 130 + 2 + 2 + 14);
+            if codec == Codec::Zstd {
+                // Frames of several records and the large one compressed, the random one
+                // not; a lone short record may not shrink (zstd's frame overhead).
+                for h in &hs {
+                    let want = match h.base_offset {
+                        200 => Some(CODEC_NONE),
+                        201 => Some(CODEC_ZSTD),
+                        _ if h.count > 1 => Some(CODEC_ZSTD),
+                        _ => None,
+                    };
+                    assert!(want.is_none_or(|c| c == h.codec()), "{h:?}");
+                }
+                let n = hs.iter().filter(|h| h.codec() == CODEC_ZSTD).count();
+                assert!(n > 100, "{n} frames compressed");
+            } else {
+                assert!(hs.iter().all(|h| h.codec() == CODEC_NONE));
+            }
+            drop(log);
+            let log = PartitionLog::open(dir, cfg(codec)).unwrap();
+            assert_eq!(log.high_watermark(), 300);
+            check_all(&log, &want);
+            assert!(verify_dir(dir).unwrap().is_clean());
+        }
+        assert!(
+            sizes[0] * 4 < sizes[1],
+            "zstd {} bytes, plain {}",
+            sizes[0],
+            sizes[1]
+        );
+    }
+
+    #[test]
+    fn switching_codecs_between_opens_keeps_every_record_readable() {
+        for first in [Codec::None, Codec::Zstd] {
+            let second = if first == Codec::None {
+                Codec::Zstd
+            } else {
+                Codec::None
+            };
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path();
+            let small = |c| LogConfig {
+                segment_max_bytes: 8 * 1024,
+                ..cfg(c)
+            };
+            for (round, codec) in [first, second, first].into_iter().enumerate() {
+                let log = PartitionLog::open(dir, small(codec)).unwrap();
+                assert_eq!(log.high_watermark(), 200 * round as u64);
+                check_all(&log, &text);
+                fill(&log, 200, 1 + round as u64 * 10);
+                check_all(&log, &text);
+            }
+            let log = PartitionLog::open(dir, small(second)).unwrap();
+            assert_eq!(log.high_watermark(), 600);
+            check_all(&log, &text);
+            assert!(log.segment_files().len() > 3);
+            // The frames of each round are in its codec (with zstd: those it shrinks).
+            for (round, codec) in [first, second, first].into_iter().enumerate() {
+                let hs: Vec<FrameHeader> = headers(&log)
+                    .into_iter()
+                    .filter(|h| h.base_offset / 200 == round as u64)
+                    .collect();
+                let compressed = hs.iter().filter(|h| h.codec() == CODEC_ZSTD).count();
+                match codec {
+                    Codec::None => assert_eq!(compressed, 0, "{first:?} round {round}"),
+                    Codec::Zstd => assert!(
+                        compressed * 10 >= hs.len() * 7,
+                        "{first:?} round {round}: {compressed} of {} compressed",
+                        hs.len()
+                    ),
+                }
+            }
+            assert!(verify_dir(dir).unwrap().is_clean());
+        }
+    }
+
+    /// Cuts (truncation, garbage, zeros) inside the last compressed frames of the active
+    /// segment: recovery keeps exactly the frames before the cut, as with plain frames.
+    #[test]
+    fn a_torn_compressed_tail_is_truncated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pristine = tmp.path().join("pristine");
+        let cfg = LogConfig {
+            index_interval_bytes: 1 << 20,
+            ..cfg(Codec::Zstd)
+        };
+        let mut bounds = vec![(0u64, 0u64)];
+        {
+            let log = PartitionLog::open(&pristine, cfg.clone()).unwrap();
+            for _ in 0..12 {
+                fill(&log, 20, 20);
+                bounds.push((log.segment_files()[0].size, log.next_offset()));
+            }
+        }
+        let file = pristine.join(log_file_name(0));
+        let frames = frames_in(&file);
+        assert_eq!(frames.len(), 12);
+        assert!(frames.iter().all(|(_, h)| h.codec() == CODEC_ZSTD));
+        let full = fs::metadata(&file).unwrap().len();
+        assert_eq!(full, bounds.last().unwrap().0);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let first_cut = frames[8].0;
+        for case in 0..40 {
+            let dir = tmp.path().join(format!("case{case}"));
+            copy_dir(&pristine, &dir);
+            let f = dir.join(log_file_name(0));
+            let cut = rng.random_range(first_cut..full);
+            match case % 3 {
+                0 => fs::OpenOptions::new()
+                    .write(true)
+                    .open(&f)
+                    .unwrap()
+                    .set_len(cut)
+                    .unwrap(),
+                1 => edit(&f, |b| {
+                    for x in &mut b[cut as usize..] {
+                        *x = rng.random();
+                    }
+                }),
+                _ => edit(&f, |b| b[cut as usize..].fill(0)),
+            }
+            let &(keep_len, keep_next) = bounds.iter().rev().find(|b| b.0 <= cut).unwrap();
+            let log = PartitionLog::open(&dir, cfg.clone())
+                .unwrap_or_else(|e| panic!("case {case} cut {cut}: {e}"));
+            assert_eq!(log.high_watermark(), keep_next, "case {case} cut {cut}");
+            assert_eq!(fs::metadata(&f).unwrap().len(), keep_len, "case {case}");
+            check_all(&log, &text);
+            fill(&log, 5, 5);
+            drop(log);
+            let log = PartitionLog::open(&dir, cfg.clone()).unwrap();
+            assert_eq!(log.high_watermark(), keep_next + 5);
+            check_all(&log, &text);
+            assert!(verify_dir(&dir).unwrap().is_clean(), "case {case}");
+        }
+    }
+
+    /// Frames of 64 small records compress to far less than 8 bytes a record: damage in a
+    /// committed one, followed by valid frames, is still corruption before valid data
+    /// (the search for the next frame allows for compressed frames), whether the damage
+    /// breaks the CRC or leaves a CRC-valid frame with bad zstd data.
+    #[test]
+    fn damage_before_valid_compressed_frames_fails_the_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("log");
+        let cfg = LogConfig {
+            index_interval_bytes: 1 << 20,
+            ..cfg(Codec::Zstd)
+        };
+        let tiny = |o: u64| NewRecord {
+            key: None,
+            payload: Bytes::from(format!("{}", o % 10)),
+        };
+        {
+            let log = PartitionLog::open(&dir, cfg.clone()).unwrap();
+            for _ in 0..20 {
+                let start = log.next_offset();
+                log.append(&(start..start + 64).map(tiny).collect::<Vec<_>>(), 1)
+                    .unwrap();
+                log.commit().unwrap();
+            }
+        }
+        let name = log_file_name(0);
+        let frames = frames_in(&dir.join(&name));
+        assert_eq!(frames.len(), 20);
+        let (pos, h) = frames[10];
+        assert_eq!(h.codec(), CODEC_ZSTD);
+        assert!((h.len as usize) < 64 * 8 / 2, "frame of {} bytes", h.len);
+        let at = (pos + FRAME_HEADER_LEN as u64) as usize;
+        type Damage<'a> = (&'a str, &'a dyn Fn(&mut Vec<u8>));
+        let damages: [Damage; 3] = [
+            ("crc", &|b| b[at + 2] ^= 0x40),
+            ("zstd magic, crc valid", &|b| {
+                b[at] ^= 0x01;
+                reseal(&mut b[pos as usize..(pos + h.len as u64) as usize]);
+            }),
+            ("zstd size, crc valid", &|b| {
+                b[at + 5] ^= 0x04;
+                reseal(&mut b[pos as usize..(pos + h.len as u64) as usize]);
+            }),
+        ];
+        for (what, damage) in damages {
+            for without_index in [false, true] {
+                let case = tmp.path().join(format!("{what}-{without_index}"));
+                copy_dir(&dir, &case);
+                let f = case.join(&name);
+                edit(&f, damage);
+                if without_index {
+                    // no index header: the later frames' attested high watermark is the evidence
+                    fs::remove_file(case.join(crate::segment::index_file_name(0))).unwrap();
+                }
+                let len = fs::metadata(&f).unwrap().len();
+                match PartitionLog::open(&case, cfg.clone()) {
+                    Err(StorageError::Corrupt { position, .. }) => {
+                        assert_eq!(position, pos, "{what}")
+                    }
+                    Err(e) => panic!("{what}/{without_index}: expected Corrupt, got {e}"),
+                    Ok(_) => panic!("{what}/{without_index}: a corrupt log opened"),
+                }
+                assert_eq!(fs::metadata(&f).unwrap().len(), len, "{what}: truncated");
+                let report = verify_dir(&case).unwrap();
+                assert_eq!(report.segments[0].damaged.len(), 1, "{what}: {report:?}");
+                assert_eq!(report.segments[0].end_offset, 20 * 64, "{what}");
+            }
+        }
+    }
+
+    /// Damage to a compressed frame of a sealed segment costs that frame's records only,
+    /// read through the trusted index and after an index rebuild alike.
+    #[test]
+    fn a_damaged_compressed_frame_of_a_sealed_segment_is_unreadable_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("log");
+        // (A segment rolls before a frame's uncompressed size would take it past the most.)
+        let cfg = LogConfig {
+            segment_max_bytes: 16 * 1024,
+            index_interval_bytes: 1 << 20,
+            ..cfg(Codec::Zstd)
+        };
+        {
+            let log = PartitionLog::open(&dir, cfg.clone()).unwrap();
+            fill(&log, 64 * 40, 64);
+            assert!(log.segment_files().len() >= 3);
+        }
+        let name = log_file_name(0);
+        let frames = frames_in(&dir.join(&name));
+        assert!(frames.len() >= 6, "{}", frames.len());
+        let (pos, h) = frames[frames.len() / 2];
+        assert_eq!(h.codec(), CODEC_ZSTD);
+        let at = (pos + FRAME_HEADER_LEN as u64) as usize;
+        for (what, crc_valid) in [("crc", false), ("zstd, crc valid", true)] {
+            for rebuild in [false, true] {
+                let case = tmp.path().join(format!("{crc_valid}-{rebuild}"));
+                copy_dir(&dir, &case);
+                edit(&case.join(&name), |b| {
+                    b[at] ^= 0x02;
+                    if crc_valid {
+                        reseal(&mut b[pos as usize..(pos + h.len as u64) as usize]);
+                    }
+                });
+                if rebuild {
+                    fs::remove_file(case.join(crate::segment::index_file_name(0))).unwrap();
+                }
+                let log = PartitionLog::open(&case, cfg.clone()).unwrap();
+                assert_eq!(log.high_watermark(), 64 * 40);
+                for o in 0..log.high_watermark() {
+                    match log.read(o) {
+                        Ok(Some(r)) => {
+                            assert!(!(h.base_offset..h.end_offset()).contains(&o), "{what}");
+                            assert_eq!(r.payload, text(o).payload);
+                        }
+                        Err(StorageError::Unreadable { .. }) => assert!(
+                            (h.base_offset..h.end_offset()).contains(&o),
+                            "{what}/{rebuild}: offset {o} unreadable"
+                        ),
+                        other => panic!("{what}: offset {o}: {other:?}"),
+                    }
+                }
+                let report = verify_dir(&case).unwrap();
+                assert_eq!(report.segments[0].damaged.len(), 1, "{what}: {report:?}");
+                assert_eq!(report.segments[0].damaged[0].1, h.base_offset);
+            }
+        }
     }
 }

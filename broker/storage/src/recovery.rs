@@ -156,7 +156,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
                     .map_or((0, base), |e| (e.pos as u64, base + e.rel as u64));
                 let spot_ok = len == 0
                     || matches!(probe(&mut rd, pos).map_err(io_err(&seg.log_path))?,
-                    Probe::Valid(h, _) if h.base_offset == want);
+                    Probe::Valid(h) if h.base_offset == want);
                 if spot_ok {
                     seg.size.store(len, Ordering::Release);
                     seg.allocated.store(len, Ordering::Release);
@@ -183,7 +183,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
     let mut entries = Vec::new();
     while pos < len {
         let reason = match probe(&mut rd, pos).map_err(io_err(&path))? {
-            Probe::Valid(h, _) if h.base_offset == expected => {
+            Probe::Valid(h) if h.base_offset == expected => {
                 if pos > 0 && pos - last_index_pos >= interval {
                     entries.push(IndexEntry {
                         rel: (expected - base) as u32,
@@ -199,7 +199,7 @@ fn open_sealed(dir: &Path, base: u64, next_base: u64, cfg: &LogConfig) -> Result
                 expected = h.end_offset();
                 continue;
             }
-            Probe::Valid(h, _) => format!(
+            Probe::Valid(h) => format!(
                 "offset discontinuity: expected {expected}, frame says {}",
                 h.base_offset
             ),
@@ -294,7 +294,7 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
         tries += 1;
         let ok = tries <= 8
             && matches!(probe(&mut rd, e.pos as u64).map_err(io_err(&path))?,
-                Probe::Valid(h, _) if h.base_offset == base + e.rel as u64);
+                Probe::Valid(h) if h.base_offset == base + e.rel as u64);
         if ok {
             pos = e.pos as u64;
             expected = base + e.rel as u64;
@@ -308,7 +308,7 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
     }
     let mut first_ts = 0;
     if pos > 0 {
-        if let Probe::Valid(h, _) = probe(&mut rd, 0).map_err(io_err(&path))? {
+        if let Probe::Valid(h) = probe(&mut rd, 0).map_err(io_err(&path))? {
             first_ts = h.timestamp_ms;
         }
     }
@@ -317,7 +317,7 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
     let mut last_index_pos = pos;
     while pos < len {
         let reason = match probe(&mut rd, pos).map_err(io_err(&path))? {
-            Probe::Valid(h, _) if h.base_offset == expected => {
+            Probe::Valid(h) if h.base_offset == expected => {
                 if pos > 0 && pos - last_index_pos >= interval {
                     entries.push(IndexEntry {
                         rel: (expected - base) as u32,
@@ -333,7 +333,7 @@ fn recover_active(dir: &Path, base: u64, cfg: &LogConfig) -> Result<Segment> {
                 expected = h.end_offset();
                 continue;
             }
-            Probe::Valid(h, _) => format!(
+            Probe::Valid(h) => format!(
                 "offset discontinuity: expected {expected}, frame says {}",
                 h.base_offset
             ),

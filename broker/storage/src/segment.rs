@@ -12,7 +12,8 @@ use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
 use crate::frame::{
-    self, DecodedFrame, FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC, RECORD_HEADER_LEN,
+    self, DecodedFrame, FrameHeader, FRAME_HEADER_LEN, FRAME_MAGIC, FRAME_MAX_RECORDS,
+    RECORD_HEADER_LEN,
 };
 use crate::index::{self, IndexEntry, IndexHeader, INDEX_ENTRY_LEN, INDEX_HEADER_LEN};
 
@@ -457,38 +458,58 @@ pub(crate) fn zeros_to_end(rd: &mut ChunkReader, from: u64) -> io::Result<bool> 
 
 /// The outcome of looking at the bytes at one position.
 pub(crate) enum Probe {
-    /// A complete, CRC-valid, well-formed frame (the bytes are exactly the frame).
-    Valid(FrameHeader, Bytes),
+    /// A complete, CRC-valid, well-formed frame.
+    Valid(FrameHeader),
     Invalid(String),
 }
 
 pub(crate) fn probe(rd: &mut ChunkReader, pos: u64) -> io::Result<Probe> {
+    Ok(match frame_bytes(rd, pos)? {
+        Ok(f) => match frame::check_frame(&f) {
+            Ok(h) => Probe::Valid(h),
+            Err(e) => Probe::Invalid(e),
+        },
+        Err(e) => Probe::Invalid(e),
+    })
+}
+
+/// Like [`probe`], but decodes the frame (checking it once: a compressed frame is
+/// decompressed once, for its check and its records).
+pub(crate) fn probe_decode(
+    rd: &mut ChunkReader,
+    pos: u64,
+) -> io::Result<Result<DecodedFrame, String>> {
+    Ok(frame_bytes(rd, pos)?.and_then(DecodedFrame::decode))
+}
+
+/// The bytes of the frame whose header is at `pos` (as long as its header says), unchecked.
+fn frame_bytes(rd: &mut ChunkReader, pos: u64) -> io::Result<Result<Bytes, String>> {
     let Some(h) = rd.get(pos, FRAME_HEADER_LEN)? else {
-        return Ok(Probe::Invalid(
-            "frame header past the end of the data".into(),
-        ));
+        return Ok(Err("frame header past the end of the data".into()));
     };
     let header = match frame::parse_header(&h) {
         Ok(h) => h,
-        Err(e) => return Ok(Probe::Invalid(e)),
+        Err(e) => return Ok(Err(e)),
     };
-    let Some(f) = rd.get(pos, header.len as usize)? else {
-        return Ok(Probe::Invalid(format!(
-            "frame length {} past the end of the data",
-            header.len
-        )));
-    };
-    Ok(match frame::check_frame(&f) {
-        Ok(h) => Probe::Valid(h, f),
-        Err(e) => Probe::Invalid(e),
-    })
+    Ok(rd
+        .get(pos, header.len as usize)?
+        .ok_or_else(|| format!("frame length {} past the end of the data", header.len)))
+}
+
+/// The most offsets `bytes` bytes of frames can hold: in uncompressed frames a record takes
+/// at least its 8-byte header; a compressed frame takes at least a header and an 8-byte
+/// section (any valid frame does) and holds at most `FRAME_MAX_RECORDS` records.
+fn max_offsets_in(bytes: u64) -> u64 {
+    let min_frame = (FRAME_HEADER_LEN + RECORD_HEADER_LEN) as u64;
+    (bytes / RECORD_HEADER_LEN as u64).max(bytes / min_frame * FRAME_MAX_RECORDS as u64)
 }
 
 /// Searches `[from, end)` for the first plausible valid frame after damage that starts at
 /// byte `bad_pos` where offset `expected` was due (used to step over a damaged region).
 /// Plausible: offset >= `expected`, no more offsets skipped than the bytes skipped can hold
-/// (a record takes at least 8 bytes), and an attested high watermark not above its own
-/// offset (so a frame image inside a payload is not mistaken for one).
+/// (a record takes at least 8 bytes; a compressed frame of up to 64 records at least 52),
+/// and an attested high watermark not above its own offset (so a frame image inside a
+/// payload is not mistaken for one).
 pub(crate) fn resync(
     rd: &mut ChunkReader,
     from: u64,
@@ -507,10 +528,9 @@ pub(crate) fn resync(
             .position(|w| w == FRAME_MAGIC)
         {
             let q = p + (i + j) as u64;
-            if let Probe::Valid(h, _) = probe(rd, q)? {
+            if let Probe::Valid(h) = probe(rd, q)? {
                 let plausible = h.base_offset >= expected
-                    && (h.base_offset - expected).saturating_mul(RECORD_HEADER_LEN as u64)
-                        <= q - bad_pos
+                    && h.base_offset - expected <= max_offsets_in(q - bad_pos)
                     && h.attested_committed <= h.base_offset;
                 if plausible {
                     return Ok(Some((q, h)));
@@ -604,27 +624,25 @@ impl Cursor {
                 self.expected = self.limit;
                 return Ok(Some(e));
             }
-            let reason = match probe(&mut self.rd, self.pos)? {
-                Probe::Valid(h, buf) if h.base_offset == self.expected => {
-                    self.pos += h.len as u64;
-                    self.expected = h.end_offset();
-                    let f = DecodedFrame::decode(buf)
-                        .map_err(|e| io::Error::other(format!("decode of a checked frame: {e}")))?;
+            let reason = match probe_decode(&mut self.rd, self.pos)? {
+                Ok(f) if f.base_offset() == self.expected => {
+                    self.pos += f.header.len as u64;
+                    self.expected = f.end_offset();
                     return Ok(Some(Entry::Frame(Arc::new(f))));
                 }
-                Probe::Valid(h, _) if h.base_offset > self.expected => {
+                Ok(f) if f.base_offset() > self.expected => {
                     let e = Entry::Corrupt {
                         start: self.expected,
-                        end: h.base_offset.min(self.limit),
+                        end: f.base_offset().min(self.limit),
                         reason: format!("{path}: offsets missing before byte {}", self.pos).into(),
                     };
-                    self.expected = h.base_offset.min(self.limit);
+                    self.expected = f.base_offset().min(self.limit);
                     return Ok(Some(e));
                 }
-                Probe::Valid(h, _) => {
-                    format!("offset discontinuity (frame says {})", h.base_offset)
+                Ok(f) => {
+                    format!("offset discontinuity (frame says {})", f.base_offset())
                 }
-                Probe::Invalid(r) => r,
+                Err(r) => r,
             };
             let bad_pos = self.pos;
             let (resume_pos, resume_offset) =
@@ -742,7 +760,7 @@ mod tests {
         let len = img.len();
         img.extend_from_slice(&frame(3, 0, 1)[..20]); // torn second frame
         let (_d, mut rd) = reader(&img);
-        assert!(matches!(probe(&mut rd, 0).unwrap(), Probe::Valid(h, _) if h.count == 3));
+        assert!(matches!(probe(&mut rd, 0).unwrap(), Probe::Valid(h) if h.count == 3));
         assert!(matches!(
             probe(&mut rd, len as u64).unwrap(),
             Probe::Invalid(_)
@@ -804,13 +822,14 @@ mod prop_tests {
             let f = Arc::new(File::open(&p).unwrap());
             let mut rd = ChunkReader::new(f, img.len() as u64, chunk);
             for pos in 0..=img.len() as u64 + 1 {
-                if let Probe::Valid(h, bytes) = probe(&mut rd, pos).unwrap() {
-                    prop_assert_eq!(bytes.len(), h.len as usize);
-                    prop_assert_eq!(&bytes[..], &img[pos as usize..pos as usize + bytes.len()]);
+                if let Probe::Valid(h) = probe(&mut rd, pos).unwrap() {
+                    let end = pos as usize + h.len as usize;
+                    prop_assert!(end <= img.len());
+                    prop_assert_eq!(frame::check_frame(&img[pos as usize..end]), Ok(h));
                 }
             }
             if let Some((q, h)) = resync(&mut rd, 0, 0, 0).unwrap() {
-                prop_assert!(matches!(probe(&mut rd, q).unwrap(), Probe::Valid(v, _) if v == h));
+                prop_assert!(matches!(probe(&mut rd, q).unwrap(), Probe::Valid(v) if v == h));
                 prop_assert!(h.attested_committed <= h.base_offset);
             }
         }

@@ -65,7 +65,7 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport> {
         let (mut pos, mut expected) = (0u64, base);
         while pos < len {
             let reason = match probe(&mut rd, pos).map_err(io_err(&path))? {
-                Probe::Valid(h, _) if h.base_offset == expected => {
+                Probe::Valid(h) if h.base_offset == expected => {
                     starts.insert(pos, h.base_offset);
                     r.frames += 1;
                     r.records += h.count as u64;
@@ -77,7 +77,7 @@ pub fn verify_dir(dir: &Path) -> Result<VerifyReport> {
                     expected = h.end_offset();
                     continue;
                 }
-                Probe::Valid(h, _) => format!(
+                Probe::Valid(h) => format!(
                     "offset discontinuity: expected {expected}, frame says {}",
                     h.base_offset
                 ),

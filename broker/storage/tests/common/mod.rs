@@ -65,6 +65,7 @@ pub fn small_cfg(segment_max_bytes: u64) -> LogConfig {
         index_interval_bytes: 256,
         verify_from_device: true,
         preallocate: false,
+        ..LogConfig::default()
     }
 }
 
