@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use narad_meta::{Meta, MetaCommand, MetaResponse, Topic};
 
@@ -19,13 +18,9 @@ use crate::metrics::{ErrorLabels, Metrics, PartitionLabels, StatusLabels, TopicL
 use crate::partition::{Registry, TopicRuntime};
 use crate::placement::{Controller, Moves};
 use crate::queries::Queries;
+use crate::queries::MEMBER_CATCH_UP;
 use crate::security::Authenticator;
 use crate::wal::Wal;
-
-/// The most a node waits for a metadata index it was asked to apply, and the most a topic
-/// change waits for the other live members to apply it (then the lagging ones catch up on
-/// demand).
-pub const MEMBER_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// Handles to the node's services: what the HTTP routes and the node-RPC handlers are given.
 /// Owns no request state.

@@ -1,15 +1,13 @@
 //! `ApiError`, the one error edge: a stable [`ErrorCode`] plus a human message, mapped to HTTP
 //! status, headers and body in one place ([`ErrorCode::status`], `IntoResponse`) and carried
 //! over node RPC in the same `{"error": …}` body with a `"code"` beside it
-//! ([`ApiError::to_reply`], [`ApiError::from_reply`]).
+//! ([`ApiError::to_reply`], [`ApiError::from_reply`], defined beside the frames in `rpc::proto`).
 //!
 //! Decisions are taken on codes, never on message text: the message is for people and may be
 //! reworded in any release; the code is part of the node-RPC contract.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-
-use crate::rpc::RpcReply;
 
 /// The words every uncertain answer carries ([`ApiError::uncertain`]; SPEC §3.11).
 pub const UNCERTAIN: &str = "the outcome is unknown: the change may still be applied";
@@ -181,6 +179,9 @@ pub struct ApiError {
     pub close: bool,
 }
 
+/// The `WWW-Authenticate` value sent with every `401` (SPEC §3.11).
+pub const WWW_AUTHENTICATE: &str = "Basic realm=\"narad\"";
+
 impl ApiError {
     /// An error with `code` and the code's default `Retry-After`.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -249,40 +250,6 @@ impl ApiError {
             ..self
         }
     }
-
-    /// The error as a node-RPC reply: its status, and `{"error": message, "code": n}`.
-    pub fn to_reply(&self) -> RpcReply {
-        RpcReply::json(
-            self.status().as_u16(),
-            &WireError {
-                error: self.message.clone(),
-                code: Some(self.code.number()),
-            },
-        )
-    }
-
-    /// The error a non-2xx node-RPC reply carries: its code when the reply has one this build
-    /// knows, else the generic code of its status (a peer of an older build sends none); the
-    /// message of its `{"error": …}` body, else the raw body.
-    pub fn from_reply(reply: &RpcReply) -> ApiError {
-        let (message, number) = match serde_json::from_slice::<WireError>(&reply.body) {
-            Ok(e) => (e.error, e.code),
-            Err(_) => (String::from_utf8_lossy(&reply.body).into_owned(), None),
-        };
-        let code = number
-            .and_then(ErrorCode::from_number)
-            .unwrap_or_else(|| ErrorCode::for_status(reply.status));
-        ApiError::new(code, message)
-    }
-}
-
-/// The error body on the cluster port: the HTTP API's `{"error": …}` plus the code (absent in
-/// replies of builds that predate codes; ignored by them).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct WireError {
-    error: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    code: Option<u16>,
 }
 
 impl std::fmt::Display for ApiError {
@@ -325,7 +292,7 @@ impl IntoResponse for ApiError {
         if self.code == ErrorCode::Unauthenticated {
             headers.insert(
                 header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(crate::security::authn::WWW_AUTHENTICATE),
+                HeaderValue::from_static(WWW_AUTHENTICATE),
             );
         }
         if self.close {
@@ -359,6 +326,7 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rpc::RpcReply;
 
     /// The numbers are part of the node-RPC contract: pinned here, so renumbering fails.
     #[test]

@@ -8,11 +8,15 @@ use std::time::{Duration, Instant};
 use narad_api::PartitionStats;
 use narad_meta::{Meta, MetaState, Topic};
 
-use crate::app::MEMBER_CATCH_UP;
 use crate::cluster::Cluster;
 use crate::delivery::Delivery;
 use crate::fanout::Fanout;
 use crate::partition::Registry;
+
+/// The most a node waits for a metadata index it was asked to apply, and the most a topic
+/// change waits for the other live members to apply it (then the lagging ones catch up on
+/// demand).
+pub const MEMBER_CATCH_UP: Duration = Duration::from_secs(2);
 
 /// Answers cross-node topic questions. Holds only the handles it uses.
 pub struct Queries {

@@ -510,6 +510,44 @@ pub struct RpcReply {
     pub body: Bytes,
 }
 
+/// How an [`ApiError`] travels on the cluster port (the one mapping from a reply back to the
+/// error, too).
+impl ApiError {
+    /// The error as a node-RPC reply: its status, and `{"error": message, "code": n}`.
+    pub fn to_reply(&self) -> RpcReply {
+        RpcReply::json(
+            self.status().as_u16(),
+            &WireError {
+                error: self.message.clone(),
+                code: Some(self.code.number()),
+            },
+        )
+    }
+
+    /// The error a non-2xx node-RPC reply carries: its code when the reply has one this build
+    /// knows, else the generic code of its status (a peer of an older build sends none); the
+    /// message of its `{"error": …}` body, else the raw body.
+    pub fn from_reply(reply: &RpcReply) -> ApiError {
+        let (message, number) = match serde_json::from_slice::<WireError>(&reply.body) {
+            Ok(e) => (e.error, e.code),
+            Err(_) => (String::from_utf8_lossy(&reply.body).into_owned(), None),
+        };
+        let code = number
+            .and_then(ErrorCode::from_number)
+            .unwrap_or_else(|| ErrorCode::for_status(reply.status));
+        ApiError::new(code, message)
+    }
+}
+
+/// The error body on the cluster port: the HTTP API's `{"error": …}` plus the code (absent in
+/// replies of builds that predate codes; ignored by them).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WireError {
+    error: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    code: Option<u16>,
+}
+
 impl RpcReply {
     pub fn new(status: u16, content_type: impl Into<String>, body: impl Into<Bytes>) -> RpcReply {
         RpcReply {

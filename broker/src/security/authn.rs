@@ -45,7 +45,7 @@ use super::throttle::{Clock, LoginThrottle, MonotonicClock, ATTEMPTS, REFILL_MS}
 use super::{audit, Principal};
 
 /// The `WWW-Authenticate` value sent with every `401` (SPEC §3.11).
-pub const WWW_AUTHENTICATE: &str = "Basic realm=\"narad\"";
+pub use crate::error::WWW_AUTHENTICATE;
 
 const MSG_REQUIRED: &str = "authentication required";
 const MSG_MALFORMED: &str = "malformed Authorization header: expected Basic credentials";
