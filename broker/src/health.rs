@@ -153,3 +153,119 @@ impl Health {
 pub fn seeding_settled(view: &MetaState) -> bool {
     view.root_user().is_some() || !view.users.is_empty()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use narad_meta::{MetaCommand, MetaOptions};
+
+    use super::*;
+    use crate::cluster::Timing;
+
+    /// A standalone node's metadata, cluster view and health, nothing started yet.
+    async fn standalone(dir: &std::path::Path, security_on: bool) -> (Meta, Arc<Cluster>, Health) {
+        let meta = Meta::open_standalone(
+            &dir.join("metastore"),
+            MetaOptions {
+                node_id: "n1".into(),
+                cluster_addr: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+        let auth = crate::rpc::ClusterAuth::new(crate::rpc::ClusterSecret::random(), None);
+        let cluster = Arc::new(Cluster::new(
+            "n1".into(),
+            meta.clone(),
+            crate::rpc::Peers::new("n1", auth),
+            vec![],
+            vec![],
+            String::new(),
+            Timing {
+                heartbeat: Duration::from_secs(5),
+                dead_after: Duration::from_secs(30),
+            },
+            100,
+        ));
+        let health = Health::new("n1".into(), meta.clone(), cluster.clone(), security_on);
+        (meta, cluster, health)
+    }
+
+    async fn register(meta: &Meta, cluster: &Cluster) {
+        meta.write(MetaCommand::RegisterMember {
+            id: "n1".into(),
+            api_addr: "127.0.0.1:7942".into(),
+            cluster_addr: String::new(),
+            version: "test".into(),
+            now_ms: 0,
+        })
+        .await
+        .unwrap();
+        cluster.set_registered();
+    }
+
+    /// Waits (bounded: a hang guard) until the standalone node leads.
+    async fn leading(meta: &Meta) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while meta.current_leader().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a standalone node leads");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ready_once_started_and_registered_and_then_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let (meta, cluster, health) = standalone(dir.path(), false).await;
+        leading(&meta).await;
+        assert!(!health.is_ready());
+        assert_eq!(health.not_ready_reason(), "starting up");
+        health.set_started();
+        assert!(!health.is_ready());
+        assert_eq!(health.not_ready_reason(), "member not registered yet");
+        register(&meta, &cluster).await;
+        assert!(health.is_ready());
+        // Standalone: always in service.
+        assert_eq!(health.out_of_service(), None);
+        // Stopping fails readiness probes elsewhere (`/readyz` looks at is_stopping), but a
+        // node that was ready stays ready: losing a quorum must not take it out of service.
+        health.set_stopping();
+        assert!(health.is_stopping() && !health.is_shutting_down());
+        assert!(health.is_ready());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_security_on_readiness_waits_for_the_root_admin() {
+        let dir = tempfile::tempdir().unwrap();
+        let (meta, cluster, health) = standalone(dir.path(), true).await;
+        leading(&meta).await;
+        health.set_started();
+        register(&meta, &cluster).await;
+        assert!(!health.is_ready());
+        assert_eq!(health.not_ready_reason(), "root admin not seeded yet");
+        meta.write(MetaCommand::SeedRoot {
+            password_hash: "$argon2id$v=19$m=8,t=1,p=1$c2FsdHNhbHQ$aGFzaA".into(),
+            now_ms: 0,
+        })
+        .await
+        .unwrap();
+        assert!(health.is_ready());
+    }
+
+    #[tokio::test]
+    async fn the_shutdown_signal_reaches_every_holder_of_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_meta, _cluster, health) = standalone(dir.path(), false).await;
+        let token = health.shutdown_token();
+        assert!(!health.is_shutting_down() && !health.is_stopping());
+        health.begin_shutdown();
+        assert!(token.is_cancelled());
+        assert!(health.is_shutting_down() && health.is_stopping());
+        tokio::time::timeout(Duration::from_secs(1), health.shutdown_signal())
+            .await
+            .expect("the signal resolves once the shutdown began");
+    }
+}
