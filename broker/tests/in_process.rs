@@ -117,3 +117,69 @@ async fn a_second_node_on_the_same_data_dir_is_refused_while_the_first_runs() {
         .expect("shutdown ends")
         .unwrap();
 }
+
+/// The node-RPC adapter over the same services as the HTTP one: what a peer's `Produce`
+/// stores, a client consumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_rpc_adapter_serves_from_the_same_services() {
+    use bytes::Bytes;
+    use narad::cluster::wire::{ForwardProduce, ForwardRecord};
+    use narad::rpc::{Caller, Opcode, RpcHandler};
+
+    let dir = tempfile::tempdir().unwrap();
+    let running = narad::node::start(config(dir.path())).await.unwrap();
+    let client = Client::new(&format!("http://{}", running.addr), None).unwrap();
+    client
+        .create_topic(&CreateTopicRequest {
+            name: "relay".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let topic_id = running.app.meta.view().topics["relay"].id;
+    let peer = Caller {
+        node_id: "peer".into(),
+        proven: true,
+    };
+    let rpc = narad::node_rpc::NodeRpc::new();
+    // Not given the services yet: the node is starting.
+    let r = rpc
+        .handle(&peer, Opcode::GetTopic as u8, Bytes::new())
+        .await;
+    assert_eq!(r.status, 503);
+    rpc.set_app(running.app.clone());
+    // An opcode this build does not know: the answer callers read as "peer too old".
+    assert!(rpc
+        .handle(&peer, 250, Bytes::new())
+        .await
+        .is_unsupported(250));
+    // A body that is not the opcode's encoding.
+    let r = rpc
+        .handle(&peer, Opcode::Produce as u8, Bytes::from_static(b"junk"))
+        .await;
+    assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(&r.body));
+    // A draining peer's forwarded produce is stored here like a produce received here.
+    let body = ForwardProduce {
+        topic_id,
+        records: vec![ForwardRecord {
+            partition: 1,
+            pinned: true,
+            key: None,
+            payload: Bytes::from_static(b"relayed"),
+        }],
+    }
+    .encode();
+    let r = rpc.handle(&peer, Opcode::Produce as u8, body).await;
+    assert_eq!(r.status, 202, "{:?}", String::from_utf8_lossy(&r.body));
+    assert_eq!(&r.body[..], br#"{"accepted":1}"#);
+    let m = client
+        .consume("relay", Some(Duration::from_secs(5)), Some(1))
+        .await
+        .unwrap()
+        .expect("the relayed message");
+    assert_eq!(m.payload.get(), "\"relayed\"");
+    tokio::time::timeout(GUARD, running.shutdown())
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+}
