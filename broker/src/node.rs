@@ -139,10 +139,7 @@ impl Running {
         app.delivery.release_all_kept().await;
         // Let the dispatcher commit what the WAL holds, so a restart re-sends little (what
         // it cannot commit in time, for an owner that is down, stays in the WAL).
-        if tokio::time::timeout(DRAIN_WAL, app.wal.drained())
-            .await
-            .is_err()
-        {
+        if !within(DRAIN_WAL, app.wal.drained()).await {
             tracing::info!(
                 records = app.wal.outstanding(),
                 "records stay in the WAL for the next start (their owners did not take them in time)"
@@ -154,10 +151,7 @@ impl Running {
         let _ = self.dispatcher.await;
         // Every background task has seen the shutdown signal; wait for them to end.
         self.tasks.close();
-        if tokio::time::timeout(TASKS_END, self.tasks.wait())
-            .await
-            .is_err()
-        {
+        if !within(TASKS_END, self.tasks.wait()).await {
             tracing::warn!(
                 tasks = self.tasks.len(),
                 "background tasks outlived the shutdown"
@@ -169,6 +163,11 @@ impl Running {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Whether `f` ended within `limit` (a shutdown step that may not hold the stop up longer).
+async fn within(limit: Duration, f: impl std::future::Future<Output = ()>) -> bool {
+    tokio::time::timeout(limit, f).await.is_ok()
 }
 
 /// Starts a node: opens storage, recovers, joins its cluster (in the background), and serves
