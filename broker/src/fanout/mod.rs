@@ -657,27 +657,34 @@ impl Fanout {
                 Some(f) if f.unsynced() => cursor::SYNC_EVERY,
                 _ => self.cfg.max_idle_sleep,
             };
-            let oldest = part.log.oldest_offset();
-            if pos < oldest {
-                // Retention removed records this cursor had not copied yet.
-                let lost = oldest - pos;
-                self.metrics
-                    .fanout
-                    .dropped
-                    .get_or_create(&st.labels())
-                    .inc_by(lost);
-                tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
+            let step = route::cursor_step(
+                pos,
+                part.log.oldest_offset(),
+                part.log.high_watermark(),
+                max,
+                !self.cfg.linger.is_zero(),
+            );
+            let linger = match step {
+                route::CursorStep::Skip { to: oldest, lost } => {
+                    // Retention removed records this cursor had not copied yet.
+                    self.metrics
+                        .fanout
+                        .dropped
+                        .get_or_create(&st.labels())
+                        .inc_by(lost);
+                    tracing::warn!(parent = %st.parent, child = %st.child, partition = st.partition,
                     from = pos, to = oldest, "retention removed parent records before they were copied to the child");
-                pos = oldest;
-                st.next.store(pos, Ordering::Release);
-                dirty = true;
-                continue;
-            }
-            let hwm = part.log.high_watermark();
-            if pos >= hwm {
-                self.wait_commit(st, pos, idle_bound).await;
-                continue;
-            }
+                    pos = oldest;
+                    st.next.store(pos, Ordering::Release);
+                    dirty = true;
+                    continue;
+                }
+                route::CursorStep::CaughtUp => {
+                    self.wait_commit(st, pos, idle_bound).await;
+                    continue;
+                }
+                route::CursorStep::Copy { linger, .. } => linger,
+            };
             if st.delay_ms > 0 {
                 let p2 = part.clone();
                 let head = match self.read(move || p2.log.read(pos)).await {
@@ -702,7 +709,7 @@ impl Fanout {
                     continue;
                 }
             }
-            if hwm - pos < max as u64 && !self.cfg.linger.is_zero() {
+            if linger {
                 tokio::select! {
                     _ = tokio::time::sleep(self.cfg.linger) => {}
                     _ = st.cancel.cancelled() => continue,

@@ -17,6 +17,39 @@ pub fn child_partition(key: Option<&[u8]>, parent_index: u32, child_partitions: 
     }
 }
 
+/// What a cursor at parent offset `pos` does next, given the parent partition's oldest
+/// retained offset and its high watermark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorStep {
+    /// Retention removed `lost` records the cursor had not copied: it moves on to `to` (and
+    /// counts them as dropped).
+    Skip { to: u64, lost: u64 },
+    /// Everything committed is copied: wait for the next parent commit.
+    CaughtUp,
+    /// `available` committed records wait to be copied; `linger` when they are fewer than
+    /// a batch and a linger is configured (wait to fill it first).
+    Copy { available: u64, linger: bool },
+}
+
+/// The cursor loop's decision before it reads (the delay check, which needs the head
+/// record's commit time, comes after a `Copy`).
+pub fn cursor_step(pos: u64, oldest: u64, hwm: u64, batch: usize, linger: bool) -> CursorStep {
+    if pos < oldest {
+        return CursorStep::Skip {
+            to: oldest,
+            lost: oldest - pos,
+        };
+    }
+    if pos >= hwm {
+        return CursorStep::CaughtUp;
+    }
+    let available = hwm - pos;
+    CursorStep::Copy {
+        available,
+        linger: linger && available < batch as u64,
+    }
+}
+
 /// When the copy of a record committed at `commit_ms` (parent owner's clock) may be committed
 /// to a child with `delay_ms`.
 pub fn due_ms(commit_ms: u64, delay_ms: u64) -> u64 {
@@ -55,6 +88,41 @@ pub fn next_chunk(chunk: usize, read: usize, due: usize, min: usize, max: usize)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cursor_skips_what_retention_removed_waits_when_caught_up_and_lingers_for_a_batch() {
+        // Retention passed the cursor: skip to the oldest record, counting the loss.
+        assert_eq!(
+            cursor_step(3, 10, 20, 64, true),
+            CursorStep::Skip { to: 10, lost: 7 }
+        );
+        // Caught up (and never past the high watermark).
+        assert_eq!(cursor_step(20, 10, 20, 64, true), CursorStep::CaughtUp);
+        assert_eq!(cursor_step(25, 10, 20, 64, true), CursorStep::CaughtUp);
+        // Fewer than a batch: linger first, if configured.
+        assert_eq!(
+            cursor_step(15, 10, 20, 64, true),
+            CursorStep::Copy {
+                available: 5,
+                linger: true
+            }
+        );
+        assert_eq!(
+            cursor_step(15, 10, 20, 64, false),
+            CursorStep::Copy {
+                available: 5,
+                linger: false
+            }
+        );
+        // A full batch waiting: copy at once.
+        assert_eq!(
+            cursor_step(0, 0, 64, 64, true),
+            CursorStep::Copy {
+                available: 64,
+                linger: false
+            }
+        );
+    }
     use bytes::Bytes;
 
     fn rec(offset: u64, ts: u64) -> StoredRecord {
