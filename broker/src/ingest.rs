@@ -10,8 +10,8 @@ use std::sync::Arc;
 use narad_meta::{Meta, Topic};
 
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
-use crate::cluster::{rpc_error, Cluster, TopicLookup};
-use crate::error::{ApiError, ApiResult, ErrorCode};
+use crate::cluster::{rpc_error, Cluster};
+use crate::error::{ApiError, ApiResult};
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::partition::{Registry, TopicRuntime};
 use crate::rpc::{Opcode, COMMIT_TIMEOUT};
@@ -261,18 +261,7 @@ impl Ingest {
         topic_id: u64,
         records: Vec<WalRecord>,
     ) -> ApiResult<usize> {
-        let topic = match self.cluster.topic_by_id(topic_id) {
-            TopicLookup::Known(t) => t,
-            TopicLookup::Deleted => {
-                return Err(ApiError::new(ErrorCode::TopicNotFound, "topic deleted"))
-            }
-            TopicLookup::Unknown => {
-                return Err(ApiError::new(
-                    ErrorCode::Unavailable,
-                    "topic not known here yet",
-                ))
-            }
-        };
+        let topic = self.cluster.topic_by_id(topic_id).for_write()?;
         if self.draining() {
             return Err(self.decommissioned("asked to store a forwarded produce"));
         }

@@ -315,13 +315,9 @@ async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>)
             ),
         );
     }
-    let topic = match app.cluster.topic_by_id(batch.topic_id) {
-        TopicLookup::Known(t) => t,
-        TopicLookup::Deleted => return RpcReply::fail(ErrorCode::TopicNotFound, "topic deleted"),
-        // Our replica is behind the sender's: let it retry.
-        TopicLookup::Unknown => {
-            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet")
-        }
+    let topic = match app.cluster.topic_by_id(batch.topic_id).for_write() {
+        Ok(t) => t,
+        Err(e) => return e.to_reply(),
     };
     if !app.cluster.is_mine(&topic, batch.partition) {
         return RpcReply::fail(

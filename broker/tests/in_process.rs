@@ -22,6 +22,14 @@ fn config(dir: &std::path::Path) -> Config {
 /// A hang guard only: none of these steps takes more than a fraction of it.
 const GUARD: Duration = Duration::from_secs(30);
 
+/// The ordered shutdown, which must end (within the hang guard) and succeed.
+async fn stop(running: narad::node::Running) {
+    tokio::time::timeout(GUARD, running.shutdown())
+        .await
+        .expect("shutdown ends")
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_in_process_serves_stops_in_order_and_restarts_on_its_data() {
     let dir = tempfile::tempdir().unwrap();
@@ -68,10 +76,7 @@ async fn a_node_in_process_serves_stops_in_order_and_restarts_on_its_data() {
     // The ordered shutdown ends every task it started and releases the data dir; the
     // services see the signal.
     let health = app.health.clone();
-    tokio::time::timeout(GUARD, running.shutdown())
-        .await
-        .expect("shutdown ends")
-        .unwrap();
+    stop(running).await;
     assert!(health.is_shutting_down());
     assert!(health.is_stopping());
     assert_eq!(app.wal.outstanding(), 0, "the WAL drained before the stop");
@@ -97,10 +102,7 @@ async fn a_node_in_process_serves_stops_in_order_and_restarts_on_its_data() {
             .unwrap();
     }
     assert_eq!(left.len(), 25);
-    tokio::time::timeout(GUARD, running.shutdown())
-        .await
-        .expect("shutdown ends")
-        .unwrap();
+    stop(running).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,10 +114,7 @@ async fn a_second_node_on_the_same_data_dir_is_refused_while_the_first_runs() {
         Err(e) => format!("{e:#}"),
     };
     assert!(err.contains("in use by another narad process"), "{err}");
-    tokio::time::timeout(GUARD, running.shutdown())
-        .await
-        .expect("shutdown ends")
-        .unwrap();
+    stop(running).await;
 }
 
 /// The node-RPC adapter over the same services as the HTTP one: what a peer's `Produce`
@@ -178,8 +177,5 @@ async fn the_node_rpc_adapter_serves_from_the_same_services() {
         .unwrap()
         .expect("the relayed message");
     assert_eq!(m.payload.get(), "\"relayed\"");
-    tokio::time::timeout(GUARD, running.shutdown())
-        .await
-        .expect("shutdown ends")
-        .unwrap();
+    stop(running).await;
 }

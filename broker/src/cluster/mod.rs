@@ -72,6 +72,21 @@ pub enum TopicLookup {
     Unknown,
 }
 
+impl TopicLookup {
+    /// The topic a write sent here by a peer names: `404` once deleted; `503` while this
+    /// replica is behind the sender's (it retries).
+    pub fn for_write(self) -> ApiResult<Arc<Topic>> {
+        match self {
+            TopicLookup::Known(t) => Ok(t),
+            TopicLookup::Deleted => Err(ApiError::new(ErrorCode::TopicNotFound, "topic deleted")),
+            TopicLookup::Unknown => Err(ApiError::new(
+                ErrorCode::Unavailable,
+                "topic not known here yet",
+            )),
+        }
+    }
+}
+
 pub struct Cluster {
     pub node_id: String,
     pub meta: Meta,
