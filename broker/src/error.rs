@@ -196,6 +196,12 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         self.code.status()
     }
+    /// Whether nothing was done and a retry (here later, or elsewhere) may succeed: every
+    /// code answered `503` (unavailable, not the leader, handing off, commit refused,
+    /// starting).
+    pub fn is_unavailable(&self) -> bool {
+        self.status() == StatusCode::SERVICE_UNAVAILABLE
+    }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::BadRequest, message)
     }

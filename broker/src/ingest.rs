@@ -10,11 +10,10 @@ use std::sync::Arc;
 use narad_meta::{Meta, Topic};
 
 use crate::cluster::wire::{ForwardProduce, ForwardRecord};
-use crate::cluster::{rpc_error, Cluster};
+use crate::cluster::Cluster;
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::partition::{Registry, TopicRuntime};
-use crate::rpc::{Opcode, COMMIT_TIMEOUT};
 use crate::schema::SchemaCache;
 use crate::wal::{Wal, WalRecord};
 
@@ -205,7 +204,7 @@ impl Ingest {
         let Some(topic_id) = records.first().map(|r| r.topic_id) else {
             return Ok(());
         };
-        let body = ForwardProduce {
+        let req = ForwardProduce {
             topic_id,
             records: records
                 .into_iter()
@@ -216,8 +215,7 @@ impl Ingest {
                     payload: r.payload,
                 })
                 .collect(),
-        }
-        .encode();
+        };
         let mut targets: Vec<String> = {
             let view = self.meta.view();
             let mut t: Vec<String> = view
@@ -235,18 +233,15 @@ impl Ingest {
         }
         let mut last = String::from("no live node that is not draining");
         for target in targets {
-            match self
-                .cluster
-                .rpc_call(&target, Opcode::Produce, body.clone(), COMMIT_TIMEOUT)
-                .await
-            {
-                Ok(r) if r.is_success() => return Ok(()),
-                Ok(r) if r.status == 503 => {
-                    last = format!("{target} answered {}", ApiError::from_reply(&r).message);
+            match self.cluster.ask(&target, &req).await {
+                Ok(_) => return Ok(()),
+                // It did not take them (unreachable, an older build, draining, starting…):
+                // nothing was stored there.
+                Err(e) if e.is_unavailable() => {
+                    last = format!("{target}: {}", e.message);
                 }
-                Ok(r) => return Err(ApiError::from_reply(&r)),
-                Err(e) if e.outcome_unknown() => return Err(rpc_error(&target, &e)),
-                Err(e) => last = format!("{target}: {e}"),
+                // Refused, or it may have stored them without answering.
+                Err(e) => return Err(e),
             }
             tracing::debug!(to = %target, reason = %last, "forwarded produce not taken; trying the next node");
         }

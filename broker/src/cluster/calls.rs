@@ -6,6 +6,9 @@
 //! [`Call`] ties a request type to its opcode, reply type and timeout, so a caller writes
 //! `cluster.ask(&to, &GetTopicRequest { .. })` and gets the `GetTopicReply` or an `ApiError`
 //! with its code (`Cluster::ask`): no body built by hand, no status checked at the call site.
+//! A call whose row has a fallback is made with `Cluster::ask_or_older`, which says when the
+//! peer predates the opcode. [`Relay`] is the one other kind: a request whose answer is the
+//! HTTP answer itself (`Consume`), returned as it came (`Cluster::relay`).
 //! The wire types themselves are in `wire`; the server side dispatches in `node_rpc`.
 
 use std::time::Duration;
@@ -14,9 +17,10 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::wire::{
-    AssignmentReply, AssignmentRequest, ChunkRequest, FanoutCursorsRequest, GetTopicReply,
-    GetTopicRequest, HandoffReply, HandoffRequest, JoinReply, JoinRequest, PartitionRef,
-    ProposeReply, ProposeRequest, RemoteLinkState, SegmentList, StatsRequest, TransferRequest,
+    AssignmentReply, AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest,
+    FanoutCursorsRequest, ForwardProduce, GetTopicReply, GetTopicRequest, HandoffReply,
+    HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
+    RemoteLinkState, SegmentList, SettleRequest, StatsRequest, TransferRequest,
 };
 use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
 
@@ -34,12 +38,18 @@ pub trait Call {
     fn decode(reply: RpcReply) -> Result<Self::Reply, String>;
 }
 
-/// A call whose request is JSON; its reply is JSON unless a decoding is given.
+/// A call whose request is JSON unless an encoding is given; its reply is JSON unless a
+/// decoding is given.
 macro_rules! json_call {
     ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr) => {
         json_call!($req => $reply, $timeout, |$r| $op, |reply| json(&reply.body));
     };
     ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr, |$rep:ident| $decode:expr) => {
+        json_call!($req => $reply, $timeout, |$r| $op, |$rep| $decode,
+            |req| Bytes::from(serde_json::to_vec(req).expect("invariant: a wire request serialises")));
+    };
+    ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr, |$rep:ident| $decode:expr,
+        |$e:ident| $encode:expr) => {
         impl Call for $req {
             type Reply = $reply;
             const TIMEOUT: Duration = $timeout;
@@ -48,7 +58,8 @@ macro_rules! json_call {
                 $op
             }
             fn encode(&self) -> Bytes {
-                Bytes::from(serde_json::to_vec(self).expect("invariant: a wire request serialises"))
+                let $e = self;
+                $encode
             }
             fn decode($rep: RpcReply) -> Result<$reply, String> {
                 $decode
@@ -90,15 +101,62 @@ json_call!(CursorLags => std::collections::BTreeMap<String, std::collections::BT
 json_call!(RemoteLinkStates => std::collections::BTreeMap<String, RemoteLinkState>,
     DEFAULT_TIMEOUT, |_r| Opcode::RemoteLinkStates);
 
+// `Produce` (1), sent by a draining node: the records in the binary `ForwardProduce`
+// encoding, `202 {"accepted": n}` once they are fsynced in the callee's WAL.
+json_call!(ForwardProduce => narad_api::BatchProduceResponse, COMMIT_TIMEOUT,
+    |_r| Opcode::Produce, |reply| json(&reply.body), |req| req.encode());
+// `CommitProduceBatch` (11): `200` once the records are visible; a peer too old for it gets
+// one `CommitOne` per record (the table's fallback).
+json_call!(CommitBatch => (), COMMIT_TIMEOUT, |_r| Opcode::CommitProduceBatch,
+    |_reply| Ok(()), |req| req.encode());
+/// `CommitProduce` (10): the `CommitBatch` encoding holding exactly one record.
+pub struct CommitOne(pub CommitBatch);
+json_call!(CommitOne => (), COMMIT_TIMEOUT, |_r| Opcode::CommitProduce,
+    |_reply| Ok(()), |req| req.0.encode());
+
+/// `Ack` (3), `ExtendAck` (18) or `Nack` (19), by the request's kind: one receipt handle,
+/// `204` once settled.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+pub struct SettleOne(pub SettleRequest);
+json_call!(SettleOne => (), DEFAULT_TIMEOUT, |r| r.0.how.opcode(), |_reply| Ok(()));
+/// `AckBatch` (31): several receipt handles of one kind, one result per handle in order; a
+/// peer too old for it gets one `SettleOne` per handle (the table's fallback).
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+pub struct SettleBatch(pub SettleRequest);
+json_call!(SettleBatch => narad_api::BatchAckResponse, DEFAULT_TIMEOUT, |_r| Opcode::AckBatch);
+
+/// A call whose answer is the HTTP answer itself: the forwarding node gives its client the
+/// status, headers and body as they came (`Cluster::relay`), so nothing is decoded here.
+pub trait Relay {
+    /// How long a caller waits for the answer beyond what the request itself waits.
+    const TIMEOUT: Duration;
+    /// The opcode this request travels with.
+    fn opcode(&self) -> Opcode;
+    /// The request body.
+    fn encode(&self) -> Bytes;
+}
+
+/// `Consume` (2): a consume, pinned consume or replay, run by the partitions' owner.
+impl Relay for ConsumeRequest {
+    const TIMEOUT: Duration = DEFAULT_TIMEOUT;
+    fn opcode(&self) -> Opcode {
+        Opcode::Consume
+    }
+    fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("invariant: a consume request serialises"))
+    }
+}
+
 /// How an opcode's reply is used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reply {
     /// Read as the named type ([`Call::decode`]).
     Typed(&'static str),
-    /// The HTTP answer itself: the forwarding node returns it to its client 1:1.
+    /// The HTTP answer itself: the forwarding node returns it to its client 1:1
+    /// ([`Relay`]).
     Http,
-    /// `200 {}` once done; refusals carry an error code.
-    Done,
 }
 
 /// One row of the table.
@@ -130,14 +188,16 @@ const fn row(op: Opcode, request: &'static str, reply: Reply, timeout: Duration)
 const PROPOSE: &str = "ProposeRequest";
 const PROPOSED: Reply = Reply::Typed("ProposeReply");
 const FORWARD: Duration = super::FORWARD_TIMEOUT;
-const SETTLE: &str = "SettleRequest";
+const SETTLE: &str = "SettleOne";
+/// Done: `2xx` without a body to read; refusals carry an error code.
+const DONE: Reply = Reply::Typed("()");
 
 /// Every opcode, in number order.
 pub const TABLE: &[Row] = &[
     row(
         Opcode::Produce,
         "ForwardProduce",
-        Reply::Http,
+        Reply::Typed("BatchProduceResponse"),
         COMMIT_TIMEOUT,
     ),
     row(
@@ -146,13 +206,13 @@ pub const TABLE: &[Row] = &[
         Reply::Http,
         DEFAULT_TIMEOUT,
     ),
-    row(Opcode::Ack, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
+    row(Opcode::Ack, SETTLE, DONE, DEFAULT_TIMEOUT),
     row(Opcode::CreateTopic, PROPOSE, PROPOSED, FORWARD),
     row(Opcode::AlterTopic, PROPOSE, PROPOSED, FORWARD),
     row(Opcode::DeleteTopic, PROPOSE, PROPOSED, FORWARD),
     Row {
         served: false,
-        ..row(Opcode::PurgeTopic, "-", Reply::Done, DEFAULT_TIMEOUT)
+        ..row(Opcode::PurgeTopic, "-", Reply::Typed("-"), DEFAULT_TIMEOUT)
     },
     row(
         Opcode::TopicPartitionStats,
@@ -161,18 +221,13 @@ pub const TABLE: &[Row] = &[
         DEFAULT_TIMEOUT,
     ),
     row(Opcode::RegisterMember, PROPOSE, PROPOSED, FORWARD),
-    row(
-        Opcode::CommitProduce,
-        "CommitBatch",
-        Reply::Done,
-        COMMIT_TIMEOUT,
-    ),
+    row(Opcode::CommitProduce, "CommitOne", DONE, COMMIT_TIMEOUT),
     Row {
         fallback: Some(Opcode::CommitProduce),
         ..row(
             Opcode::CommitProduceBatch,
             "CommitBatch",
-            Reply::Done,
+            DONE,
             COMMIT_TIMEOUT,
         )
     },
@@ -187,8 +242,8 @@ pub const TABLE: &[Row] = &[
         Reply::Typed("BTreeMap<String, BTreeMap<u32, u64>>"),
         DEFAULT_TIMEOUT,
     ),
-    row(Opcode::ExtendAck, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
-    row(Opcode::Nack, SETTLE, Reply::Http, DEFAULT_TIMEOUT),
+    row(Opcode::ExtendAck, SETTLE, DONE, DEFAULT_TIMEOUT),
+    row(Opcode::Nack, SETTLE, DONE, DEFAULT_TIMEOUT),
     row(
         Opcode::GetTopic,
         "GetTopicRequest",
@@ -231,11 +286,21 @@ pub const TABLE: &[Row] = &[
     row(Opcode::AttachRemoteChild, PROPOSE, PROPOSED, FORWARD),
     Row {
         served: false,
-        ..row(Opcode::ConsumeBatch, "-", Reply::Http, DEFAULT_TIMEOUT)
+        ..row(
+            Opcode::ConsumeBatch,
+            "-",
+            Reply::Typed("-"),
+            DEFAULT_TIMEOUT,
+        )
     },
     Row {
         fallback: Some(Opcode::Ack),
-        ..row(Opcode::AckBatch, SETTLE, Reply::Http, DEFAULT_TIMEOUT)
+        ..row(
+            Opcode::AckBatch,
+            "SettleBatch",
+            Reply::Typed("BatchAckResponse"),
+            DEFAULT_TIMEOUT,
+        )
     },
     row(
         Opcode::TransferLeadership,
@@ -259,6 +324,7 @@ pub fn row_of(op: Opcode) -> &'static Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::wire::SettleKind;
     use narad_meta::MetaCommand;
 
     #[test]
@@ -292,8 +358,14 @@ mod tests {
         out
     }
 
+    thread_local! {
+        /// The opcodes the checks below saw, for the completeness check.
+        static SEEN: std::cell::RefCell<std::collections::BTreeSet<u8>> = Default::default();
+    }
+
     /// A typed call agrees with its row: request and reply types, timeout.
     fn agrees<C: Call>(req: &C) {
+        SEEN.with(|s| s.borrow_mut().insert(req.opcode().code()));
         let row = row_of(req.opcode());
         assert!(row.served, "{}", req.opcode());
         assert_eq!(row.request, short::<C>(), "{}", req.opcode());
@@ -352,6 +424,63 @@ mod tests {
                 username: "u".into(),
             },
         });
+        agrees(&ForwardProduce {
+            topic_id: 1,
+            records: vec![],
+        });
+        let commit = || CommitBatch {
+            topic_id: 1,
+            partition: 0,
+            records: vec![],
+        };
+        agrees(&commit());
+        agrees(&CommitOne(commit()));
+        let settle = |how| SettleRequest {
+            topic_id: 1,
+            topic: "t".into(),
+            how,
+            handles: vec![],
+        };
+        for how in [SettleKind::Ack, SettleKind::Extend, SettleKind::Nack] {
+            agrees(&SettleOne(settle(how)));
+        }
+        agrees(&SettleBatch(settle(SettleKind::Ack)));
+        relays(&ConsumeRequest {
+            topic_id: 1,
+            topic: "t".into(),
+            partition: None,
+            offset: None,
+            max: None,
+            wait_ms: 0,
+        });
+        // Every served opcode has its typed call or relay (a proposal's opcode is its
+        // command's, checked below), so no caller builds a body by hand.
+        let seen = SEEN.with(|s| s.borrow().clone());
+        for row in TABLE.iter().filter(|r| r.served && r.request != PROPOSE) {
+            assert!(
+                seen.contains(&row.op.code()),
+                "{} has no typed call",
+                row.op
+            );
+        }
+        for row in TABLE.iter().filter(|r| !r.served) {
+            assert_eq!(
+                (row.request, row.reply),
+                ("-", Reply::Typed("-")),
+                "{}",
+                row.op
+            );
+        }
+    }
+
+    /// A relayed call agrees with its row: request type, an HTTP reply, timeout.
+    fn relays<R: Relay>(req: &R) {
+        SEEN.with(|s| s.borrow_mut().insert(req.opcode().code()));
+        let row = row_of(req.opcode());
+        assert!(row.served, "{}", req.opcode());
+        assert_eq!(row.request, short::<R>(), "{}", req.opcode());
+        assert_eq!(row.reply, Reply::Http, "{}", req.opcode());
+        assert_eq!(row.timeout, R::TIMEOUT, "{}", req.opcode());
     }
 
     #[test]

@@ -318,21 +318,6 @@ impl Cluster {
         self.peers.sync(addrs);
     }
 
-    /// Calls `op` on node `id`; replies are returned whatever their status, transport
-    /// failures become [`rpc_error`]'s answer: `503` when the request never reached the peer
-    /// (it is down or cut off; SPEC §6.4), `502` when the peer may have executed it.
-    pub async fn call(
-        &self,
-        id: &str,
-        op: Opcode,
-        body: Bytes,
-        timeout: Duration,
-    ) -> ApiResult<RpcReply> {
-        self.rpc_call(id, op, body, timeout)
-            .await
-            .map_err(|e| rpc_error(id, &e))
-    }
-
     /// The typed call `req` on node `id` (its opcode and reply type from the table,
     /// `calls`), waiting its default timeout.
     pub async fn ask<C: calls::Call>(&self, id: &str, req: &C) -> ApiResult<C::Reply> {
@@ -349,17 +334,52 @@ impl Cluster {
         timeout: Duration,
     ) -> ApiResult<C::Reply> {
         let op = req.opcode();
-        let reply = self.call(id, op, req.encode(), timeout).await?;
+        self.ask_or_older(id, req, timeout)
+            .await?
+            .ok_or_else(|| rpc_error(id, &RpcError::PeerTooOld { op: op.code() }))
+    }
+
+    /// [`Cluster::ask_within`] for a call whose row has a fallback (`calls::TABLE`): `None`
+    /// when the peer's build predates the opcode, so the caller falls back to the older one.
+    pub async fn ask_or_older<C: calls::Call>(
+        &self,
+        id: &str,
+        req: &C,
+        timeout: Duration,
+    ) -> ApiResult<Option<C::Reply>> {
+        let op = req.opcode();
+        let reply = match self.rpc_call(id, op, req.encode(), timeout).await {
+            Ok(reply) => reply,
+            Err(RpcError::PeerTooOld { .. }) => return Ok(None),
+            Err(e) => return Err(rpc_error(id, &e)),
+        };
         if !reply.is_success() {
             return Err(ApiError::from_reply(&reply));
         }
         C::decode(reply)
+            .map(Some)
             .map_err(|e| ApiError::uncertain(format!("unreadable {op} answer from {id}: {e}")))
+    }
+
+    /// The relayed call `req` on node `id`: its answer whatever the status (the forwarding
+    /// node returns it to its client as it is); waits `extra` beyond the call's own timeout
+    /// (the time the request itself may wait, e.g. a long poll). A failure to reach the peer
+    /// is [`rpc_error`]'s: `503` when the request never reached the peer (it is down or cut
+    /// off; SPEC §6.4), `502` when the peer may have executed it.
+    pub async fn relay<R: calls::Relay>(
+        &self,
+        id: &str,
+        req: &R,
+        extra: Duration,
+    ) -> ApiResult<RpcReply> {
+        self.rpc_call(id, req.opcode(), req.encode(), extra + R::TIMEOUT)
+            .await
+            .map_err(|e| rpc_error(id, &e))
     }
 
     /// Calls `op` on node `id` and returns the transport's own error (e.g.
     /// [`RpcError::PeerTooOld`], for callers with an older opcode to fall back to).
-    pub async fn rpc_call(
+    async fn rpc_call(
         &self,
         id: &str,
         op: Opcode,

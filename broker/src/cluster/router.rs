@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use narad_storage::NewRecord;
 
+use super::calls::CommitOne;
 use super::wire::{CommitBatch, CommitRecord};
-use super::{rpc_error, Cluster, TopicLookup};
+use super::{Cluster, TopicLookup};
 use crate::error::ApiError;
 use crate::partition::Registry;
-use crate::rpc::{BoxFuture, Opcode, RpcError, RpcReply, COMMIT_TIMEOUT};
+use crate::rpc::{BoxFuture, COMMIT_TIMEOUT};
 use crate::wal::dispatcher::{Route, Router};
 
 pub struct NodeRouter {
@@ -84,26 +85,11 @@ impl Router for NodeRouter {
 /// gets one `CommitProduce` per record instead. A failure part-way fails the whole batch,
 /// whose re-send then duplicates the records already committed (never a gap).
 pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Result<(), String> {
-    let answered = |r: RpcReply| {
-        if r.is_success() {
-            Ok(())
-        } else {
-            Err(format!("{owner} answered {}", ApiError::from_reply(&r)))
-        }
-    };
-    let rpc_err = |e: RpcError| rpc_error(owner, &e).message;
-    match cluster
-        .rpc_call(
-            owner,
-            Opcode::CommitProduceBatch,
-            batch.encode(),
-            COMMIT_TIMEOUT,
-        )
-        .await
-    {
-        Err(RpcError::PeerTooOld { .. }) => {}
-        Ok(r) => return answered(r),
-        Err(e) => return Err(rpc_err(e)),
+    let failed = |e: ApiError| format!("commit on {owner}: {e}");
+    match cluster.ask_or_older(owner, &batch, COMMIT_TIMEOUT).await {
+        Ok(Some(())) => return Ok(()),
+        Ok(None) => {}
+        Err(e) => return Err(failed(e)),
     }
     let CommitBatch {
         topic_id,
@@ -111,16 +97,12 @@ pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Re
         records,
     } = batch;
     for record in records {
-        let one = CommitBatch {
+        let one = CommitOne(CommitBatch {
             topic_id,
             partition,
             records: vec![record],
-        };
-        let r = cluster
-            .rpc_call(owner, Opcode::CommitProduce, one.encode(), COMMIT_TIMEOUT)
-            .await
-            .map_err(rpc_err)?;
-        answered(r)?;
+        });
+        cluster.ask(owner, &one).await.map_err(failed)?;
     }
     Ok(())
 }

@@ -7,16 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use narad_api::{AckResult, BatchAckResponse};
+use narad_api::AckResult;
 use narad_meta::Topic;
 
 use super::prefetch::Stashed;
 use super::{ConsumeAsk, Delivery, SettleKind};
+use crate::cluster::calls::{Call, SettleBatch, SettleOne};
 use crate::cluster::wire::{ConsumeRequest, SettleRequest};
 use crate::cluster::{Cluster, TopicLookup};
 use crate::error::{ApiError, ApiResult};
 use crate::partition::TopicRuntime;
-use crate::rpc::{Opcode, RpcReply};
+use crate::rpc::RpcReply;
 
 /// Single settles on their way to an owner: keyed by (owner, topic id, kind).
 pub type SettleCoalescer = super::coalesce::Coalescer<(String, u64, SettleKind), String, AckResult>;
@@ -89,15 +90,7 @@ impl Delivery {
             max,
             wait_ms: wait.as_millis() as u64,
         };
-        let body = serde_json::to_vec(&req).expect("invariant: a consume request serialises");
-        self.cluster
-            .call(
-                owner,
-                Opcode::Consume,
-                Bytes::from(body),
-                wait + crate::rpc::DEFAULT_TIMEOUT,
-            )
-            .await
+        self.cluster.relay(owner, &req, wait).await
     }
 
     /// The live owners of the topic's partitions other than this node, rotated per call so
@@ -271,52 +264,40 @@ pub(super) async fn settle_remote(
         status: e.status().as_u16(),
         error: Some(e.message.clone()),
     };
-    let request = |handles: Vec<String>| {
-        Bytes::from(
-            serde_json::to_vec(&SettleRequest {
-                topic_id: topic.id,
-                topic: topic.name.clone(),
-                how,
-                handles,
-            })
-            .expect("invariant: a settle request serialises"),
-        )
+    let request = |handles: Vec<String>| SettleRequest {
+        topic_id: topic.id,
+        topic: topic.name.clone(),
+        how,
+        handles,
     };
-    let timeout = crate::rpc::DEFAULT_TIMEOUT;
+    let batch = SettleBatch(request(handles.clone()));
     match cluster
-        .rpc_call(owner, Opcode::AckBatch, request(handles.clone()), timeout)
+        .ask_or_older(owner, &batch, SettleBatch::TIMEOUT)
         .await
     {
-        Ok(r) if r.is_success() => match serde_json::from_slice::<BatchAckResponse>(&r.body) {
-            Ok(b) if b.results.len() == n => b.results,
-            _ => vec![
-                fail(&ApiError::internal(format!(
-                    "bad settle reply from {owner}"
-                )));
-                n
-            ],
-        },
-        Ok(r) => vec![fail(&ApiError::from_reply(&r)); n],
+        Ok(Some(b)) if b.results.len() == n => b.results,
+        Ok(Some(_)) => vec![
+            fail(&ApiError::internal(format!(
+                "bad settle reply from {owner}"
+            )));
+            n
+        ],
         // An owner of an older build: one settle per handle with the opcode of its kind.
-        Err(crate::rpc::RpcError::PeerTooOld { .. }) => {
+        Ok(None) => {
             let mut out = Vec::with_capacity(n);
             for h in handles {
                 out.push(
-                    match cluster
-                        .call(owner, how.opcode(), request(vec![h]), timeout)
-                        .await
-                    {
-                        Ok(r) if r.is_success() => AckResult {
+                    match cluster.ask(owner, &SettleOne(request(vec![h]))).await {
+                        Ok(()) => AckResult {
                             status: 204,
                             error: None,
                         },
-                        Ok(r) => fail(&ApiError::from_reply(&r)),
                         Err(e) => fail(&e),
                     },
                 );
             }
             out
         }
-        Err(e) => vec![fail(&crate::cluster::rpc_error(owner, &e)); n],
+        Err(e) => vec![fail(&e); n],
     }
 }
