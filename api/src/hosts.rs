@@ -17,7 +17,7 @@
 //!   address or a CIDR range (which match URLs written with an IP address), or `*` (any
 //!   host). When it is not set, only admins may attach remote children.
 //!
-//! The broker enforces it (`narad::fanout`); the operator checks `spec.remotes.allowedHosts`
+//! The broker enforces it (`narad::children`); the operator checks `spec.remotes.allowedHosts`
 //! with the same parser, so an entry it accepts never stops a broker at start.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

@@ -37,7 +37,7 @@ pub struct App {
     /// security on.
     pub auth: Authenticator,
     /// Child topics: the cursors copying parent records into children (SPEC §5).
-    pub fanout: Arc<crate::fanout::Fanout>,
+    pub children: Arc<crate::children::Children>,
     /// Peers, placement, forwarding (a standalone node has one too).
     pub cluster: Arc<Cluster>,
     /// Produce: partition choice, schema validation, storage (SPEC §3.4).
@@ -167,7 +167,7 @@ impl App {
             }
         }
         m.open_partition_logs.set(open);
-        self.fanout.refresh_gauges();
+        self.children.refresh_gauges();
         if let Some((total, avail)) = fs_space(&self.data_dir) {
             m.data_dir_size.set((total - avail) as i64);
             m.data_dir_available.set(avail as i64);

@@ -47,7 +47,7 @@ pub struct Config {
     pub log: LogConfig,
     pub security: SecurityConfig,
     /// `fanout.*` (SPEC §8).
-    pub fanout: crate::fanout::FanoutConfig,
+    pub fanout: crate::children::ChildrenConfig,
     /// Engine tuning (`NARAD_WAL_LANES`, `NARAD_DISPATCH_*`; see [`Tuning`]).
     pub tuning: Tuning,
     /// `NARAD_TEST_*` knobs (tests only; see [`TestKnobs`]).
@@ -774,7 +774,7 @@ impl Config {
         }
         if let Some(hosts) = f.remotes.and_then(|r| r.allowed_hosts) {
             self.fanout.remote_hosts =
-                crate::fanout::hosts::HostPolicy::parse(hosts.iter().map(String::as_str))
+                crate::children::hosts::HostPolicy::parse(hosts.iter().map(String::as_str))
                     .map_err(bad)?;
         }
         if let Some(l) = f.log {
@@ -907,7 +907,7 @@ impl Config {
         )?;
         if let Some(v) = get("NARAD_REMOTES_ALLOWED_HOSTS") {
             self.fanout.remote_hosts =
-                crate::fanout::hosts::HostPolicy::parse(v.split(',')).map_err(bad)?;
+                crate::children::hosts::HostPolicy::parse(v.split(',')).map_err(bad)?;
         }
         if let Some(v) = get("NARAD_LOG_LEVEL") {
             self.log.level = v;

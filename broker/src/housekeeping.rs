@@ -109,15 +109,15 @@ async fn apply_metadata(app: Arc<App>) {
         // Registered = this node's own registration, proposed after this start, is
         // applied here: the local view has caught up with the leader (SPEC §6.1).
         if !app.cluster.clustered || app.cluster.registered() {
-            app.fanout.confirm_view();
+            app.children.confirm_view();
         }
         // Cursors of removed links stop before a deleted topic's data goes; new ones
         // start once their partitions are open.
-        app.fanout.sync().await;
+        app.children.sync().await;
         if let Err(e) = app.apply_topics() {
             tracing::error!(error = %e.message, "applying metadata to local partitions failed");
         }
-        app.fanout.sync().await;
+        app.children.sync().await;
     }
 }
 
@@ -132,7 +132,7 @@ fn run_retention(app: &App) {
         for p in rt.partitions() {
             match p.run_retention(t.config.retention_ms, now) {
                 Ok(out) if out.segments_deleted > 0 => {
-                    app.fanout.poke(t.id, p.index);
+                    app.children.poke(t.id, p.index);
                     let l = PartitionLabels {
                         topic: t.name.clone(),
                         partition: p.index.to_string(),

@@ -21,8 +21,8 @@
 //!   forwarded to the leader, catch-up reads, owner lookups), membership, the router the
 //!   dispatcher and fan-out send records through, node-RPC payloads (`wire`) and the table
 //!   of every opcode's types, timeout and fallback (`calls`).
-//! - `fanout`: child topics (SPEC §5): cursors copying committed parent records into child
-//!   partitions through the same commit path.
+//! - `children`: child topics (SPEC §5): the cursors that copy committed parent records into
+//!   child partitions through the same commit path (the copying is "fan-out", SPEC §5.1).
 //! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
 //!   produced records into partition logs. Its module doc states the durability contract.
 //! - `group_commit`: concurrent callers' records into one partition commit (the dispatcher,
@@ -44,15 +44,21 @@
 //!   (SPEC §3.11) and carried over node RPC.
 //!
 //! The partition log itself is the `narad-storage` crate; the Raft metadata is `narad-meta`.
+//!
+//! One name per thing: child topics are "children" in code, API and metadata (`ChildLink` is
+//! the metadata record of one attachment, a "link"). "fanout" remains only where the SPEC fixes
+//! it on the wire or on disk: the `fanout.*` configuration keys (`config.fanout`), the
+//! `narad_fanout_*` metrics, opcode 17 `FanoutCursors`, the `fanout` kind of a plain child,
+//! `fanout_delay_ms`, and the `fanout/` cursor directory of a partition.
 
 pub mod api;
 pub mod app;
+pub mod children;
 pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod delivery;
 pub mod error;
-pub mod fanout;
 pub mod group_commit;
 pub mod health;
 pub mod housekeeping;

@@ -9,7 +9,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Every `reason` of `remote_child_send_errors_total`: `fanout::remote::error_reason`'s and
+/// Every `reason` of `remote_child_send_errors_total`: `children::remote::error_reason`'s and
 /// `RemoteSendError::reason`'s (the series of a link that is gone are removed by these).
 pub const SEND_ERROR_REASONS: [&str; 11] = [
     "rejected",
@@ -82,7 +82,7 @@ pub struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FanoutLabels {
+pub struct ChildLabels {
     pub parent: String,
     pub child: String,
 }
@@ -96,7 +96,7 @@ pub struct RemoteSendErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct FanoutPartitionLabels {
+pub struct ChildPartitionLabels {
     pub parent: String,
     pub child: String,
     pub partition: String,
@@ -178,7 +178,7 @@ pub struct Metrics {
     pub cluster_members: Family<StatusLabels, Gauge>,
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
-    pub fanout: FanoutMetrics,
+    pub children: ChildMetrics,
     /// Failed sends of remote child links (SPEC §9 ext), by reason.
     pub remote_child_send_errors: Family<RemoteSendErrorLabels, Counter>,
     /// Moves this node copies in as target (SPEC §9 `moves_*`).
@@ -205,11 +205,11 @@ pub struct MoveOutcomeLabels {
 }
 
 /// Child-topic metrics (SPEC §9 "Children").
-pub struct FanoutMetrics {
-    pub lag: Family<FanoutPartitionLabels, Gauge>,
-    pub due_lag: Family<FanoutPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
-    pub committed: Family<FanoutLabels, Counter>,
-    pub dropped: Family<FanoutLabels, Counter>,
+pub struct ChildMetrics {
+    pub lag: Family<ChildPartitionLabels, Gauge>,
+    pub due_lag: Family<ChildPartitionLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub committed: Family<ChildLabels, Counter>,
+    pub dropped: Family<ChildLabels, Counter>,
     pub batch_records: Histogram,
     pub batch_bytes: Histogram,
 }
@@ -491,7 +491,7 @@ impl Metrics {
                 "Records written to the ingress WAL",
                 Counter::default()
             ),
-            fanout: FanoutMetrics {
+            children: ChildMetrics {
                 lag: reg!(
                     r,
                     "fanout_lag_messages",
@@ -636,12 +636,12 @@ impl Metrics {
     /// Drops the series of a child link (`parent`, `child`) that is gone: detached, or one of
     /// its topics deleted (`child` is the link name for a remote link).
     pub fn forget_link(&self, parent: &str, child: &str) {
-        let l = FanoutLabels {
+        let l = ChildLabels {
             parent: parent.to_string(),
             child: child.to_string(),
         };
-        self.fanout.committed.remove(&l);
-        self.fanout.dropped.remove(&l);
+        self.children.committed.remove(&l);
+        self.children.dropped.remove(&l);
         for reason in SEND_ERROR_REASONS {
             self.remote_child_send_errors
                 .remove(&RemoteSendErrorLabels {
@@ -651,13 +651,13 @@ impl Metrics {
                 });
         }
         for p in 0..MAX_PARTITIONS {
-            let l = FanoutPartitionLabels {
+            let l = ChildPartitionLabels {
                 parent: parent.to_string(),
                 child: child.to_string(),
                 partition: p.to_string(),
             };
-            self.fanout.lag.remove(&l);
-            self.fanout.due_lag.remove(&l);
+            self.children.lag.remove(&l);
+            self.children.due_lag.remove(&l);
         }
     }
 

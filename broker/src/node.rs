@@ -145,7 +145,7 @@ impl Running {
                 "records stay in the WAL for the next start (their owners did not take them in time)"
             );
         }
-        app.fanout.shutdown().await;
+        app.children.shutdown().await;
         self.rpc.shutdown(Duration::from_secs(1)).await;
         self.dispatcher.abort();
         let _ = self.dispatcher.await;
@@ -372,7 +372,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     )
     .context("open the ingress wal")?;
     // Cluster hook: the remote committer for child partitions owned by other nodes.
-    let fanout_io = crate::fanout::io::IoThreads::start(FANOUT_IO_THREADS)
+    let child_io = crate::children::io::IoThreads::start(FANOUT_IO_THREADS)
         .context("start the fan-out I/O threads")?;
     // Remote-child passwords are sealed at rest (`security::sealing`): with a key derived from
     // the cluster secret every member shares, or a standalone node's key file.
@@ -389,25 +389,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             None
         }
     };
-    let mut fanout_config = config.fanout.clone();
-    fanout_config.credentials = credentials.clone();
-    let fanout = crate::fanout::Fanout::new(
+    let mut children_config = config.fanout.clone();
+    children_config.credentials = credentials.clone();
+    let children = crate::children::Children::new(
         meta.clone(),
         registry.clone(),
         metrics.clone(),
-        Arc::new(crate::fanout::RoutedCommitter::new(
+        Arc::new(crate::children::RoutedCommitter::new(
             node_id.clone(),
             registry.clone(),
-            fanout_io.clone(),
+            child_io.clone(),
             Some(Arc::new(crate::cluster::router::RemoteChildCommitter {
                 cluster: cluster.clone(),
             })),
         )),
-        fanout_config,
-        fanout_io,
+        children_config,
+        child_io,
     );
     if !clustered {
-        fanout.confirm_view();
+        children.confirm_view();
     }
     let health = Arc::new(Health::new(
         node_id.clone(),
@@ -451,7 +451,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         registry.clone(),
         cluster.clone(),
         delivery.clone(),
-        fanout.clone(),
+        children.clone(),
     ));
     let app = Arc::new(App {
         credentials,
@@ -471,7 +471,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
             config.tuning.wal_skip_local,
         )),
         auth: Authenticator::default(),
-        fanout,
+        children,
         cluster: cluster.clone(),
         delivery,
         queries,
@@ -517,7 +517,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         tasks.spawn(crate::placement::moves::run(app.moves.clone()));
         tasks.spawn(crate::placement::controller::run(app.controller.clone()));
     }
-    app.fanout.sync().await;
+    app.children.sync().await;
     if app.security_on() {
         tasks.spawn(crate::security::seeding::seed_root(
             app.meta.clone(),

@@ -111,11 +111,11 @@ impl RpcHandler for NodeRpc {
                     }
                 }
                 Opcode::FanoutCursors => {
-                    match json::<crate::cluster::wire::FanoutCursorsRequest>(&body) {
+                    match json::<crate::cluster::wire::ChildCursorsRequest>(&body) {
                         Ok(req) => match app.cluster.topic_by_id(req.parent_id) {
                             TopicLookup::Known(t) => RpcReply::json(
                                 200,
-                                &app.fanout.partition_lags(&app.meta.view(), &t),
+                                &app.children.partition_lags(&app.meta.view(), &t),
                             ),
                             _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
                         },
@@ -123,11 +123,11 @@ impl RpcHandler for NodeRpc {
                     }
                 }
                 Opcode::RemoteLinkStates => {
-                    match json::<crate::cluster::wire::FanoutCursorsRequest>(&body) {
+                    match json::<crate::cluster::wire::ChildCursorsRequest>(&body) {
                         Ok(req) => match app.cluster.topic_by_id(req.parent_id) {
                             TopicLookup::Known(t) => {
                                 let states: std::collections::BTreeMap<_, _> = app
-                                    .fanout
+                                    .children
                                     .remote_states(&app.meta.view(), &t)
                                     .into_iter()
                                     .map(|(link, s)| {

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use narad_api::PartitionStats;
 use narad_meta::{Meta, MetaState, Topic};
 
+use crate::children::Children;
 use crate::cluster::Cluster;
 use crate::delivery::Delivery;
-use crate::fanout::Fanout;
 use crate::partition::Registry;
 
 /// The most a node waits for a metadata index it was asked to apply, and the most a topic
@@ -25,7 +25,7 @@ pub struct Queries {
     registry: Arc<Registry>,
     cluster: Arc<Cluster>,
     delivery: Arc<Delivery>,
-    fanout: Arc<Fanout>,
+    children: Arc<Children>,
 }
 
 impl Queries {
@@ -35,7 +35,7 @@ impl Queries {
         registry: Arc<Registry>,
         cluster: Arc<Cluster>,
         delivery: Arc<Delivery>,
-        fanout: Arc<Fanout>,
+        children: Arc<Children>,
     ) -> Queries {
         Queries {
             node_id,
@@ -43,7 +43,7 @@ impl Queries {
             registry,
             cluster,
             delivery,
-            fanout,
+            children,
         }
     }
 
@@ -202,11 +202,11 @@ impl Queries {
     }
 
     /// Asks every other owner of a partition of `parent`, concurrently, the call `ask` makes
-    /// of a `FanoutCursorsRequest`; the answers (owners that fail are left out).
+    /// of a `ChildCursorsRequest`; the answers (owners that fail are left out).
     async fn ask_parent_owners<C: crate::cluster::calls::Call>(
         &self,
         parent: &Topic,
-        ask: impl Fn(crate::cluster::wire::FanoutCursorsRequest) -> C,
+        ask: impl Fn(crate::cluster::wire::ChildCursorsRequest) -> C,
     ) -> Vec<C::Reply> {
         let owners: std::collections::BTreeSet<&str> = parent
             .assignments
@@ -214,7 +214,7 @@ impl Queries {
             .filter_map(|a| a.owner.as_deref())
             .filter(|o| *o != self.node_id)
             .collect();
-        let req = ask(crate::cluster::wire::FanoutCursorsRequest {
+        let req = ask(crate::cluster::wire::ChildCursorsRequest {
             parent_id: parent.id,
             parent: parent.name.clone(),
         });
@@ -234,7 +234,7 @@ impl Queries {
         view: &MetaState,
         parent: &Topic,
     ) -> std::collections::BTreeMap<String, (u64, bool)> {
-        let mut lags = self.fanout.partition_lags(view, parent);
+        let mut lags = self.children.partition_lags(view, parent);
         for remote in self
             .ask_parent_owners(parent, crate::cluster::calls::CursorLags)
             .await
@@ -258,10 +258,10 @@ impl Queries {
         &self,
         view: &MetaState,
         parent: &Topic,
-    ) -> std::collections::BTreeMap<String, crate::fanout::remote::LinkStatus> {
-        use crate::fanout::remote::{LinkState, LinkStatus};
+    ) -> std::collections::BTreeMap<String, crate::children::remote::LinkStatus> {
+        use crate::children::remote::{LinkState, LinkStatus};
         let mut all: std::collections::BTreeMap<String, Vec<LinkStatus>> = self
-            .fanout
+            .children
             .remote_states(view, parent)
             .into_iter()
             .map(|(k, v)| (k, vec![v]))
@@ -283,7 +283,7 @@ impl Queries {
             }
         }
         all.into_iter()
-            .filter_map(|(k, v)| Some((k, crate::fanout::remote::worst(&v)?)))
+            .filter_map(|(k, v)| Some((k, crate::children::remote::worst(&v)?)))
             .collect()
     }
 }

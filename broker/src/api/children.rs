@@ -13,8 +13,8 @@ use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint};
 
 use super::topics::{check_delay, record, validate_name};
 use super::{find_topic, json, read_json, AppState, Name};
+use crate::children::hosts::HostRefused;
 use crate::error::{ApiError, ApiResult};
-use crate::fanout::hosts::HostRefused;
 use crate::security::{audit, authz, Caller};
 
 pub async fn attach(
@@ -48,7 +48,7 @@ pub async fn attach(
         )?;
         let hosts = &app.config.fanout.remote_hosts;
         authz::attach_remote(&caller, hosts.is_configured())?;
-        let host = crate::fanout::remote::url_host(&endpoint.url);
+        let host = crate::children::remote::url_host(&endpoint.url);
         match hosts.check(&host) {
             Ok(()) => {}
             Err(e @ HostRefused::Forbidden { .. }) => {
@@ -84,7 +84,7 @@ pub async fn attach(
         }
     };
     app.apply_topics()?;
-    app.fanout.sync().await;
+    app.children.sync().await;
     app.queries.await_members_applied(&topic).await;
     audit::event(
         "topic.attach",
@@ -100,8 +100,8 @@ pub async fn attach(
 /// credentials, the remote topic name (default: the link name), credentials, the CA bundle.
 fn remote_endpoint(link: &str, r: RemoteTarget) -> ApiResult<RemoteEndpoint> {
     validate_name(link).map_err(|e| ApiError::bad_request(format!("child: {}", e.message)))?;
-    let bad = |e: crate::fanout::remote::RemoteConfigError| ApiError::bad_request(e.to_string());
-    let url = crate::fanout::remote::normalize_url(&r.url).map_err(bad)?;
+    let bad = |e: crate::children::remote::RemoteConfigError| ApiError::bad_request(e.to_string());
+    let url = crate::children::remote::normalize_url(&r.url).map_err(bad)?;
     let topic = match r.topic {
         Some(t) if t.is_empty() => return Err(ApiError::bad_request("remote.topic is empty")),
         Some(t) => t,
@@ -132,7 +132,7 @@ fn remote_endpoint(link: &str, r: RemoteTarget) -> ApiResult<RemoteEndpoint> {
     }
     let ca_pem = r.ca_pem.filter(|c| !c.trim().is_empty());
     if let Some(pem) = &ca_pem {
-        crate::fanout::remote::parse_ca_pem(pem).map_err(bad)?;
+        crate::children::remote::parse_ca_pem(pem).map_err(bad)?;
     }
     Ok(RemoteEndpoint {
         url,
@@ -172,7 +172,7 @@ async fn attach_remote(
             )))
         }
     };
-    app.fanout.sync().await;
+    app.children.sync().await;
     audit::event("topic.attach", caller.actor(), &format!("{parent}/{link}"));
     let view = app.meta.view();
     let current = view.topics.get(&parent).cloned().unwrap_or(topic);
@@ -261,7 +261,7 @@ pub async fn detach(
         child: child.clone(),
     })
     .await?;
-    app.fanout.sync().await;
+    app.children.sync().await;
     audit::event("topic.detach", caller.actor(), &format!("{parent}/{child}"));
     Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -236,7 +236,7 @@ pub async fn create(
         }
     };
     app.apply_topics()?;
-    app.fanout.sync().await;
+    app.children.sync().await;
     app.queries.await_members_applied(&topic).await;
     audit::event("topic.create", caller.actor(), &topic.name);
     if let Some(parent) = &req.parent {
@@ -429,7 +429,7 @@ pub async fn delete(
     };
     app.ingest.forget_topic(deleted.id);
     // Cursors copying into or out of it stop before its data goes.
-    app.fanout.sync().await;
+    app.children.sync().await;
     app.apply_topics()?;
     app.queries.await_members_applied(&deleted).await;
     audit::event("topic.delete", caller.actor(), &name);

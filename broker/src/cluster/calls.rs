@@ -17,10 +17,10 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::wire::{
-    AssignmentReply, AssignmentRequest, ChunkRequest, CommitBatch, ConsumeRequest,
-    FanoutCursorsRequest, ForwardProduce, GetTopicReply, GetTopicRequest, HandoffReply,
-    HandoffRequest, JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest,
-    RemoteLinkState, SegmentList, SettleRequest, StatsRequest, TransferRequest,
+    AssignmentReply, AssignmentRequest, ChildCursorsRequest, ChunkRequest, CommitBatch,
+    ConsumeRequest, ForwardProduce, GetTopicReply, GetTopicRequest, HandoffReply, HandoffRequest,
+    JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest, RemoteLinkState,
+    SegmentList, SettleRequest, StatsRequest, TransferRequest,
 };
 use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
 
@@ -92,10 +92,10 @@ json_call!(ChunkRequest => Bytes, Duration::from_secs(30), |_r| Opcode::FetchSeg
 /// the request names which.
 #[derive(serde::Serialize)]
 #[serde(transparent)]
-pub struct CursorLags(pub FanoutCursorsRequest);
+pub struct CursorLags(pub ChildCursorsRequest);
 #[derive(serde::Serialize)]
 #[serde(transparent)]
-pub struct RemoteLinkStates(pub FanoutCursorsRequest);
+pub struct RemoteLinkStates(pub ChildCursorsRequest);
 json_call!(CursorLags => std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u64>>,
     DEFAULT_TIMEOUT, |_r| Opcode::FanoutCursors);
 json_call!(RemoteLinkStates => std::collections::BTreeMap<String, RemoteLinkState>,
@@ -380,7 +380,7 @@ mod tests {
 
     #[test]
     fn every_typed_call_matches_its_row() {
-        let cursors = || FanoutCursorsRequest {
+        let cursors = || ChildCursorsRequest {
             parent_id: 1,
             parent: "p".into(),
         };

@@ -114,17 +114,17 @@ pub struct RemoteChildCommitter {
     pub cluster: Arc<Cluster>,
 }
 
-impl crate::fanout::ChildCommitter for RemoteChildCommitter {
+impl crate::children::ChildCommitter for RemoteChildCommitter {
     fn commit(
         &self,
         child: Arc<narad_meta::Topic>,
         partition: u32,
         records: Vec<narad_storage::NewRecord>,
-    ) -> crate::fanout::sink::CommitFuture<'_> {
+    ) -> crate::children::sink::CommitFuture<'_> {
         Box::pin(async move {
             let owner = Cluster::owner(&child, partition)
                 .ok_or_else(|| {
-                    crate::fanout::ChildCommitError(format!(
+                    crate::children::ChildCommitError(format!(
                         "partition {partition} of child topic {} is not assigned yet",
                         child.name
                     ))
@@ -143,7 +143,7 @@ impl crate::fanout::ChildCommitter for RemoteChildCommitter {
             };
             commit_on(&self.cluster, &owner, batch)
                 .await
-                .map_err(crate::fanout::ChildCommitError)
+                .map_err(crate::children::ChildCommitError)
         })
     }
 }

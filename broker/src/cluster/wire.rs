@@ -223,7 +223,7 @@ pub struct AssignmentReply {
 /// `FanoutCursors` (17): the lag of every fan-out cursor the callee runs for parent
 /// partitions of `parent_id`; the reply is `{child: {partition: lag}}`.
 #[derive(Debug, Serialize, Deserialize)]
-pub struct FanoutCursorsRequest {
+pub struct ChildCursorsRequest {
     pub parent_id: u64,
     pub parent: String,
 }
@@ -701,7 +701,7 @@ mod prop_tests {
                         probe: join.2,
                     })),
                     to(serde_json::to_vec(&GetTopicRequest { name: join.3 })),
-                    to(serde_json::to_vec(&FanoutCursorsRequest {
+                    to(serde_json::to_vec(&ChildCursorsRequest {
                         parent_id: misc.2,
                         parent: misc.0.clone(),
                     })),
@@ -733,7 +733,7 @@ mod prop_tests {
             + ok::<TransferRequest>(body)
             + ok::<JoinRequest>(body)
             + ok::<GetTopicRequest>(body)
-            + ok::<FanoutCursorsRequest>(body)
+            + ok::<ChildCursorsRequest>(body)
             + ok::<ProposeRequest>(body)
     }
 
@@ -758,7 +758,7 @@ mod prop_tests {
                 same::<TransferRequest>(&bodies[7]),
                 same::<JoinRequest>(&bodies[8]),
                 same::<GetTopicRequest>(&bodies[9]),
-                same::<FanoutCursorsRequest>(&bodies[10]),
+                same::<ChildCursorsRequest>(&bodies[10]),
                 same::<ProposeRequest>(&bodies[11]),
             ];
             prop_assert!(checks.iter().all(|c| *c), "{:?}", checks);

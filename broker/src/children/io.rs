@@ -29,7 +29,7 @@ impl IoThreads {
         for i in 0..n.max(1) {
             let rx = rx.clone();
             std::thread::Builder::new()
-                .name(format!("narad-fanout-{i}"))
+                .name(format!("narad-child-{i}"))
                 .spawn(move || {
                     lower_priority();
                     loop {
@@ -100,7 +100,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert!(name.unwrap().starts_with("narad-fanout-"));
+        assert!(name.unwrap().starts_with("narad-child-"));
         assert_eq!(nice, NICE);
         let sum: u64 = futures::future::join_all((0..50u64).map(|i| io.run(move || i)))
             .await

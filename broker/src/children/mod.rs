@@ -14,7 +14,7 @@
 //! `max_idle_sleep`), reading nothing else: an idle cursor with a huge delayed backlog costs
 //! one sleeping task.
 //!
-//! Lifecycle: [`Fanout::sync`] brings the running cursors in line with the metadata (the
+//! Lifecycle: [`Children::sync`] brings the running cursors in line with the metadata (the
 //! links and the locally open parent partitions) and waits until stopped cursors have
 //! stopped; the attach, detach, delete and create handlers call it before answering, so an
 //! attach copies everything committed after its answer and a detach stops copying at once.
@@ -28,10 +28,10 @@
 //!
 //! Cluster hooks (see also `sink`): a remote [`ChildCommitter`] for child partitions owned
 //! elsewhere; cursors of parent partitions owned elsewhere report lag over node RPC
-//! (`FanoutCursors`; [`Fanout::lag`] marks them incomplete until then); anchoring a cursor
+//! (`FanoutCursors`; [`Children::lag`] marks them incomplete until then); anchoring a cursor
 //! on a node whose view may be stale needs the leader's confirmation (SPEC §6.1): cursor
 //! files of unknown links are removed only once the view is confirmed current
-//! ([`Fanout::confirm_view`]: the node's own registration was applied locally); a moved partition keeps its cursors if the move copies the
+//! ([`Children::confirm_view`]: the node's own registration was applied locally); a moved partition keeps its cursors if the move copies the
 //! partition directory (they live in `<partition dir>/fanout/`).
 
 pub mod cursor;
@@ -53,7 +53,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::now_ms;
-use crate::metrics::{FanoutLabels, FanoutPartitionLabels, Metrics, RemoteSendErrorLabels};
+use crate::metrics::{ChildLabels, ChildPartitionLabels, Metrics, RemoteSendErrorLabels};
 use crate::partition::{Partition, Registry};
 use cursor::{CursorDir, CursorFile, CursorId, Loaded};
 use io::IoThreads;
@@ -62,7 +62,7 @@ pub use sink::{ChildCommitError, ChildCommitter, RoutedCommitter};
 
 /// Tunables (SPEC §8 `fanout.*`, §11).
 #[derive(Debug, Clone)]
-pub struct FanoutConfig {
+pub struct ChildrenConfig {
     pub max_batch_records: usize,
     pub max_batch_bytes: usize,
     pub linger: Duration,
@@ -75,9 +75,9 @@ pub struct FanoutConfig {
     pub credentials: Option<Arc<crate::security::sealing::CredentialKey>>,
 }
 
-impl Default for FanoutConfig {
+impl Default for ChildrenConfig {
     fn default() -> Self {
-        FanoutConfig {
+        ChildrenConfig {
             max_batch_records: 4096,
             max_batch_bytes: 4 * 1024 * 1024,
             linger: Duration::from_millis(25),
@@ -184,14 +184,14 @@ impl CursorState {
             epoch: self.epoch,
         }
     }
-    fn labels(&self) -> FanoutLabels {
-        FanoutLabels {
+    fn labels(&self) -> ChildLabels {
+        ChildLabels {
             parent: self.parent.clone(),
             child: self.child.clone(),
         }
     }
-    fn partition_labels(&self) -> FanoutPartitionLabels {
-        FanoutPartitionLabels {
+    fn partition_labels(&self) -> ChildPartitionLabels {
+        ChildPartitionLabels {
             parent: self.parent.clone(),
             child: self.child.clone(),
             partition: self.partition.to_string(),
@@ -200,12 +200,12 @@ impl CursorState {
 }
 
 /// The fan-out engine of one node.
-pub struct Fanout {
+pub struct Children {
     meta: Meta,
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
     committer: Arc<dyn ChildCommitter>,
-    cfg: FanoutConfig,
+    cfg: ChildrenConfig,
     cursors: Mutex<HashMap<Key, Arc<CursorState>>>,
     /// Cursors told to stop whose tasks may still run.
     stopping: Mutex<Vec<Arc<CursorState>>>,
@@ -226,17 +226,17 @@ pub struct Fanout {
     io: Arc<IoThreads>,
 }
 
-impl Fanout {
+impl Children {
     /// Must be called inside the tokio runtime the cursors will run on.
     pub fn new(
         meta: Meta,
         registry: Arc<Registry>,
         metrics: Arc<Metrics>,
         committer: Arc<dyn ChildCommitter>,
-        cfg: FanoutConfig,
+        cfg: ChildrenConfig,
         io: Arc<IoThreads>,
     ) -> Arc<Self> {
-        Arc::new(Fanout {
+        Arc::new(Children {
             meta,
             registry,
             metrics,
@@ -402,7 +402,7 @@ impl Fanout {
             let hwm = st.part.log.high_watermark();
             let l = st.partition_labels();
             self.metrics
-                .fanout
+                .children
                 .lag
                 .get_or_create(&l)
                 .set(hwm.saturating_sub(next) as i64);
@@ -414,11 +414,11 @@ impl Fanout {
             } else {
                 0.0
             };
-            self.metrics.fanout.due_lag.get_or_create(&l).set(due_lag);
+            self.metrics.children.due_lag.get_or_create(&l).set(due_lag);
             if st.detached.load(Ordering::Acquire) {
                 // Its link went while this scrape ran: the cursor removed its series already.
-                self.metrics.fanout.lag.remove(&l);
-                self.metrics.fanout.due_lag.remove(&l);
+                self.metrics.children.lag.remove(&l);
+                self.metrics.children.due_lag.remove(&l);
             }
         }
     }
@@ -668,7 +668,7 @@ impl Fanout {
                 route::CursorStep::Skip { to: oldest, lost } => {
                     // Retention removed records this cursor had not copied yet.
                     self.metrics
-                        .fanout
+                        .children
                         .dropped
                         .get_or_create(&st.labels())
                         .inc_by(lost);
@@ -764,7 +764,7 @@ impl Fanout {
             dirty = true;
             backoff = RETRY_MIN;
             let bytes: usize = batch.iter().map(|r| r.payload.len()).sum();
-            let m = &self.metrics.fanout;
+            let m = &self.metrics.children;
             if st.remote.is_none() {
                 m.committed.get_or_create(&st.labels()).inc_by(n as u64);
             }
@@ -775,8 +775,8 @@ impl Fanout {
             drop(file);
             let _ = self.io.run(move || dir.remove(id)).await;
             let l = st.partition_labels();
-            self.metrics.fanout.lag.remove(&l);
-            self.metrics.fanout.due_lag.remove(&l);
+            self.metrics.children.lag.remove(&l);
+            self.metrics.children.due_lag.remove(&l);
             // The link's own series go with its last cursor here, unless a link of the same
             // names runs again (re-attached: the series are its own).
             let again = self
@@ -868,7 +868,7 @@ impl Fanout {
                 tracing::error!(parent = %st.parent, child = %st.child, partition = st.partition, offset,
                     %reason, "skipping an unreadable parent record; it is not copied");
                 self.metrics
-                    .fanout
+                    .children
                     .dropped
                     .get_or_create(&st.labels())
                     .inc_by(offset + 1 - *pos);
@@ -1021,7 +1021,7 @@ impl Fanout {
                     if verdict == Verdict::Skip {
                         self.count_send_error(st, reason);
                         self.metrics
-                            .fanout
+                            .children
                             .dropped
                             .get_or_create(&st.labels())
                             .inc();
@@ -1030,7 +1030,7 @@ impl Fanout {
                             "the remote refused a record on its own; it is skipped (not copied)");
                     } else {
                         self.metrics
-                            .fanout
+                            .children
                             .committed
                             .get_or_create(&st.labels())
                             .inc_by(n as u64);

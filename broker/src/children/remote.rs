@@ -1041,7 +1041,7 @@ mod tests {
             password: Some("s3cret-pw".into()),
             ca_pem: None,
         };
-        let only_10 = crate::fanout::hosts::HostPolicy::parse(["10.0.0.0/8"]).unwrap();
+        let only_10 = crate::children::hosts::HostPolicy::parse(["10.0.0.0/8"]).unwrap();
         let c = RemoteClient::new(&ep("http://127.0.0.1:9"), &only_10, Ok(None)).unwrap();
         let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
         assert_eq!(e.reason(), "refused", "{e}");
@@ -1051,7 +1051,7 @@ mod tests {
             "{e}"
         );
         // Never, whatever the list says (a link attached before the rule).
-        let any = crate::fanout::hosts::HostPolicy::parse(["*"]).unwrap();
+        let any = crate::children::hosts::HostPolicy::parse(["*"]).unwrap();
         let c = RemoteClient::new(&ep("http://169.254.169.254"), &any, Ok(None)).unwrap();
         let e = c.send_single(&rec(0, None, b"x")).await.unwrap_err();
         assert_eq!(e.reason(), "refused", "{e}");
