@@ -40,6 +40,8 @@ pub mod io;
 pub mod remote;
 pub mod route;
 pub mod sink;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
