@@ -287,3 +287,318 @@ impl Queries {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! `Queries` on a node whose topic is spread over four members: itself, a fake peer that
+    //! answers over the real node-RPC transport, one that refuses connections, and one the
+    //! metadata marks dead.
+
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use bytes::Bytes;
+    use narad_meta::{MetaCommand, MetaOptions, TopicConfig};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::cluster::wire::StatsRequest;
+    use crate::cluster::Timing;
+    use crate::metrics::Metrics;
+    use crate::rpc::{handler_fn, ClusterAuth, ClusterSecret, Opcode, Peers, RpcReply, RpcServer};
+
+    /// What the fake peer `n2` saw and how it behaves.
+    #[derive(Default)]
+    struct Peer {
+        /// The `min_index` of the last catch-up request.
+        min_index: AtomicU64,
+        /// Answer nothing (a member that does not confirm in time).
+        stall: AtomicBool,
+        /// The partition of `t` it owns (set once the topic exists).
+        owns: AtomicU64,
+    }
+
+    struct Rig {
+        _dir: tempfile::TempDir,
+        _server: RpcServer,
+        peer: Arc<Peer>,
+        meta: Meta,
+        queries: Queries,
+        /// Partition → owner.
+        owners: BTreeMap<u32, String>,
+    }
+
+    impl Rig {
+        fn owned_by(&self, id: &str) -> u32 {
+            *self.owners.iter().find(|(_, o)| *o == id).unwrap().0
+        }
+        fn topic(&self) -> Arc<Topic> {
+            self.meta.view().topics["t"].clone()
+        }
+    }
+
+    async fn rig() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = ClusterSecret::new("queries test secret");
+        let peer = Arc::new(Peer::default());
+        let p = peer.clone();
+        // `n2` owns one partition of `t` (high watermark 42) and its child cursor lags 7.
+        let server = RpcServer::bind(
+            "127.0.0.1:0",
+            "n2",
+            secret.clone(),
+            handler_fn(move |_from, op, body: Bytes| {
+                let p = p.clone();
+                async move {
+                    if p.stall.load(Ordering::Acquire) {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                    }
+                    if op == Opcode::TopicPartitionStats.code() {
+                        let req: StatsRequest = serde_json::from_slice(&body).unwrap();
+                        if let Some(i) = req.min_index {
+                            p.min_index.store(i, Ordering::Release);
+                        }
+                        let stats: Vec<PartitionStats> = req
+                            .partitions
+                            .iter()
+                            .map(|&index| PartitionStats {
+                                index,
+                                high_watermark: 42,
+                                owner_node: "n2".into(),
+                                status: "ok".into(),
+                                ..Default::default()
+                            })
+                            .collect();
+                        RpcReply::json(200, &stats)
+                    } else if op == Opcode::FanoutCursors.code() {
+                        let mine = p.owns.load(Ordering::Acquire).to_string();
+                        RpcReply::json(200, &serde_json::json!({"c": {mine: 7}}))
+                    } else {
+                        RpcReply::unsupported(op)
+                    }
+                }
+            }),
+        )
+        .await
+        .unwrap();
+        let meta = Meta::open_standalone(
+            &dir.path().join("metastore"),
+            MetaOptions {
+                node_id: "n1".into(),
+                cluster_addr: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while meta.current_leader().is_none() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("a standalone node leads");
+        let n2_addr = server.local_addr().to_string();
+        for (id, addr) in [
+            ("n1", String::new()),
+            ("n2", n2_addr.clone()),
+            // Nothing listens on port 1: every call is refused at once.
+            ("n3", "127.0.0.1:1".to_string()),
+            ("n4", "127.0.0.1:1".to_string()),
+        ] {
+            meta.write(MetaCommand::RegisterMember {
+                id: id.into(),
+                api_addr: String::new(),
+                cluster_addr: addr,
+                version: "test".into(),
+                now_ms: 1_000,
+            })
+            .await
+            .unwrap();
+        }
+        for (name, partitions) in [("t", 4), ("c", 1)] {
+            meta.write(MetaCommand::CreateTopic {
+                name: name.into(),
+                config: TopicConfig {
+                    partitions,
+                    retention_ms: 0,
+                    visibility_timeout_ms: 30_000,
+                    max_in_flight_per_partition: 1024,
+                    max_acked_ahead_per_partition: 1024,
+                },
+                owner: None,
+                schema: None,
+                created_at_ms: 1_000,
+            })
+            .await
+            .unwrap();
+        }
+        meta.write(MetaCommand::AttachChild {
+            parent: "t".into(),
+            child: "c".into(),
+            delay_ms: 0,
+            now_ms: 1_000,
+        })
+        .await
+        .unwrap();
+        meta.write(MetaCommand::MarkMemberDead {
+            id: "n4".into(),
+            last_seen_ms: 1_000,
+        })
+        .await
+        .unwrap();
+        let view = meta.view();
+        let owners: BTreeMap<u32, String> = view.topics["t"]
+            .assignments
+            .iter()
+            .enumerate()
+            .map(|(p, a)| (p as u32, a.owner.clone().unwrap()))
+            .collect();
+        assert_eq!(owners.len(), 4);
+        for id in ["n1", "n2", "n3", "n4"] {
+            assert_eq!(
+                owners.values().filter(|o| *o == id).count(),
+                1,
+                "{owners:?}"
+            );
+        }
+        let n2_owns = owners.iter().find(|(_, o)| *o == "n2").map(|(p, _)| *p);
+        peer.owns
+            .store(u64::from(n2_owns.unwrap()), Ordering::Release);
+
+        let metrics = Arc::new(Metrics::new());
+        let registry = Arc::new(
+            Registry::new(
+                dir.path().join("topics"),
+                narad_storage::LogConfig::default(),
+                metrics.clone(),
+            )
+            .unwrap(),
+        );
+        registry.apply(&view, "n1").unwrap();
+        let cluster = Arc::new(Cluster::new(
+            "n1".into(),
+            meta.clone(),
+            Peers::new("n1", ClusterAuth::new(secret, None)),
+            vec![("n2".into(), n2_addr)],
+            vec![],
+            String::new(),
+            Timing {
+                heartbeat: Duration::from_secs(5),
+                dead_after: Duration::from_secs(30),
+            },
+            100,
+        ));
+        let wal = crate::wal::Wal::open(
+            &dir.path().join("ingress"),
+            crate::wal::WalOptions::default(),
+        )
+        .unwrap()
+        .wal;
+        let (visibility, _demands) = crate::wal::dispatcher::Visibility::new(wal);
+        let delivery = Arc::new(Delivery::new(
+            meta.clone(),
+            registry.clone(),
+            cluster.clone(),
+            metrics.clone(),
+            Duration::from_secs(1),
+            visibility,
+            CancellationToken::new(),
+        ));
+        let children = Children::new(
+            meta.clone(),
+            registry.clone(),
+            metrics,
+            Arc::new(NoChild),
+            crate::children::ChildrenConfig::default(),
+            crate::children::io::IoThreads::start(1).unwrap(),
+        );
+        children.confirm_view();
+        children.sync().await;
+        let queries = Queries::new(
+            "n1".into(),
+            meta.clone(),
+            registry,
+            cluster,
+            delivery,
+            children,
+        );
+        Rig {
+            _dir: dir,
+            _server: server,
+            peer,
+            meta,
+            queries,
+            owners,
+        }
+    }
+
+    /// A child committer for cursors that never have anything to copy.
+    struct NoChild;
+    impl crate::children::ChildCommitter for NoChild {
+        fn commit(
+            &self,
+            _child: Arc<Topic>,
+            _partition: u32,
+            _records: Vec<narad_storage::NewRecord>,
+        ) -> crate::children::sink::CommitFuture<'_> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn topic_stats_come_from_every_owner_and_say_why_one_is_missing() {
+        let rig = rig().await;
+        let topic = rig.topic();
+        let stats = rig.queries.topic_stats(&topic, &[0, 1, 2, 3]).await;
+        assert_eq!(
+            stats.iter().map(|s| s.index).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
+        let of = |id: &str| &stats[rig.owned_by(id) as usize];
+        // Read here.
+        assert_eq!(of("n1").status, "ok");
+        assert_eq!(of("n1").owner_node, "n1");
+        // Asked of its owner.
+        assert_eq!(of("n2").status, "ok");
+        assert_eq!(of("n2").high_watermark, 42);
+        // An owner that refuses the connection, and one the metadata marks dead (not asked).
+        assert_eq!(of("n3").status, "owner_unavailable");
+        assert_eq!(of("n3").owner_liveness.as_deref(), Some("unreachable"));
+        assert_eq!(of("n4").status, "owner_unavailable");
+        assert_eq!(of("n4").owner_liveness.as_deref(), Some("dead"));
+
+        // Only the partitions asked for.
+        let p2 = rig.owned_by("n2");
+        let one = rig.queries.topic_stats(&topic, &[p2]).await;
+        assert_eq!(one.len(), 1);
+        assert_eq!((one[0].index, one[0].high_watermark), (p2, 42));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn children_lag_adds_the_other_owners_cursors_and_says_when_it_is_a_lower_bound() {
+        let rig = rig().await;
+        let topic = rig.topic();
+        let lag = rig.queries.children_lag(&rig.meta.view(), &topic).await;
+        // This node's cursor (caught up: 0) plus n2's (7); n3 and n4 did not report.
+        assert_eq!(lag.get("c"), Some(&(7, false)), "{lag:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_topic_change_waits_for_members_to_apply_it_but_no_longer_than_the_bound() {
+        let rig = rig().await;
+        let topic = rig.topic();
+        rig.queries.await_members_applied(&topic).await;
+        // n2 was asked to catch up to this node's applied index.
+        assert_eq!(
+            rig.peer.min_index.load(Ordering::Acquire),
+            rig.meta.applied_index()
+        );
+        // A member that does not answer holds the change up for the bound only.
+        rig.peer.stall.store(true, Ordering::Release);
+        let started = Instant::now();
+        rig.queries.await_members_applied(&topic).await;
+        let took = started.elapsed();
+        assert!(took >= MEMBER_CATCH_UP, "{took:?}");
+        assert!(took < MEMBER_CATCH_UP + Duration::from_secs(5), "{took:?}");
+    }
+}
