@@ -46,6 +46,8 @@ pub const REROUTE_AFTER_FAILURES: u32 = 3;
 /// After that, new records for the partition go to siblings for this long before its owner
 /// is tried again (a partition is not retried 3 times for every new record).
 const STUCK_FOR: Duration = Duration::from_secs(1);
+/// How soon a partition that is not open yet is tried again.
+const NOT_READY_RETRY: Duration = Duration::from_millis(20);
 /// A partition with at least this many pending records commits without lingering.
 const LINGER_RECORDS: usize = 256;
 
@@ -196,11 +198,7 @@ pub struct Dispatcher {
     /// a slot gather larger batches, so the disk sees fewer, larger fsyncs.
     parallel: usize,
     busy: HashMap<Key, ()>,
-    retry_at: HashMap<Key, Instant>,
-    /// Consecutive failed passes per partition.
-    failures: HashMap<Key, u32>,
-    /// Partitions whose records go to siblings until then (after repeated failures).
-    stuck_until: HashMap<Key, Instant>,
+    faults: Faults,
     /// Local commits in flight (at most `parallel`; remote ones up to `MAX_PARALLEL`).
     local_busy: usize,
 }
@@ -236,9 +234,7 @@ impl Dispatcher {
             waiting: Vec::new(),
             parallel: parallel.clamp(1, MAX_PARALLEL),
             busy: HashMap::new(),
-            retry_at: HashMap::new(),
-            failures: HashMap::new(),
-            stuck_until: HashMap::new(),
+            faults: Faults::default(),
             local_busy: 0,
         }
     }
@@ -352,10 +348,8 @@ impl Dispatcher {
                 .filter_map(|(k, q)| self.due(k, q.len(), now).err())
                 .min();
             let next_retry = self
-                .retry_at
-                .values()
-                .min()
-                .copied()
+                .faults
+                .next_retry()
                 .into_iter()
                 .chain(next_linger)
                 .min();
@@ -390,8 +384,7 @@ impl Dispatcher {
                     }
                 }
                 _ = tokio::time::sleep_until(next_retry.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600))), if next_retry.is_some() => {
-                    let now = Instant::now();
-                    self.retry_at.retain(|_, at| *at > now);
+                    self.faults.expire_retries(Instant::now());
                     // Lingering partitions are picked up by start_jobs.
                 }
             }
@@ -413,7 +406,7 @@ impl Dispatcher {
             return false;
         }
         let now = Instant::now();
-        self.stuck_until.retain(|_, until| *until > now);
+        self.faults.expire_stuck(now);
         let linger = self.idle_linger;
         self.last_start.retain(|_, at| *at + linger > now);
         let ready: Vec<Key> = self
@@ -421,7 +414,7 @@ impl Dispatcher {
             .iter()
             .filter(|(k, q)| {
                 !self.busy.contains_key(k)
-                    && (!self.retry_at.contains_key(k) || self.is_stuck(k))
+                    && (!self.faults.waiting(k) || self.faults.is_stuck(k))
                     && self.due(k, q.len(), now).is_ok()
             })
             .map(|(k, _)| *k)
@@ -435,18 +428,18 @@ impl Dispatcher {
             let owner_dead = matches!(route, Route::Remote { dead: true, .. });
             // Failed too often, now or within the last `STUCK_FOR`: its records (new ones
             // too) go to a sibling rather than to it again.
-            let failing = self.is_stuck(&key);
+            let failing = self.faults.is_stuck(&key);
             if (owner_dead || failing) && !matches!(route, Route::Gone) {
-                if self.reroute(key) {
+                if self.reroute(key, now) {
                     rerouted = true;
                     continue;
                 }
-                if self.retry_at.contains_key(&key) {
+                if self.faults.waiting(&key) {
                     continue;
                 }
                 if owner_dead {
                     // No live sibling: keep the records (the WAL holds them) and try later.
-                    self.retry_at.insert(key, now + RETRY_BACKOFF);
+                    self.faults.later(key, now + RETRY_BACKOFF);
                     continue;
                 }
             }
@@ -462,14 +455,13 @@ impl Dispatcher {
                         records = records.len(),
                         "discarding wal records of a deleted topic"
                     );
-                    self.failures.remove(&key);
+                    self.faults.succeeded(key);
                     self.wal.committed(&records);
                     self.moved(key, records.len());
                 }
                 Route::NotReady => {
                     self.requeue(key, records);
-                    self.retry_at
-                        .insert(key, Instant::now() + Duration::from_millis(20));
+                    self.faults.later(key, Instant::now() + NOT_READY_RETRY);
                 }
                 Route::Local(part) => {
                     trace_records("local", key, &records);
@@ -531,21 +523,14 @@ impl Dispatcher {
         records
     }
 
-    /// Whether `key` failed too often lately: its records go to siblings.
-    fn is_stuck(&self, key: &Key) -> bool {
-        self.failures.get(key).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES
-            || self.stuck_until.contains_key(key)
-    }
-
     /// Moves every pending record of `key` to the next live, non-stuck partition of its
     /// topic. Returns false (and moves nothing) when there is none.
-    fn reroute(&mut self, key: Key) -> bool {
-        let usable = |p: u32| p != key.1 && !self.is_stuck(&(key.0, p));
+    fn reroute(&mut self, key: Key, now: Instant) -> bool {
+        let usable = |p: u32| p != key.1 && !self.faults.is_stuck(&(key.0, p));
         let Some(to) = self.router.reroute(key.0, key.1, &usable) else {
             return false;
         };
-        if self.failures.remove(&key).is_some() {
-            self.stuck_until.insert(key, Instant::now() + STUCK_FOR);
+        if self.faults.rerouted(key, now) {
             tracing::warn!(topic_id = key.0, partition = key.1, to,
                 "partition failed {REROUTE_AFTER_FAILURES} passes in a row; its records go to sibling partitions for now");
         }
@@ -556,7 +541,6 @@ impl Dispatcher {
             let moved: Vec<DurableRecord> = queue.iter().cloned().collect();
             trace_records(&format!("reroute to {to}"), key, &moved);
         }
-        self.retry_at.remove(&key);
         self.forced.remove(&key);
         let n = queue.len();
         self.moved(key, n);
@@ -593,22 +577,93 @@ impl Dispatcher {
         match outcome.result {
             Ok(()) => {
                 trace_records("done", outcome.key, &outcome.records);
-                self.failures.remove(&outcome.key);
+                self.faults.succeeded(outcome.key);
                 self.wal.committed(&outcome.records);
                 self.moved(outcome.key, outcome.records.len());
             }
             Err(e) => {
                 trace_records("failed", outcome.key, &outcome.records);
                 self.metrics.error("dispatcher", "commit");
-                let n = self.failures.entry(outcome.key).or_insert(0);
-                *n += 1;
-                tracing::warn!(topic_id = outcome.key.0, partition = outcome.key.1, failures = *n, error = %e,
+                let failures = self.faults.failed(outcome.key, Instant::now());
+                tracing::warn!(topic_id = outcome.key.0, partition = outcome.key.1, failures, error = %e,
                     "partition commit failed; the records stay in the wal and are retried");
                 self.requeue(outcome.key, outcome.records);
-                self.retry_at
-                    .insert(outcome.key, Instant::now() + RETRY_BACKOFF);
             }
         }
+    }
+}
+
+/// What the dispatcher remembers of failing partitions, with time passed in: a partition is
+/// retried no earlier than [`RETRY_BACKOFF`] after a failed pass (or a set time after a
+/// route that is not ready); after [`REROUTE_AFTER_FAILURES`] failed passes in a row its
+/// records go to sibling partitions, and once rerouted it stays skipped for [`STUCK_FOR`]
+/// (a partition whose owner keeps failing is not tried again with every new record).
+#[derive(Debug, Default)]
+struct Faults {
+    /// Partitions not to try before then.
+    retry_at: HashMap<Key, Instant>,
+    /// Consecutive failed passes per partition.
+    failures: HashMap<Key, u32>,
+    /// Partitions whose records go to siblings until then (after repeated failures).
+    stuck_until: HashMap<Key, Instant>,
+}
+
+impl Faults {
+    /// A failed pass of `key` at `now`: retried after [`RETRY_BACKOFF`]. Returns the
+    /// failures in a row.
+    fn failed(&mut self, key: Key, now: Instant) -> u32 {
+        let n = self.failures.entry(key).or_insert(0);
+        *n += 1;
+        self.retry_at.insert(key, now + RETRY_BACKOFF);
+        *n
+    }
+
+    /// A pass of `key` that committed (or discarded) its batch: the run of failures ends.
+    fn succeeded(&mut self, key: Key) {
+        self.failures.remove(&key);
+    }
+
+    /// Not to try `key` before `at`.
+    fn later(&mut self, key: Key, at: Instant) {
+        self.retry_at.insert(key, at);
+    }
+
+    /// Whether `key` waits for a retry time.
+    fn waiting(&self, key: &Key) -> bool {
+        self.retry_at.contains_key(key)
+    }
+
+    /// Whether `key` failed too often lately: its records go to siblings.
+    fn is_stuck(&self, key: &Key) -> bool {
+        self.failures.get(key).copied().unwrap_or(0) >= REROUTE_AFTER_FAILURES
+            || self.stuck_until.contains_key(key)
+    }
+
+    /// `key`'s records went to a sibling at `now`. A partition that was failing stays
+    /// skipped for [`STUCK_FOR`] and its count starts over (returns true then); one rerouted
+    /// for a dead owner is not marked. Its retry time no longer applies.
+    fn rerouted(&mut self, key: Key, now: Instant) -> bool {
+        self.retry_at.remove(&key);
+        let was_failing = self.failures.remove(&key).is_some();
+        if was_failing {
+            self.stuck_until.insert(key, now + STUCK_FOR);
+        }
+        was_failing
+    }
+
+    /// The earliest retry time.
+    fn next_retry(&self) -> Option<Instant> {
+        self.retry_at.values().min().copied()
+    }
+
+    /// Retry times reached by `now` are over.
+    fn expire_retries(&mut self, now: Instant) {
+        self.retry_at.retain(|_, at| *at > now);
+    }
+
+    /// Skips that ended by `now` are over.
+    fn expire_stuck(&mut self, now: Instant) {
+        self.stuck_until.retain(|_, until| *until > now);
     }
 }
 
@@ -657,6 +712,59 @@ pub(crate) fn commit_records(part: &Partition, batch: &[NewRecord]) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_partition_waits_its_backoff_and_is_skipped_once_it_failed_too_often() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let (k, other) = ((1, 0), (1, 1));
+        let mut f = Faults::default();
+        assert_eq!(f.failed(k, t0), 1);
+        assert!(f.waiting(&k) && !f.waiting(&other));
+        assert_eq!(f.next_retry(), Some(t0 + RETRY_BACKOFF));
+        // Never before the backoff is over.
+        f.expire_retries(t0 + RETRY_BACKOFF - ms);
+        assert!(f.waiting(&k));
+        f.expire_retries(t0 + RETRY_BACKOFF);
+        assert!(!f.waiting(&k));
+        assert_eq!(f.next_retry(), None);
+        // A success ends the run: the count starts over.
+        f.succeeded(k);
+        for n in 1..REROUTE_AFTER_FAILURES {
+            assert_eq!(f.failed(k, t0), n);
+            assert!(!f.is_stuck(&k), "{n} failures");
+        }
+        assert_eq!(f.failed(k, t0), REROUTE_AFTER_FAILURES);
+        assert!(f.is_stuck(&k));
+        assert!(!f.is_stuck(&other));
+    }
+
+    #[test]
+    fn a_rerouted_failing_partition_stays_skipped_for_stuck_for_then_is_tried_again() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        let k = (1, 0);
+        let mut f = Faults::default();
+        for _ in 0..REROUTE_AFTER_FAILURES {
+            f.failed(k, t0);
+        }
+        let t1 = t0 + 5 * ms;
+        assert!(f.rerouted(k, t1), "it was failing: marked");
+        // Its retry time no longer applies; its records went elsewhere.
+        assert!(!f.waiting(&k));
+        f.expire_stuck(t1 + STUCK_FOR - ms);
+        assert!(f.is_stuck(&k), "still skipped");
+        f.expire_stuck(t1 + STUCK_FOR);
+        assert!(!f.is_stuck(&k), "tried again");
+        // A fresh run of failures is needed to skip it again.
+        assert_eq!(f.failed(k, t1 + STUCK_FOR), 1);
+        assert!(!f.is_stuck(&k));
+        // Records moved off a partition whose owner is dead do not mark it.
+        let dead = (1, 2);
+        f.later(dead, t1 + RETRY_BACKOFF);
+        assert!(!f.rerouted(dead, t1));
+        assert!(!f.is_stuck(&dead) && !f.waiting(&dead));
+    }
 
     #[test]
     fn a_partition_commits_at_most_once_per_linger_unless_its_queue_is_full() {
