@@ -158,36 +158,15 @@ pub fn seeding_settled(view: &MetaState) -> bool {
 mod tests {
     use std::time::Duration;
 
-    use narad_meta::{MetaCommand, MetaOptions};
+    use narad_meta::MetaCommand;
 
     use super::*;
-    use crate::cluster::Timing;
 
     /// A standalone node's metadata, cluster view and health, nothing started yet.
     async fn standalone(dir: &std::path::Path, security_on: bool) -> (Meta, Arc<Cluster>, Health) {
-        let meta = Meta::open_standalone(
-            &dir.join("metastore"),
-            MetaOptions {
-                node_id: "n1".into(),
-                cluster_addr: String::new(),
-            },
-        )
-        .await
-        .unwrap();
+        let meta = crate::test_support::standalone_meta(dir).await;
         let auth = crate::rpc::ClusterAuth::new(crate::rpc::ClusterSecret::random(), None);
-        let cluster = Arc::new(Cluster::new(
-            "n1".into(),
-            meta.clone(),
-            crate::rpc::Peers::new("n1", auth),
-            vec![],
-            vec![],
-            String::new(),
-            Timing {
-                heartbeat: Duration::from_secs(5),
-                dead_after: Duration::from_secs(30),
-            },
-            100,
-        ));
+        let cluster = crate::test_support::cluster(&meta, auth, vec![]);
         let health = Health::new("n1".into(), meta.clone(), cluster.clone(), security_on);
         (meta, cluster, health)
     }
@@ -205,22 +184,10 @@ mod tests {
         cluster.set_registered();
     }
 
-    /// Waits (bounded: a hang guard) until the standalone node leads.
-    async fn leading(meta: &Meta) {
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while meta.current_leader().is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("a standalone node leads");
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn ready_once_started_and_registered_and_then_for_good() {
         let dir = tempfile::tempdir().unwrap();
         let (meta, cluster, health) = standalone(dir.path(), false).await;
-        leading(&meta).await;
         assert!(!health.is_ready());
         assert_eq!(health.not_ready_reason(), "starting up");
         health.set_started();
@@ -241,7 +208,6 @@ mod tests {
     async fn with_security_on_readiness_waits_for_the_root_admin() {
         let dir = tempfile::tempdir().unwrap();
         let (meta, cluster, health) = standalone(dir.path(), true).await;
-        leading(&meta).await;
         health.set_started();
         register(&meta, &cluster).await;
         assert!(!health.is_ready());

@@ -298,14 +298,13 @@ mod tests {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use bytes::Bytes;
-    use narad_meta::{MetaCommand, MetaOptions, TopicConfig};
+    use narad_meta::MetaCommand;
     use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::cluster::wire::StatsRequest;
-    use crate::cluster::Timing;
     use crate::metrics::Metrics;
-    use crate::rpc::{handler_fn, ClusterAuth, ClusterSecret, Opcode, Peers, RpcReply, RpcServer};
+    use crate::rpc::{handler_fn, ClusterAuth, ClusterSecret, Opcode, RpcReply, RpcServer};
 
     /// What the fake peer `n2` saw and how it behaves.
     #[derive(Default)]
@@ -381,22 +380,7 @@ mod tests {
         )
         .await
         .unwrap();
-        let meta = Meta::open_standalone(
-            &dir.path().join("metastore"),
-            MetaOptions {
-                node_id: "n1".into(),
-                cluster_addr: String::new(),
-            },
-        )
-        .await
-        .unwrap();
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while meta.current_leader().is_none() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-        .await
-        .expect("a standalone node leads");
+        let meta = crate::test_support::standalone_meta(dir.path()).await;
         let n2_addr = server.local_addr().to_string();
         for (id, addr) in [
             ("n1", String::new()),
@@ -416,21 +400,8 @@ mod tests {
             .unwrap();
         }
         for (name, partitions) in [("t", 4), ("c", 1)] {
-            meta.write(MetaCommand::CreateTopic {
-                name: name.into(),
-                config: TopicConfig {
-                    partitions,
-                    retention_ms: 0,
-                    visibility_timeout_ms: 30_000,
-                    max_in_flight_per_partition: 1024,
-                    max_acked_ahead_per_partition: 1024,
-                },
-                owner: None,
-                schema: None,
-                created_at_ms: 1_000,
-            })
-            .await
-            .unwrap();
+            let create = crate::test_support::create_topic(name, partitions);
+            meta.write(create).await.unwrap();
         }
         meta.write(MetaCommand::AttachChild {
             parent: "t".into(),
@@ -475,19 +446,8 @@ mod tests {
             .unwrap(),
         );
         registry.apply(&view, "n1").unwrap();
-        let cluster = Arc::new(Cluster::new(
-            "n1".into(),
-            meta.clone(),
-            Peers::new("n1", ClusterAuth::new(secret, None)),
-            vec![("n2".into(), n2_addr)],
-            vec![],
-            String::new(),
-            Timing {
-                heartbeat: Duration::from_secs(5),
-                dead_after: Duration::from_secs(30),
-            },
-            100,
-        ));
+        let auth = ClusterAuth::new(secret, None);
+        let cluster = crate::test_support::cluster(&meta, auth, vec![("n2".into(), n2_addr)]);
         let wal = crate::wal::Wal::open(
             &dir.path().join("ingress"),
             crate::wal::WalOptions::default(),

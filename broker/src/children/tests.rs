@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use narad_meta::{Meta, MetaCommand, MetaOptions, TopicConfig};
+use narad_meta::{Meta, MetaCommand};
 use narad_storage::{LogConfig, NewRecord};
 use parking_lot::Mutex;
 
@@ -98,22 +98,7 @@ struct Node {
 }
 
 async fn node(dir: &Path) -> Node {
-    let meta = Meta::open_standalone(
-        &dir.join("metastore"),
-        MetaOptions {
-            node_id: "n1".into(),
-            cluster_addr: String::new(),
-        },
-    )
-    .await
-    .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while meta.current_leader().is_none() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .expect("a standalone node leads");
+    let meta = crate::test_support::standalone_meta(dir).await;
     let metrics = Arc::new(Metrics::new());
     let registry =
         Arc::new(Registry::new(dir.join("topics"), LogConfig::default(), metrics.clone()).unwrap());
@@ -133,20 +118,7 @@ async fn node(dir: &Path) -> Node {
         })
         .await;
         for name in ["p", "c"] {
-            node.write(MetaCommand::CreateTopic {
-                name: name.into(),
-                config: TopicConfig {
-                    partitions: 1,
-                    retention_ms: 0,
-                    visibility_timeout_ms: 30_000,
-                    max_in_flight_per_partition: 1024,
-                    max_acked_ahead_per_partition: 1024,
-                },
-                owner: None,
-                schema: None,
-                created_at_ms: now_ms(),
-            })
-            .await;
+            node.write(crate::test_support::create_topic(name, 1)).await;
         }
     }
     node.registry.apply(&node.meta.view(), "n1").unwrap();
