@@ -24,14 +24,21 @@
 //! Old copies (the previous owner's directory, a target's copy whose flip was refused) are
 //! deleted only once the leader confirms, after a Raft barrier, that this node neither owns
 //! nor receives the partition (SPEC §6.1).
+//!
+//! The target's retry loop decides through a pure state machine (`target::CopyIn`) and
+//! reaches the source and the cluster only through a seam (`target::TargetIo`, implemented
+//! here for [`Moves`]), so unit tests run whole moves against a fake peer (`fake_peer`).
+
+mod target;
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use narad_meta::{Assignment, MetaCommand, Topic};
+use narad_meta::{Assignment, MetaCommand, MetaState, Topic};
 use narad_storage::{PartitionLog, StorageError};
 use parking_lot::Mutex;
 use tokio::io::AsyncWriteExt;
@@ -48,13 +55,13 @@ use crate::metrics::{Metrics, MoveOutcomeLabels};
 use crate::partition::{Partition, Registry, Released};
 use crate::rpc::RpcReply;
 use crate::wal::WalRecord;
+use target::{Action, CopyIn, Finished, Outcome, Progress, SourceHealth, Step, TargetIo, Why};
 
 /// How long an owner stays frozen for a move's final copy before it aborts the move.
 pub const FREEZE: Duration = Duration::from_secs(5);
 /// A pre-copy round that copied less than this goes on to the handoff.
 const SMALL_TAIL: u64 = 1024 * 1024;
 const MAX_PRECOPY_ROUNDS: usize = 20;
-const RETRY: Duration = Duration::from_secs(1);
 
 /// The moves this node takes part in, as owner (freezes, listings, chunks) and as target
 /// (copies in), and the removal of old copies. Holds only the handles it uses.
@@ -172,23 +179,21 @@ pub async fn serve_list(moves: &Moves, req: PartitionRef) -> RpcReply {
         Err(r) => return r,
     };
     part.touch();
-    let listed = tokio::task::spawn_blocking(move || {
-        let state = part.committed_state();
-        (state, read_small_files(part.dir()))
-    })
-    .await;
-    match listed {
-        Ok((state, small_files)) => RpcReply::json(
-            200,
-            &SegmentList {
-                high_watermark: state.high_watermark,
-                oldest_offset: state.oldest_offset,
-                files: state.files.into_iter().map(SegmentInfo::from).collect(),
-                frontier: Some(state.frontier),
-                small_files,
-            },
-        ),
+    match tokio::task::spawn_blocking(move || listing(&part)).await {
+        Ok(list) => RpcReply::json(200, &list),
         Err(e) => RpcReply::fail(ErrorCode::Internal, format!("list task failed: {e}")),
+    }
+}
+
+/// The listing of an owned partition as of one instant (blocking).
+fn listing(part: &Partition) -> SegmentList {
+    let state = part.committed_state();
+    SegmentList {
+        high_watermark: state.high_watermark,
+        oldest_offset: state.oldest_offset,
+        files: state.files.into_iter().map(SegmentInfo::from).collect(),
+        frontier: Some(state.frontier),
+        small_files: read_small_files(part.dir()),
     }
 }
 
@@ -203,14 +208,19 @@ pub async fn serve_chunk(moves: &Moves, req: ChunkRequest) -> RpcReply {
         Err(r) => return r,
     };
     part.touch();
-    let len = req.len.min(MAX_CHUNK) as usize;
-    match tokio::task::spawn_blocking(move || part.log.read_segment_bytes(req.base, req.pos, len))
-        .await
-    {
-        Ok(Ok(b)) => RpcReply::new(200, "application/octet-stream", Bytes::from(b)),
-        Ok(Err(StorageError::Gone { .. })) => RpcReply::fail(ErrorCode::Gone, "segment removed"),
-        Ok(Err(e)) => RpcReply::fail(ErrorCode::Internal, format!("read failed: {e}")),
+    match tokio::task::spawn_blocking(move || chunk_reply(&part, &req)).await {
+        Ok(reply) => reply,
         Err(e) => RpcReply::fail(ErrorCode::Internal, format!("read task failed: {e}")),
+    }
+}
+
+/// The answer to `FetchSegmentChunk` from an open partition (blocking).
+fn chunk_reply(part: &Partition, req: &ChunkRequest) -> RpcReply {
+    let len = req.len.min(MAX_CHUNK) as usize;
+    match part.log.read_segment_bytes(req.base, req.pos, len) {
+        Ok(b) => RpcReply::new(200, "application/octet-stream", Bytes::from(b)),
+        Err(StorageError::Gone { .. }) => RpcReply::fail(ErrorCode::Gone, "segment removed"),
+        Err(e) => RpcReply::fail(ErrorCode::Internal, format!("read failed: {e}")),
     }
 }
 
@@ -242,33 +252,32 @@ pub async fn serve_handoff(moves: &Arc<Moves>, from: &str, req: HandoffRequest) 
     };
     let p2 = part.clone();
     let move_id = req.move_id;
-    let (state, small_files) = match tokio::task::spawn_blocking(move || {
-        let state = p2.freeze(move_id);
-        let _ = p2.persist_frontier();
-        (state, read_small_files(p2.dir()))
-    })
-    .await
-    {
-        Ok(s) => s,
+    let reply = match tokio::task::spawn_blocking(move || freeze_for(&p2, move_id)).await {
+        Ok(r) => r,
         Err(e) => return RpcReply::fail(ErrorCode::Internal, format!("freeze task failed: {e}")),
     };
     let key = (req.topic_id, req.partition, req.move_id);
     if moves.tracker.freezes.lock().insert(key) {
         tracing::info!(topic = %topic.name, partition = req.partition, move_id, to = %from,
-            high_watermark = state.high_watermark, "partition frozen for a move's final copy");
+            high_watermark = reply.high_watermark, "partition frozen for a move's final copy");
         moves.tasks.spawn(watch_freeze(moves.clone(), part, key));
     }
-    RpcReply::json(
-        200,
-        &HandoffReply {
-            high_watermark: state.high_watermark,
-            oldest_offset: state.oldest_offset,
-            frontier: state.frontier,
-            files: state.files.into_iter().map(SegmentInfo::from).collect(),
-            small_files,
-            freeze_ms: FREEZE.as_millis() as u64,
-        },
-    )
+    RpcReply::json(200, &reply)
+}
+
+/// Freezes an open partition for move `move_id` and returns the exact state its final copy
+/// must reproduce (blocking; the caller watches the freeze).
+fn freeze_for(part: &Partition, move_id: u64) -> HandoffReply {
+    let state = part.freeze(move_id);
+    let _ = part.persist_frontier();
+    HandoffReply {
+        high_watermark: state.high_watermark,
+        oldest_offset: state.oldest_offset,
+        frontier: state.frontier,
+        files: state.files.into_iter().map(SegmentInfo::from).collect(),
+        small_files: read_small_files(part.dir()),
+        freeze_ms: FREEZE.as_millis() as u64,
+    }
 }
 
 /// The fan-out cursor files of a partition directory.
@@ -605,147 +614,216 @@ fn remove_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-enum Outcome {
-    Completed,
-    /// The move is no longer in flight (aborted, topic gone, another owner).
-    Abandoned,
-}
-
 /// Whether move `move_id` of (topic, p) from `from` to this node is still in flight.
 fn still_moving(moves: &Moves, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
     match moves.cluster.topic_by_id(topic_id) {
-        TopicLookup::Known(t) => t.assignments.get(p as usize).is_some_and(|a| {
-            a.move_id == move_id
-                && a.owner.as_deref() == Some(from)
-                && a.target.as_deref() == Some(moves.node_id.as_str())
-        }),
+        TopicLookup::Known(t) => t
+            .assignments
+            .get(p as usize)
+            .is_some_and(|a| in_flight(a, from, &moves.node_id, move_id)),
         _ => false,
     }
 }
 
-fn staging_dir(moves: &Moves, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
-    moves
-        .registry
+/// Whether assignment `a` is move `move_id` from `from` to `to`.
+fn in_flight(a: &Assignment, from: &str, to: &str, move_id: u64) -> bool {
+    a.move_id == move_id && a.owner.as_deref() == Some(from) && a.target.as_deref() == Some(to)
+}
+
+fn staging_dir(registry: &Registry, topic_id: u64, p: u32, move_id: u64) -> PathBuf {
+    registry
         .root()
         .join(topic_id.to_string())
         .join(format!("{p}.move-{move_id}"))
 }
 
-/// The target's side of one move, retried until it completes or is no longer in flight.
-/// While the source answers, a failed attempt starts over from an empty copy; while it is
-/// marked dead the copy is kept, and once it stayed dead [`Moves::force_promote_after`] a copy
-/// holding everything of its last listing is promoted.
+/// The target's world as this node sees it: the source over node RPC, the move and the
+/// source's health in the local view, the flip through the metadata leader.
+impl TargetIo for Moves {
+    fn ask<C: Call + Sync>(
+        &self,
+        to: &str,
+        req: &C,
+    ) -> impl Future<Output = ApiResult<C::Reply>> + Send {
+        self.cluster.ask(to, req)
+    }
+
+    fn still_moving(&self, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
+        still_moving(self, topic_id, p, from, move_id)
+    }
+
+    async fn source_health(&self, from: &str) -> SourceHealth {
+        if !Cluster::is_alive(&self.meta.view(), from) {
+            SourceHealth::Dead
+        } else if self.cluster.reachable(from).await {
+            SourceHealth::Answering
+        } else {
+            SourceHealth::Unreachable
+        }
+    }
+
+    async fn propose(&self, cmd: MetaCommand) -> ApiResult<()> {
+        self.cluster.propose(cmd).await.map(|_| ())
+    }
+
+    fn view(&self) -> Arc<MetaState> {
+        self.meta.view()
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.health.is_shutting_down()
+    }
+
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    async fn wait(&self, d: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = self.health.shutdown_signal() => {}
+        }
+    }
+}
+
+/// What the target side of a move works with: the seam to the source and the cluster
+/// (`Moves` itself, a fake peer in tests) and this node's own handles.
+struct Target<'a, I> {
+    io: &'a I,
+    node_id: &'a str,
+    registry: &'a Registry,
+    metrics: &'a Metrics,
+    /// Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: a pause before the handoff.
+    handoff_pause: Option<Duration>,
+    /// See [`Moves::force_promote_after`].
+    force_promote_after: Duration,
+}
+
+impl Moves {
+    fn target(&self) -> Target<'_, Moves> {
+        Target {
+            io: self,
+            node_id: &self.node_id,
+            registry: &self.registry,
+            metrics: &self.metrics,
+            handoff_pause: self.handoff_pause,
+            force_promote_after: self.force_promote_after,
+        }
+    }
+}
+
+/// The target's side of one move, retried until it completes or is no longer in flight
+/// (see [`run_copy_in`]); then the partition is free for another copy or deletion here.
 async fn copy_in(moves: Arc<Moves>, topic: Arc<Topic>, p: u32, from: String, move_id: u64) {
-    let key = (topic.id, p);
+    run_copy_in(&moves.target(), &topic, p, &from, move_id).await;
+    moves.tracker.release((topic.id, p));
+}
+
+/// The target's retry loop: [`CopyIn`] decides, this runs its actions. While the source
+/// answers, a failed attempt starts over from an empty copy; while it is marked dead the copy
+/// is kept, and once it stayed dead [`Moves::force_promote_after`] a copy holding everything
+/// of its last listing is promoted.
+async fn run_copy_in<I: TargetIo>(
+    t: &Target<'_, I>,
+    topic: &Topic,
+    p: u32,
+    from: &str,
+    move_id: u64,
+) {
     let started = Instant::now();
-    moves.metrics.moves_inflight.inc();
+    t.metrics.moves_inflight.inc();
     tracing::info!(topic = %topic.name, partition = p, from = %from, move_id, "copying a partition in");
-    let staging = staging_dir(&moves, topic.id, p, move_id);
-    let mut progress = Progress::default();
-    let mut dead_since: Option<Instant> = None;
-    let finished = |outcome: &'static str| {
-        moves
-            .metrics
-            .moves_total
-            .get_or_create(&MoveOutcomeLabels { outcome })
-            .inc();
-        moves
-            .metrics
-            .moves_duration
-            .observe(started.elapsed().as_secs_f64());
+    let staging = staging_dir(t.registry, topic.id, p, move_id);
+    let mut state = CopyIn::new(t.force_promote_after);
+    let ready = || Step::Ready {
+        shutting_down: t.io.shutting_down(),
+        in_flight: t.io.still_moving(topic.id, p, from, move_id),
     };
+    let mut step = ready();
     loop {
-        if moves.health.is_shutting_down() {
-            break;
-        }
-        if !still_moving(&moves, topic.id, p, &from, move_id) {
-            tracing::info!(topic = %topic.name, partition = p, move_id, "move no longer in flight; copy abandoned");
-            break;
-        }
-        match attempt(&moves, &topic, p, &from, move_id, &staging, &mut progress).await {
-            Ok(Outcome::Completed) => {
-                finished("completed");
-                tracing::info!(topic = %topic.name, partition = p, from = %from, move_id,
-                    ms = started.elapsed().as_millis() as u64, "partition moved here");
-                break;
-            }
-            Ok(Outcome::Abandoned) => break,
-            Err(e) => {
-                tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "move attempt failed; retrying");
-                if Cluster::is_alive(&moves.meta.view(), &from) {
-                    dead_since = None;
-                    // A source that answers had a reason: start over from an empty copy. One
-                    // that does not may be dying: keep what is copied.
-                    if moves.cluster.reachable(&from).await {
-                        progress = Progress::default();
-                        let s = staging.clone();
-                        let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
-                    }
-                } else {
-                    let since = *dead_since.get_or_insert_with(Instant::now);
-                    let due = since.elapsed() >= moves.force_promote_after;
-                    if let Some(list) = progress.promotable().filter(|_| due) {
-                        match force_promote(&moves, &topic, p, &from, move_id, &staging, list).await
-                        {
-                            Ok(Outcome::Completed) => {
-                                finished("force_promoted");
-                                tracing::warn!(topic = %topic.name, partition = p, from = %from, move_id,
-                                    high_watermark = list.high_watermark,
-                                    "source stayed dead: its copy up to the last known high watermark was force-promoted");
-                                break;
-                            }
-                            Ok(Outcome::Abandoned) => break,
-                            Err(e) => {
-                                tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "force promotion failed; retrying")
-                            }
+        step = match state.next(step) {
+            Action::Attempt => {
+                match attempt(t, topic, p, from, move_id, &staging, state.progress()).await {
+                    Ok(outcome) => Step::Attempted(outcome),
+                    Err(e) => {
+                        tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "move attempt failed; retrying");
+                        Step::Failed {
+                            source: t.io.source_health(from).await,
+                            now: t.io.now(),
                         }
                     }
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(RETRY) => {}
-                    _ = moves.health.shutdown_signal() => break,
+            }
+            Action::StartOver => {
+                let s = staging.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
+                Step::Cleared
+            }
+            Action::ForcePromote(list) => {
+                let high_watermark = list.high_watermark;
+                let outcome = match force_promote(t, topic, p, from, move_id, &staging, list).await
+                {
+                    Ok(o) => Some(o),
+                    Err(e) => {
+                        tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e, "force promotion failed; retrying");
+                        None
+                    }
+                };
+                Step::Promoted {
+                    high_watermark,
+                    outcome,
                 }
             }
-        }
+            Action::Wait(d) => {
+                t.io.wait(d).await;
+                ready()
+            }
+            Action::Done(finished) => {
+                t.metrics
+                    .moves_total
+                    .get_or_create(&MoveOutcomeLabels {
+                        outcome: finished.label(),
+                    })
+                    .inc();
+                t.metrics
+                    .moves_duration
+                    .observe(started.elapsed().as_secs_f64());
+                match finished {
+                    Finished::Completed => {
+                        tracing::info!(topic = %topic.name, partition = p, from = %from, move_id,
+                            ms = started.elapsed().as_millis() as u64, "partition moved here")
+                    }
+                    Finished::ForcePromoted { high_watermark } => {
+                        tracing::warn!(topic = %topic.name, partition = p, from = %from, move_id,
+                            high_watermark,
+                            "source stayed dead: its copy up to the last known high watermark was force-promoted")
+                    }
+                }
+                break;
+            }
+            Action::Abandon(why) => {
+                if why == Why::NotInFlight {
+                    tracing::info!(topic = %topic.name, partition = p, move_id, "move no longer in flight; copy abandoned");
+                }
+                break;
+            }
+        };
     }
     let s = staging.clone();
     let _ = tokio::task::spawn_blocking(move || remove_dir(&s)).await;
-    moves.metrics.moves_inflight.dec();
-    moves.tracker.release(key);
+    t.metrics.moves_inflight.dec();
 }
 
 /// The typed call `req` on `to`, its failure as the text a move reports.
-async fn ask<C: Call>(moves: &Moves, to: &str, req: &C) -> Result<C::Reply, String> {
-    moves
-        .cluster
-        .ask(to, req)
+async fn ask<C: Call + Sync, I: TargetIo>(io: &I, to: &str, req: &C) -> Result<C::Reply, String> {
+    io.ask(to, req)
         .await
         .map_err(|e| format!("{to} answered {e}"))
 }
 
-/// What a target knows of its copy across attempts.
-#[derive(Default)]
-struct Progress {
-    /// The last listing of the source that the staged copy holds completely (it may hold
-    /// more: a later round that failed part-way).
-    synced: Option<SegmentList>,
-    /// The highest high watermark the source ever listed.
-    last_known_hwm: u64,
-}
-
-impl Progress {
-    /// The listing a force promotion may install: one that reached the source's last known
-    /// high watermark (SPEC §6.5); otherwise the move waits for the source.
-    fn promotable(&self) -> Option<&SegmentList> {
-        self.synced
-            .as_ref()
-            .filter(|l| l.high_watermark >= self.last_known_hwm)
-    }
-}
-
 /// One try: pre-copy, handoff, tail, verify, install, flip.
-async fn attempt(
-    moves: &Arc<Moves>,
+async fn attempt<I: TargetIo>(
+    t: &Target<'_, I>,
     topic: &Topic,
     p: u32,
     from: &str,
@@ -769,28 +847,28 @@ async fn attempt(
     };
     // 1. Copy while produce goes on, until the tail is small.
     for _ in 0..MAX_PRECOPY_ROUNDS {
-        if !still_moving(moves, topic.id, p, from, move_id) {
+        if !t.io.still_moving(topic.id, p, from, move_id) {
             return Ok(Outcome::Abandoned);
         }
-        let list = ask(moves, from, &part_ref).await?;
-        progress.last_known_hwm = progress.last_known_hwm.max(list.high_watermark);
-        let copied = sync_log(moves, from, topic.id, p, &log_dir, &list.files).await?;
-        progress.synced = Some(list);
+        let list = ask(t.io, from, &part_ref).await?;
+        progress.listed(list.high_watermark);
+        let copied = sync_log(t, from, topic.id, p, &log_dir, &list.files).await?;
+        progress.synced(list);
         if copied < SMALL_TAIL {
             break;
         }
     }
     // Test knob `NARAD_TEST_MOVE_HANDOFF_PAUSE_MS`: tests act while a move is half done.
-    if let Some(pause) = moves.handoff_pause {
+    if let Some(pause) = t.handoff_pause {
         tokio::time::sleep(pause).await;
     }
-    if !still_moving(moves, topic.id, p, from, move_id) {
+    if !t.io.still_moving(topic.id, p, from, move_id) {
         return Ok(Outcome::Abandoned);
     }
     // 2. Freeze: from here on the clock runs (the owner aborts after FREEZE).
-    let frozen_at = Instant::now();
+    let frozen_at = t.io.now();
     let h = ask(
-        moves,
+        t.io,
         from,
         &HandoffRequest {
             topic_id: topic.id,
@@ -800,16 +878,17 @@ async fn attempt(
     )
     .await?;
     // 3. The tail, exactly as frozen.
-    progress.last_known_hwm = progress.last_known_hwm.max(h.high_watermark);
-    sync_log(moves, from, topic.id, p, &log_dir, &h.files).await?;
+    progress.listed(h.high_watermark);
+    sync_log(t, from, topic.id, p, &log_dir, &h.files).await?;
     let fin = Final {
         high_watermark: h.high_watermark,
         oldest_offset: h.oldest_offset,
         frontier: h.frontier,
         small_files: h.small_files,
     };
-    prepare_copy(moves, staging, fin).await?;
-    if frozen_at.elapsed() + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
+    prepare_copy(t.registry, staging, fin).await?;
+    let elapsed = t.io.now().saturating_duration_since(frozen_at);
+    if elapsed + Duration::from_millis(500) >= Duration::from_millis(h.freeze_ms) {
         return Err("the final copy outlasted the freeze".into());
     }
     // 4. Into place, then the flip.
@@ -818,46 +897,46 @@ async fn attempt(
         topic_id: topic.id,
         partition: p,
         from: from.to_string(),
-        to: moves.node_id.clone(),
+        to: t.node_id.to_string(),
         move_id,
     };
-    install_and_flip(moves, topic, p, staging, cmd).await
+    install_and_flip(t, topic, p, staging, cmd).await
 }
 
 /// The source stayed dead: promote the staged copy of its last listing (`ForceCompleteMove`,
 /// which the leader applies only while the source is marked dead). Records the source
 /// committed after that listing stay on its disk; it re-produces them when it returns
 /// (the salvage claim, see [`janitor`]).
-async fn force_promote(
-    moves: &Arc<Moves>,
+async fn force_promote<I: TargetIo>(
+    t: &Target<'_, I>,
     topic: &Topic,
     p: u32,
     from: &str,
     move_id: u64,
     staging: &Path,
-    list: &SegmentList,
+    list: SegmentList,
 ) -> Result<Outcome, String> {
     let fin = Final {
         high_watermark: list.high_watermark,
         oldest_offset: list.oldest_offset,
         frontier: list.frontier.unwrap_or(list.oldest_offset),
-        small_files: list.small_files.clone(),
+        small_files: list.small_files,
     };
-    let (log_dir, files) = (staging.join("log"), list.files.clone());
+    let (log_dir, files) = (staging.join("log"), list.files);
     tokio::task::spawn_blocking(move || trim_to(&log_dir, &files))
         .await
         .map_err(|e| format!("trim task failed: {e}"))??;
-    prepare_copy(moves, staging, fin).await?;
+    prepare_copy(t.registry, staging, fin).await?;
     let cmd = MetaCommand::ForceCompleteMove {
         topic: topic.name.clone(),
         topic_id: topic.id,
         partition: p,
         from: from.to_string(),
-        to: moves.node_id.clone(),
+        to: t.node_id.to_string(),
         move_id,
         high_watermark: list.high_watermark,
     };
-    install_and_flip(moves, topic, p, staging, cmd).await
+    install_and_flip(t, topic, p, staging, cmd).await
 }
 
 /// Cuts the staged log back to exactly `files` (a later round may have copied more, or files
@@ -904,9 +983,9 @@ struct Final {
 
 /// Writes the frontier and the cursor files into the staged copy, checks that it reopens at
 /// exactly the high watermark, and makes it durable.
-async fn prepare_copy(moves: &Moves, staging: &Path, fin: Final) -> Result<(), String> {
+async fn prepare_copy(registry: &Registry, staging: &Path, fin: Final) -> Result<(), String> {
     let staging = staging.to_path_buf();
-    let cfg = moves.registry.log_config().clone();
+    let cfg = registry.log_config().clone();
     tokio::task::spawn_blocking(move || -> Result<(), String> {
         for f in &fin.small_files {
             if f.path.contains("..") || f.path.starts_with('/') {
@@ -940,16 +1019,15 @@ async fn prepare_copy(moves: &Moves, staging: &Path, fin: Final) -> Result<(), S
 }
 
 /// Moves the verified copy into place and proposes the flip `cmd`.
-async fn install_and_flip(
-    moves: &Arc<Moves>,
+async fn install_and_flip<I: TargetIo>(
+    t: &Target<'_, I>,
     topic: &Topic,
     p: u32,
     staging: &Path,
     cmd: MetaCommand,
 ) -> Result<Outcome, String> {
-    let dest = moves.registry.partition_dir(topic.id, p);
-    if moves
-        .registry
+    let dest = t.registry.partition_dir(topic.id, p);
+    if t.registry
         .topic(topic.id)
         .and_then(|rt| rt.partition(p))
         .is_some()
@@ -983,18 +1061,17 @@ async fn install_and_flip(
     };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match moves.cluster.propose(cmd.clone()).await {
-            Ok(_) => {
-                moves
-                    .registry
-                    .apply(&moves.meta.view(), &moves.node_id)
+        match t.io.propose(cmd.clone()).await {
+            Ok(()) => {
+                t.registry
+                    .apply(&t.io.view(), t.node_id)
                     .map_err(|e| e.message)?;
                 return Ok(Outcome::Completed);
             }
             // The leader's state machine refused it (the move was aborted or superseded).
             Err(e) if matches!(e.code, ErrorCode::Conflict | ErrorCode::NotFound) => {
                 tracing::warn!(topic = %topic.name, partition = p, move_id, error = %e.message, "the flip was refused; discarding the copy");
-                moves.registry.keep_released(vec![released()]);
+                t.registry.keep_released(vec![released()]);
                 return Ok(Outcome::Abandoned);
             }
             Err(e) if Instant::now() < deadline => {
@@ -1004,7 +1081,7 @@ async fn install_and_flip(
             Err(e) => {
                 // Unknown outcome: leave the copy in place; the janitor removes it only if
                 // the leader confirms it is not ours.
-                moves.registry.keep_released(vec![released()]);
+                t.registry.keep_released(vec![released()]);
                 return Err(format!("flip not confirmed: {}", e.message));
             }
         }
@@ -1020,8 +1097,8 @@ fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Brings the segment files in `dir` up to the listed committed sizes; removes copies of
 /// segments the owner no longer lists. Returns the bytes copied.
-async fn sync_log(
-    moves: &Moves,
+async fn sync_log<I: TargetIo>(
+    t: &Target<'_, I>,
     from: &str,
     topic_id: u64,
     p: u32,
@@ -1072,7 +1149,7 @@ async fn sync_log(
                 pos,
                 len: ((f.size - pos).min(MAX_CHUNK as u64)) as u32,
             };
-            let chunk = match moves.cluster.ask(from, &req).await {
+            let chunk = match t.io.ask(from, &req).await {
                 Ok(chunk) => chunk,
                 // Retention removed it meanwhile; the next listing no longer has it.
                 Err(e) if e.code == ErrorCode::Gone => break,
@@ -1086,7 +1163,7 @@ async fn sync_log(
                 .map_err(|e| format!("write {}: {e}", path.display()))?;
             pos += chunk.len() as u64;
             copied += chunk.len() as u64;
-            moves.metrics.moves_bytes.inc_by(chunk.len() as u64);
+            t.metrics.moves_bytes.inc_by(chunk.len() as u64);
         }
         out.sync_all()
             .await
@@ -1094,3 +1171,6 @@ async fn sync_log(
     }
     Ok(copied)
 }
+
+#[cfg(test)]
+mod fake_peer;
