@@ -551,8 +551,7 @@ impl Writer {
             return Ok(());
         }
         let target = end.next_multiple_of(PREALLOC_BYTES);
-        self.file
-            .write_all_at(&vec![0u8; (target - end) as usize], end)?;
+        narad_storage::write_zeros_at(&self.file, end, target - end)?;
         self.allocated = target;
         Ok(())
     }

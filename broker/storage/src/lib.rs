@@ -48,11 +48,13 @@ mod log;
 mod recovery;
 mod segment;
 pub mod verify;
+mod zeros;
 
 pub use error::{Result, StorageError};
 pub use frame::MAX_RECORD_BYTES;
 pub use log::PartitionLog;
 pub use verify::{verify_dir, SegmentReport, VerifyReport};
+pub use zeros::write_zeros_at;
 
 /// Tunables of one partition log.
 #[derive(Debug, Clone)]

@@ -168,7 +168,7 @@ impl Segment {
         // [have, end) is what the caller writes next; zeros go after it.
         let step = have.clamp(PREALLOC_MIN, PREALLOC_MAX);
         let target = (end + step).next_multiple_of(DIRECT_ALIGN as u64);
-        f.write_all_at(&vec![0u8; (target - end) as usize], end)?;
+        crate::zeros::write_zeros_at(f, end, target - end)?;
         self.allocated.store(target, Ordering::Release);
         Ok(())
     }
