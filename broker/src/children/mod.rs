@@ -28,7 +28,8 @@
 //!
 //! Cluster hooks (see also `sink`): a remote [`ChildCommitter`] for child partitions owned
 //! elsewhere; cursors of parent partitions owned elsewhere report lag over node RPC
-//! (`FanoutCursors`; [`Children::lag`] marks them incomplete until then); anchoring a cursor
+//! (`FanoutCursors`; [`Children::partition_lags`] leaves them out, and the cluster's sum,
+//! `queries::Queries::children_lag`, marks it incomplete until they report); anchoring a cursor
 //! on a node whose view may be stale needs the leader's confirmation (SPEC §6.1): cursor
 //! files of unknown links are removed only once the view is confirmed current
 //! ([`Children::confirm_view`]: the node's own registration was applied locally); a moved partition keeps its cursors if the move copies the
@@ -290,19 +291,6 @@ impl Children {
         self.sync().await;
     }
 
-    /// (child name → (lag, complete)) for the children of `parent`: the parent high
-    /// watermark minus the cursor, summed over the parent's partitions; incomplete when a
-    /// partition's cursor is not known here (not local, or not started yet).
-    pub fn lag(&self, view: &MetaState, parent: &Topic) -> BTreeMap<String, (u64, bool)> {
-        self.partition_lags(view, parent)
-            .into_iter()
-            .map(|(child, parts)| {
-                let complete = parts.len() as u32 == parent.config.partitions;
-                (child, (parts.values().sum(), complete))
-            })
-            .collect()
-    }
-
     /// Per child, the lag of each parent partition whose cursor runs on this node (parent
     /// high watermark minus cursor). Partitions owned elsewhere are absent (the cluster asks
     /// their owners: `FanoutCursors`).
@@ -312,51 +300,29 @@ impl Children {
         parent: &Topic,
     ) -> BTreeMap<String, BTreeMap<u32, u64>> {
         let cursors = self.cursors.lock();
+        // Per parent partition whose cursor of (child id, epoch) runs here: its lag.
+        let lags = |child_id: u64, epoch: u64| -> BTreeMap<u32, u64> {
+            (0..parent.config.partitions)
+                .filter_map(|p| {
+                    let st = cursors.get(&Key {
+                        parent_id: parent.id,
+                        partition: p,
+                        child_id,
+                        epoch,
+                    })?;
+                    let hwm = st.part.log.high_watermark();
+                    Some((p, hwm.saturating_sub(st.next.load(Ordering::Acquire))))
+                })
+                .collect()
+        };
         let mut out = BTreeMap::new();
         for link in view.children_of(&parent.name) {
-            let Some(child) = view.topics.get(&link.child) else {
-                continue;
-            };
-            let mut parts = BTreeMap::new();
-            for p in 0..parent.config.partitions {
-                let key = Key {
-                    parent_id: parent.id,
-                    partition: p,
-                    child_id: child.id,
-                    epoch: link.epoch,
-                };
-                if let Some(st) = cursors.get(&key) {
-                    parts.insert(
-                        p,
-                        st.part
-                            .log
-                            .high_watermark()
-                            .saturating_sub(st.next.load(Ordering::Acquire)),
-                    );
-                }
+            if let Some(child) = view.topics.get(&link.child) {
+                out.insert(link.child.clone(), lags(child.id, link.epoch));
             }
-            out.insert(link.child.clone(), parts);
         }
         for link in view.remote_links_of(&parent.name) {
-            let mut parts = BTreeMap::new();
-            for p in 0..parent.config.partitions {
-                let key = Key {
-                    parent_id: parent.id,
-                    partition: p,
-                    child_id: REMOTE_CHILD_ID,
-                    epoch: link.epoch,
-                };
-                if let Some(st) = cursors.get(&key) {
-                    parts.insert(
-                        p,
-                        st.part
-                            .log
-                            .high_watermark()
-                            .saturating_sub(st.next.load(Ordering::Acquire)),
-                    );
-                }
-            }
-            out.insert(link.link.clone(), parts);
+            out.insert(link.link.clone(), lags(REMOTE_CHILD_ID, link.epoch));
         }
         out
     }

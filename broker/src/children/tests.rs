@@ -273,7 +273,9 @@ async fn a_detach_stops_the_cursor_and_removes_its_file() {
     node.produce(named("x", 5));
     child.until_copied(5).await;
     let parent = node.meta.view().topics["p"].clone();
-    assert!(engine.lag(&node.meta.view(), &parent).contains_key("c"));
+    assert!(engine
+        .partition_lags(&node.meta.view(), &parent)
+        .contains_key("c"));
     let file_id = {
         let view = node.meta.view();
         CursorId {
@@ -293,6 +295,6 @@ async fn a_detach_stops_the_cursor_and_removes_its_file() {
         CursorDir::new(node.parent().dir()).load(file_id).unwrap(),
         Loaded::Missing
     ));
-    assert!(engine.lag(&node.meta.view(), &parent).is_empty());
+    assert!(engine.partition_lags(&node.meta.view(), &parent).is_empty());
     engine.shutdown().await;
 }

@@ -22,6 +22,7 @@ use super::wire::{
     JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest, RemoteLinkState,
     SegmentList, SettleRequest, StatsRequest, TransferRequest,
 };
+use crate::error::{ApiError, ApiResult};
 use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
 
 /// A typed node RPC: the request type, its opcode (some request types travel with several),
@@ -38,6 +39,17 @@ pub trait Call {
     fn decode(reply: RpcReply) -> Result<Self::Reply, String>;
 }
 
+/// What a caller makes of node `id`'s answer to the typed call `op`: a refusal is the peer's
+/// error with its code; a `2xx` is decoded, and one that cannot be read is the uncertain `502`
+/// (the peer got the request, so it may have acted on it).
+pub fn read_answer<C: Call>(id: &str, op: Opcode, reply: RpcReply) -> ApiResult<C::Reply> {
+    if !reply.is_success() {
+        return Err(ApiError::from_reply(&reply));
+    }
+    C::decode(reply)
+        .map_err(|e| ApiError::uncertain(format!("unreadable {op} answer from {id}: {e}")))
+}
+
 /// A call whose request is JSON unless an encoding is given; its reply is JSON unless a
 /// decoding is given.
 macro_rules! json_call {
@@ -46,7 +58,7 @@ macro_rules! json_call {
     };
     ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr, |$rep:ident| $decode:expr) => {
         json_call!($req => $reply, $timeout, |$r| $op, |$rep| $decode,
-            |req| Bytes::from(serde_json::to_vec(req).expect("invariant: a wire request serialises")));
+            |req| json_body(req));
     };
     ($req:ty => $reply:ty, $timeout:expr, |$r:ident| $op:expr, |$rep:ident| $decode:expr,
         |$e:ident| $encode:expr) => {
@@ -66,6 +78,11 @@ macro_rules! json_call {
             }
         }
     };
+}
+
+/// A JSON request body.
+fn json_body<T: serde::Serialize>(req: &T) -> Bytes {
+    Bytes::from(serde_json::to_vec(req).expect("invariant: a wire request serialises"))
 }
 
 fn json<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
@@ -145,7 +162,7 @@ impl Relay for ConsumeRequest {
         Opcode::Consume
     }
     fn encode(&self) -> Bytes {
-        Bytes::from(serde_json::to_vec(self).expect("invariant: a consume request serialises"))
+        json_body(self)
     }
 }
 

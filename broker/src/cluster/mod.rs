@@ -353,12 +353,7 @@ impl Cluster {
             Err(RpcError::PeerTooOld { .. }) => return Ok(None),
             Err(e) => return Err(rpc_error(id, &e)),
         };
-        if !reply.is_success() {
-            return Err(ApiError::from_reply(&reply));
-        }
-        C::decode(reply)
-            .map(Some)
-            .map_err(|e| ApiError::uncertain(format!("unreadable {op} answer from {id}: {e}")))
+        calls::read_answer::<C>(id, op, reply).map(Some)
     }
 
     /// The relayed call `req` on node `id`: its answer whatever the status (the forwarding

@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use narad_storage::NewRecord;
 
-use super::calls::CommitOne;
+use super::calls::{Call, CommitOne};
 use super::wire::{CommitBatch, CommitRecord};
 use super::{Cluster, TopicLookup};
 use crate::error::ApiError;
 use crate::partition::Registry;
-use crate::rpc::{BoxFuture, COMMIT_TIMEOUT};
+use crate::rpc::BoxFuture;
 use crate::wal::dispatcher::{Route, Router};
 
 pub struct NodeRouter {
@@ -86,7 +86,10 @@ impl Router for NodeRouter {
 /// whose re-send then duplicates the records already committed (never a gap).
 pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Result<(), String> {
     let failed = |e: ApiError| format!("commit on {owner}: {e}");
-    match cluster.ask_or_older(owner, &batch, COMMIT_TIMEOUT).await {
+    match cluster
+        .ask_or_older(owner, &batch, CommitBatch::TIMEOUT)
+        .await
+    {
         Ok(Some(())) => return Ok(()),
         Ok(None) => {}
         Err(e) => return Err(failed(e)),

@@ -252,8 +252,7 @@ impl TargetIo for FakePeer {
         if req.opcode() == Opcode::PrepareHandoff && self.script.lock().die_at_handoff {
             self.die();
         }
-        // What `Cluster::ask` makes of the answer: a refusal with its code, else the
-        // decoded reply.
+        // What `Cluster::ask` makes of the answer.
         let answer = if self.dead() {
             Err(crate::cluster::rpc_error(
                 to,
@@ -262,13 +261,8 @@ impl TargetIo for FakePeer {
         } else {
             Ok(self.serve(req.opcode(), &req.encode()))
         };
-        async move {
-            let reply = answer?;
-            if !reply.is_success() {
-                return Err(ApiError::from_reply(&reply));
-            }
-            C::decode(reply).map_err(ApiError::uncertain)
-        }
+        let op = req.opcode();
+        async move { crate::cluster::calls::read_answer::<C>(to, op, answer?) }
     }
 
     fn still_moving(&self, topic_id: u64, p: u32, from: &str, move_id: u64) -> bool {
