@@ -84,7 +84,12 @@ fn main() -> ExitCode {
             "connection flags (-s, -u, -p, --ca-file) apply to client commands, not to this one"
         ));
     }
+    let workers = match narad::config::Tuning::worker_threads_from(&|k| std::env::var(k).ok()) {
+        Ok(n) => n,
+        Err(e) => return fail(&e.into()),
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .thread_name("narad")
         .build()
