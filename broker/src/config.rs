@@ -77,7 +77,10 @@ pub struct Tuning {
     /// statistics) has the pending records committed at once instead. With 32 producers at
     /// 4,000 msgs/s into 8 partitions, partition commits per message fall from 0.27 to 0.04.
     pub dispatch_idle_linger: Duration,
-    /// `NARAD_DISPATCH_PARALLEL` (1–16, default 4): most local partition commits in flight.
+    /// `NARAD_DISPATCH_PARALLEL` (1–16, default 8): most local partition commits in flight.
+    /// Partitions due together commit together: with 32 producers and 32 consumers at 4,000
+    /// msgs/s over 8 partitions, CPU per message of the full flow is 5 % lower with 8 than
+    /// with 4 (160 -> 152 us), 12 % higher with 2 and 25 % with 1.
     pub dispatch_parallel: usize,
     /// `NARAD_WAL_SKIP_LOCAL` (default false): true commits a produce to a partition this
     /// node owns straight into the partition log (fsynced and verified before the `202`)
@@ -129,7 +132,7 @@ impl Default for Tuning {
             wal_lanes: 2,
             dispatch_linger: Duration::from_micros(5_000),
             dispatch_idle_linger: Duration::from_micros(50_000),
-            dispatch_parallel: 4,
+            dispatch_parallel: 8,
             wal_skip_local: false,
         }
     }
