@@ -6,7 +6,10 @@
 //! - `next_fresh`: the lowest offset never leased since this incarnation started;
 //! - every offset in `[frontier, next_fresh)` is in exactly one of `inflight` (leased),
 //!   `available` (expired or nacked, waiting for redelivery) or `acked_ahead` (acked while
-//!   an earlier offset is unsettled).
+//!   an earlier offset is unsettled);
+//! - `deliveries`: how often each unsettled offset was delivered, for the `delivery_count`
+//!   of its next delivery. The counts of at least 2 are persisted beside the frontier
+//!   ([`LeaseTable::redelivered`]) and seed a new table ([`LeaseTable::restore_deliveries`]).
 //!
 //! Fresh offsets are leased only within `frontier ..= frontier + max_acked_ahead`, so the
 //! acked-ahead set can fill only through redelivery or a lowered cap; when it is full the
@@ -59,6 +62,10 @@ pub struct LeaseTable {
     deadlines: BTreeSet<(Instant, u64)>,
     available: BTreeSet<u64>,
     acked_ahead: BTreeSet<u64>,
+    /// Deliveries so far of unsettled offsets delivered at least once (or restored).
+    deliveries: HashMap<u64, u32>,
+    /// A count of at least 2 changed since [`LeaseTable::redelivered`] last took them.
+    redelivered_changed: bool,
     last_nonce: u64,
     /// Messages removed by retention before they were acked.
     pub dropped: u64,
@@ -69,6 +76,8 @@ pub struct LeaseTable {
 pub struct Granted {
     pub offset: u64,
     pub nonce: u64,
+    /// Deliveries of the offset including this one (1 on the first).
+    pub delivery_count: u32,
 }
 
 impl LeaseTable {
@@ -82,6 +91,8 @@ impl LeaseTable {
             deadlines: BTreeSet::new(),
             available: BTreeSet::new(),
             acked_ahead: BTreeSet::new(),
+            deliveries: HashMap::new(),
+            redelivered_changed: false,
             last_nonce: nonce_floor,
             dropped: 0,
         }
@@ -96,6 +107,50 @@ impl LeaseTable {
     pub fn acked_ahead_len(&self) -> usize {
         self.acked_ahead.len()
     }
+    /// Seeds the delivery counts of offsets at or above the frontier (persisted by an earlier
+    /// incarnation or carried by a move); below it they are settled and ignored.
+    pub fn restore_deliveries(&mut self, counts: impl IntoIterator<Item = (u64, u32)>) {
+        for (offset, n) in counts {
+            if offset >= self.frontier && n > 0 {
+                self.deliveries.insert(offset, n);
+            }
+        }
+    }
+
+    /// The delivery counts of at least 2, by offset, if any changed since the last call (for
+    /// persistence: a first delivery is not worth a write, so after a crash an offset's count
+    /// is at most one short).
+    pub fn redelivered(&mut self) -> Option<Vec<(u64, u32)>> {
+        if !std::mem::take(&mut self.redelivered_changed) {
+            return None;
+        }
+        let mut v: Vec<(u64, u32)> = self
+            .deliveries
+            .iter()
+            .filter(|(_, n)| **n >= 2)
+            .map(|(o, n)| (*o, *n))
+            .collect();
+        v.sort_unstable();
+        Some(v)
+    }
+
+    /// The counts [`LeaseTable::redelivered`] returned were not saved: return them next time.
+    pub fn redelivered_unsaved(&mut self) {
+        self.redelivered_changed = true;
+    }
+
+    /// Deliveries so far of `offset` (0 if none since it was restored or settled).
+    pub fn delivery_count(&self, offset: u64) -> u32 {
+        self.deliveries.get(&offset).copied().unwrap_or(0)
+    }
+
+    /// Forgets the delivery count of a settled offset.
+    fn settled(&mut self, offset: u64) {
+        if let Some(n) = self.deliveries.remove(&offset) {
+            self.redelivered_changed |= n >= 2;
+        }
+    }
+
     /// The earliest lease deadline, to know when to look again.
     pub fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|(d, _)| *d)
@@ -132,6 +187,16 @@ impl LeaseTable {
             if let Some(l) = self.inflight.remove(&o) {
                 self.deadlines.remove(&(l.deadline, o));
             }
+        }
+        // Restored counts may lie past `next_fresh`.
+        let below: Vec<u64> = self
+            .deliveries
+            .keys()
+            .copied()
+            .filter(|o| *o < oldest)
+            .collect();
+        for o in below {
+            self.settled(o);
         }
         self.dropped += unsettled + fresh_skipped;
         self.frontier = oldest;
@@ -181,7 +246,15 @@ impl LeaseTable {
         let deadline = now + visibility;
         self.inflight.insert(offset, Lease { nonce, deadline });
         self.deadlines.insert((deadline, offset));
-        Some(Granted { offset, nonce })
+        let n = self.deliveries.entry(offset).or_insert(0);
+        *n = n.saturating_add(1);
+        let delivery_count = *n;
+        self.redelivered_changed |= delivery_count >= 2;
+        Some(Granted {
+            offset,
+            nonce,
+            delivery_count,
+        })
     }
 
     fn check(&self, offset: u64, nonce: u64, now: Instant) -> Result<Lease, SettleError> {
@@ -217,6 +290,7 @@ impl LeaseTable {
         let lease = self.check(offset, nonce, now)?;
         if offset == self.frontier {
             self.remove_lease(offset, lease);
+            self.settled(offset);
             self.advance_frontier();
             return Ok(Settled {
                 frontier_moved: true,
@@ -226,6 +300,7 @@ impl LeaseTable {
             return Err(SettleError::AckedAheadFull);
         }
         self.remove_lease(offset, lease);
+        self.settled(offset);
         self.acked_ahead.insert(offset);
         Ok(Settled {
             frontier_moved: false,
@@ -256,12 +331,28 @@ impl LeaseTable {
         Ok(())
     }
 
+    /// Hands back a lease whose message was never given to anyone (an answer without room
+    /// for it, a read that failed, a prefetched message released unused): available again at
+    /// once, and its delivery not counted.
+    pub fn hand_back(&mut self, offset: u64, nonce: u64, now: Instant) -> Result<(), SettleError> {
+        self.nack(offset, nonce, now)?;
+        if let Some(n) = self.deliveries.get_mut(&offset) {
+            self.redelivered_changed |= *n >= 2;
+            *n -= 1;
+            if *n == 0 {
+                self.deliveries.remove(&offset);
+            }
+        }
+        Ok(())
+    }
+
     /// Settles an offset without a lease check (a record that cannot be read is skipped).
     pub fn settle_unreadable(&mut self, offset: u64) {
         if let Some(l) = self.inflight.remove(&offset) {
             self.deadlines.remove(&(l.deadline, offset));
         }
         self.available.remove(&offset);
+        self.settled(offset);
         if offset >= self.frontier && offset < self.next_fresh {
             self.acked_ahead.insert(offset);
             self.advance_frontier();
@@ -274,6 +365,45 @@ impl LeaseTable {
             .saturating_sub(self.frontier)
             .saturating_sub(self.acked_ahead.len() as u64)
     }
+}
+
+/// The persisted delivery counts ([`LeaseTable::redelivered`]): `n` as u32, then `n` times
+/// (offset u64, count u32), then the CRC-32C of everything before it; little-endian.
+pub fn encode_deliveries(counts: &[(u64, u32)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(8 + counts.len() * 12);
+    b.extend_from_slice(&(counts.len() as u32).to_le_bytes());
+    for (offset, n) in counts {
+        b.extend_from_slice(&offset.to_le_bytes());
+        b.extend_from_slice(&n.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Reads [`encode_deliveries`]' bytes; `None` unless they are exactly that (the length
+/// must match the count before anything is allocated, and the CRC must hold).
+pub fn decode_deliveries(b: &[u8]) -> Option<Vec<(u64, u32)>> {
+    let n = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let body = n.checked_mul(12)?.checked_add(4)?;
+    if b.len() != body.checked_add(4)? {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[body..].try_into().ok()?);
+    if crc32c::crc32c(&b[..body]) != crc {
+        return None;
+    }
+    Some(
+        b[4..body]
+            .chunks_exact(12)
+            .map(|c| {
+                (
+                    u64::from_le_bytes(c[..8].try_into().unwrap()),
+                    u32::from_le_bytes(c[8..].try_into().unwrap()),
+                )
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -521,5 +651,141 @@ mod tests {
         let b = lease(&mut t, 5, now).unwrap();
         t.ack(b.offset, b.nonce, CAPS, now).unwrap();
         assert_eq!(t.lag(5), 4);
+    }
+
+    #[test]
+    fn each_delivery_is_counted_and_a_settled_offset_forgets_its_count() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = lease(&mut t, 2, now).unwrap();
+        assert_eq!((a.offset, a.delivery_count), (0, 1));
+        // A nack, then an expiry: each redelivery counts one more; an extend counts none.
+        t.nack(a.offset, a.nonce, now).unwrap();
+        let a = lease(&mut t, 2, now).unwrap();
+        assert_eq!((a.offset, a.delivery_count), (0, 2));
+        t.extend(a.offset, a.nonce, VIS, now).unwrap();
+        let later = now + VIS * 2;
+        let a = lease(&mut t, 2, later).unwrap();
+        assert_eq!((a.offset, a.delivery_count), (0, 3));
+        let b = lease(&mut t, 2, later).unwrap();
+        assert_eq!((b.offset, b.delivery_count), (1, 1));
+        // Acked (at the frontier, and ahead of it): forgotten.
+        t.ack(b.offset, b.nonce, CAPS, later).unwrap();
+        assert_eq!(t.delivery_count(1), 0);
+        t.ack(a.offset, a.nonce, CAPS, later).unwrap();
+        assert_eq!(t.delivery_count(0), 0);
+        assert_eq!(t.frontier(), 2);
+    }
+
+    #[test]
+    fn a_lease_handed_back_unsent_is_not_counted() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = lease(&mut t, 1, now).unwrap();
+        t.hand_back(a.offset, a.nonce, now).unwrap();
+        assert_eq!(t.delivery_count(0), 0);
+        let a = lease(&mut t, 1, now).unwrap();
+        assert_eq!(
+            a.delivery_count, 1,
+            "the handed-back lease was never delivered"
+        );
+        t.nack(a.offset, a.nonce, now).unwrap();
+        let a = lease(&mut t, 1, now).unwrap();
+        t.hand_back(a.offset, a.nonce, now).unwrap();
+        assert_eq!(t.delivery_count(0), 1);
+        // A stale handle hands nothing back.
+        assert_eq!(t.hand_back(a.offset, a.nonce, now), Err(SettleError::Stale));
+        assert_eq!(t.delivery_count(0), 1);
+    }
+
+    #[test]
+    fn counts_of_two_or_more_are_reported_for_persistence_when_they_change() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 0);
+        let a = lease(&mut t, 3, now).unwrap();
+        let b = lease(&mut t, 3, now).unwrap();
+        // First deliveries are not worth a write.
+        assert_eq!(t.redelivered(), None);
+        t.nack(b.offset, b.nonce, now).unwrap();
+        let b = lease(&mut t, 3, now).unwrap();
+        assert_eq!(t.redelivered(), Some(vec![(1, 2)]));
+        assert_eq!(t.redelivered(), None, "nothing changed since");
+        // A failed save is reported again.
+        t.nack(b.offset, b.nonce, now).unwrap();
+        let b = lease(&mut t, 3, now).unwrap();
+        assert_eq!(t.redelivered(), Some(vec![(1, 3)]));
+        t.redelivered_unsaved();
+        assert_eq!(t.redelivered(), Some(vec![(1, 3)]));
+        // Settling a counted offset changes the set; settling a first delivery does not.
+        t.ack(a.offset, a.nonce, CAPS, now).unwrap();
+        assert_eq!(t.redelivered(), None);
+        t.ack(b.offset, b.nonce, CAPS, now).unwrap();
+        assert_eq!(t.redelivered(), Some(vec![]));
+    }
+
+    #[test]
+    fn restored_counts_continue_at_or_above_the_frontier_and_retention_forgets_them() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(5, 0);
+        t.restore_deliveries([(3, 7), (5, 4), (8, 2), (9, 0)]);
+        assert_eq!(t.delivery_count(3), 0, "below the frontier: settled");
+        assert_eq!(t.delivery_count(9), 0);
+        let a = lease(&mut t, 10, now).unwrap();
+        assert_eq!((a.offset, a.delivery_count), (5, 5));
+        assert_eq!(lease(&mut t, 10, now).unwrap().delivery_count, 1);
+        assert_eq!(t.redelivered(), Some(vec![(5, 5), (8, 2)]));
+        // Retention past offset 8 forgets both, including the one never leased again.
+        assert!(t.skip_below(9));
+        assert_eq!(t.redelivered(), Some(vec![]));
+        assert_eq!(t.delivery_count(8), 0);
+    }
+
+    #[test]
+    fn persisted_counts_round_trip_and_damage_is_refused() {
+        let counts = vec![(0, 2), (u64::MAX, u32::MAX), (42, 3)];
+        let b = encode_deliveries(&counts);
+        assert_eq!(decode_deliveries(&b), Some(counts));
+        assert_eq!(decode_deliveries(&encode_deliveries(&[])), Some(vec![]));
+        for cut in 0..b.len() {
+            assert_eq!(decode_deliveries(&b[..cut]), None, "cut at {cut}");
+        }
+        let mut flipped = b.clone();
+        flipped[9] ^= 1;
+        assert_eq!(decode_deliveries(&flipped), None);
+        // A count that claims more entries than the bytes hold allocates nothing.
+        let mut huge = b.clone();
+        huge[..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_deliveries(&huge), None);
+    }
+
+    mod prop {
+        use super::super::*;
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn prop_deliveries_roundtrip(counts in vec((any::<u64>(), any::<u32>()), 0..64)) {
+                prop_assert_eq!(decode_deliveries(&encode_deliveries(&counts)), Some(counts));
+            }
+
+            #[test]
+            fn prop_deliveries_decode_arbitrary_bytes(b in vec(any::<u8>(), 0..256)) {
+                if let Some(v) = decode_deliveries(&b) {
+                    prop_assert_eq!(encode_deliveries(&v), b);
+                }
+            }
+
+            #[test]
+            fn prop_deliveries_bit_flips_are_caught(
+                counts in vec((any::<u64>(), any::<u32>()), 0..16),
+                bit in any::<usize>(),
+            ) {
+                let mut b = encode_deliveries(&counts);
+                let i = bit % (b.len() * 8);
+                b[i / 8] ^= 1 << (i % 8);
+                prop_assert_eq!(decode_deliveries(&b), None);
+            }
+        }
     }
 }

@@ -426,11 +426,11 @@ fn settle(delivery: &Delivery, req: SettleRequest, batch: bool) -> RpcReply {
         }
     };
     if batch {
-        let results = delivery.settle_forwarded(&topic, &req.handles, req.how);
+        let results = delivery.settle_forwarded(&topic, &req.handles, req.kind());
         return RpcReply::json(200, &narad_api::BatchAckResponse { results });
     }
     match req.handles.first() {
-        Some(h) => match delivery.settle_owned(&topic, h, req.how) {
+        Some(h) => match delivery.settle_owned(&topic, h, req.kind()) {
             Ok(()) => RpcReply::new(204, crate::rpc::proto::JSON, Bytes::new()),
             Err(e) => e.to_reply(),
         },

@@ -19,7 +19,9 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
 use crate::clock::{now_micros, now_ms};
-use crate::leases::{Caps, Granted, LeaseTable, SettleError, Settled};
+use crate::leases::{
+    decode_deliveries, encode_deliveries, Caps, Granted, LeaseTable, SettleError, Settled,
+};
 use crate::metrics::{Metrics, PartitionMetrics};
 
 /// Settings the lease table needs, taken from the topic record at each call.
@@ -152,6 +154,9 @@ pub struct FrozenState {
 }
 
 const FRONTIER_FILE: &str = "frontier";
+/// The delivery counts of at least 2 of unsettled offsets, persisted with the frontier
+/// (see [`crate::leases::encode_deliveries`]); a move carries it with the cursor files.
+pub(crate) const DELIVERIES_FILE: &str = "deliveries";
 /// Most consumers one commit wakes.
 const MAX_WAKE_PER_EVENT: usize = 64;
 
@@ -177,7 +182,8 @@ impl Partition {
             .min(log.high_watermark());
         // An unused partition costs no open files: they reopen on first use.
         log.close();
-        let table = LeaseTable::new(frontier, now_micros());
+        let mut table = LeaseTable::new(frontier, now_micros());
+        table.restore_deliveries(read_deliveries(&dir));
         Ok(Partition {
             topic_id,
             index,
@@ -309,7 +315,7 @@ impl Partition {
                 Ok(None) => {
                     // Cannot happen below the high watermark; hand it back.
                     let mut q = self.queue.lock();
-                    let _ = q.nack(delivery.offset, delivery.nonce, Instant::now());
+                    let _ = q.hand_back(delivery.offset, delivery.nonce, Instant::now());
                     return Leased::Nothing;
                 }
                 Err(StorageError::Gone { .. }) => {
@@ -329,10 +335,11 @@ impl Partition {
                 }
                 Err(e) => {
                     // A transient read failure: hand the delivery back and report it.
-                    let _ = self
-                        .queue
-                        .lock()
-                        .nack(delivery.offset, delivery.nonce, Instant::now());
+                    let _ = self.queue.lock().hand_back(
+                        delivery.offset,
+                        delivery.nonce,
+                        Instant::now(),
+                    );
                     return Leased::Failed(e.to_string());
                 }
             }
@@ -361,9 +368,10 @@ impl Partition {
     }
 
     /// Hands back a lease no one was given (a consume answer had no room for its message):
-    /// the offset is available again at once, as if it had not been leased.
-    pub fn hand_back(&self, offset: u64, nonce: u64) {
-        let _ = self.queue.lock().nack(offset, nonce, Instant::now());
+    /// the offset is available again at once, as if it had not been leased, and the delivery
+    /// is not counted.
+    pub fn hand_back(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
+        self.queue.lock().hand_back(offset, nonce, Instant::now())
     }
 
     /// The directory of this partition (its log, frontier and fan-out cursors live in it).
@@ -423,8 +431,16 @@ impl Partition {
         )
     }
 
-    /// Persists the frontier if it moved (tmp file + fsync + rename).
+    /// Persists the frontier if it moved, and the delivery counts of at least 2 if they
+    /// changed (each: tmp file + fsync + rename).
     pub fn persist_frontier(&self) -> std::io::Result<()> {
+        let redelivered = self.queue.lock().redelivered();
+        if let Some(counts) = redelivered {
+            if let Err(e) = write_synced(&self.dir, DELIVERIES_FILE, &encode_deliveries(&counts)) {
+                self.queue.lock().redelivered_unsaved();
+                return Err(e);
+            }
+        }
         if !self.frontier_dirty.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
@@ -477,13 +493,30 @@ fn read_frontier(dir: &Path) -> u64 {
 }
 
 pub(crate) fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
-    let tmp = dir.join("frontier.tmp");
     let mut b = frontier.to_le_bytes().to_vec();
     b.extend_from_slice(&crc32c::crc32c(&frontier.to_le_bytes()).to_le_bytes());
+    write_synced(dir, FRONTIER_FILE, &b)
+}
+
+/// Replaces `dir/name` with `bytes` whole: a synced temporary file renamed over it.
+fn write_synced(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = dir.join(format!("{name}.tmp"));
     let mut f = fs::File::create(&tmp)?;
-    f.write_all(&b)?;
+    f.write_all(bytes)?;
     f.sync_data()?;
-    fs::rename(&tmp, dir.join(FRONTIER_FILE))
+    fs::rename(&tmp, dir.join(name))
+}
+
+/// The persisted delivery counts; none when the file is missing, and none (loudly) when it
+/// is damaged: counts are approximate, a message is never held back for them.
+fn read_deliveries(dir: &Path) -> Vec<(u64, u32)> {
+    match fs::read(dir.join(DELIVERIES_FILE)) {
+        Ok(b) => decode_deliveries(&b).unwrap_or_else(|| {
+            tracing::warn!(dir = %dir.display(), "delivery counts file damaged; counting deliveries afresh");
+            Vec::new()
+        }),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// A topic's local runtime: its partitions and the waiters of its consumers.

@@ -64,6 +64,16 @@ async fn any_node_serves_any_request() {
     let m = c.http(0).consume_msg("orders", "partition=2&wait=2s").await;
     assert_eq!(m.payload_bytes(), b"pinned");
     assert_eq!(m.key.as_deref(), Some("k"));
+    // The owner counts deliveries: a nack through another node, and the redelivery through
+    // the first counts 2.
+    assert_eq!(m.json["delivery_count"], 1, "{}", m.json);
+    c.http(1)
+        .ack("orders", m.handle(), Some("0"))
+        .await
+        .expect(204);
+    let m = c.http(0).consume_msg("orders", "partition=2&wait=2s").await;
+    assert_eq!(m.payload_bytes(), b"pinned");
+    assert_eq!(m.json["delivery_count"], 2, "{}", m.json);
     let replayed = c
         .http(1)
         .consume_msg("orders", &format!("partition=2&offset={}", m.offset))

@@ -136,7 +136,7 @@ json_call!(CommitOne => (), COMMIT_TIMEOUT, |_r| Opcode::CommitProduce,
 #[derive(serde::Serialize)]
 #[serde(transparent)]
 pub struct SettleOne(pub SettleRequest);
-json_call!(SettleOne => (), DEFAULT_TIMEOUT, |r| r.0.how.opcode(), |_reply| Ok(()));
+json_call!(SettleOne => (), DEFAULT_TIMEOUT, |r| r.0.kind().opcode(), |_reply| Ok(()));
 /// `AckBatch` (31): several receipt handles of one kind, one result per handle in order; a
 /// peer too old for it gets one `SettleOne` per handle (the table's fallback).
 #[derive(serde::Serialize)]
@@ -452,13 +452,13 @@ mod tests {
         };
         agrees(&commit());
         agrees(&CommitOne(commit()));
-        let settle = |how| SettleRequest {
-            topic_id: 1,
-            topic: "t".into(),
-            how,
-            handles: vec![],
-        };
-        for how in [SettleKind::Ack, SettleKind::Extend, SettleKind::Nack] {
+        let settle = |how| SettleRequest::new(1, "t".into(), how, vec![]);
+        for how in [
+            SettleKind::Ack,
+            SettleKind::Extend,
+            SettleKind::Nack,
+            SettleKind::Release,
+        ] {
             agrees(&SettleOne(settle(how)));
         }
         agrees(&SettleBatch(settle(SettleKind::Ack)));

@@ -74,6 +74,11 @@ pub enum SettleKind {
     Ack,
     Extend,
     Nack,
+    /// A lease whose message no consumer was given (one a node prefetched and released): back
+    /// at once, as a nack, but not counted as a delivery. Never on the wire itself: a
+    /// [`SettleRequest`] carries it as `nack` with `unused`.
+    #[serde(skip)]
+    Release,
 }
 
 impl SettleKind {
@@ -82,7 +87,7 @@ impl SettleKind {
         match self {
             SettleKind::Ack => crate::rpc::Opcode::Ack,
             SettleKind::Extend => crate::rpc::Opcode::ExtendAck,
-            SettleKind::Nack => crate::rpc::Opcode::Nack,
+            SettleKind::Nack | SettleKind::Release => crate::rpc::Opcode::Nack,
         }
     }
 }
@@ -93,8 +98,34 @@ impl SettleKind {
 pub struct SettleRequest {
     pub topic_id: u64,
     pub topic: String,
-    pub how: SettleKind,
+    how: SettleKind,
     pub handles: Vec<String>,
+    /// With `how` = `nack`: the messages were never given to a consumer
+    /// ([`SettleKind::Release`]). An owner of an older build ignores it and counts the
+    /// delivery.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unused: bool,
+}
+
+impl SettleRequest {
+    pub fn new(topic_id: u64, topic: String, how: SettleKind, handles: Vec<String>) -> Self {
+        let unused = how == SettleKind::Release;
+        SettleRequest {
+            topic_id,
+            topic,
+            how: if unused { SettleKind::Nack } else { how },
+            handles,
+            unused,
+        }
+    }
+
+    /// How the handles are settled.
+    pub fn kind(&self) -> SettleKind {
+        match self.how {
+            SettleKind::Nack if self.unused => SettleKind::Release,
+            how => how,
+        }
+    }
 }
 
 /// `TopicPartitionStats` (8): the stats of the listed partitions the callee owns; the reply
@@ -411,6 +442,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_release_travels_as_an_unused_nack_that_older_owners_read_as_a_nack() {
+        let release = SettleRequest::new(1, "t".into(), SettleKind::Release, vec!["0:1:2".into()]);
+        let v = serde_json::to_value(&release).unwrap();
+        assert_eq!(v["how"], "nack");
+        assert_eq!(v["unused"], true);
+        let back: SettleRequest = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(back.kind(), SettleKind::Release);
+        // What an older owner sees of it, and what an older sender sends: a nack.
+        let mut old = v;
+        old.as_object_mut().unwrap().remove("unused");
+        let back: SettleRequest = serde_json::from_value(old).unwrap();
+        assert_eq!(back.kind(), SettleKind::Nack);
+        // Other kinds carry no `unused`.
+        for how in [SettleKind::Ack, SettleKind::Extend, SettleKind::Nack] {
+            let v = serde_json::to_value(SettleRequest::new(1, "t".into(), how, vec![])).unwrap();
+            assert!(v.get("unused").is_none(), "{how:?}");
+            assert_eq!(
+                serde_json::from_value::<SettleRequest>(v).unwrap().kind(),
+                how
+            );
+        }
+    }
+
+    #[test]
     fn forward_produce_round_trips_and_refuses_truncation() {
         let f = ForwardProduce {
             topic_id: 9,
@@ -628,15 +683,13 @@ mod prop_tests {
             prop_oneof![
                 Just(SettleKind::Ack),
                 Just(SettleKind::Extend),
-                Just(SettleKind::Nack)
+                Just(SettleKind::Nack),
+                Just(SettleKind::Release)
             ],
             vec(any::<String>(), 0..4),
         )
-            .prop_map(|(topic_id, topic, how, handles)| SettleRequest {
-                topic_id,
-                topic,
-                how,
-                handles,
+            .prop_map(|(topic_id, topic, how, handles)| {
+                SettleRequest::new(topic_id, topic, how, handles)
             })
     }
 

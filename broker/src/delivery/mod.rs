@@ -317,7 +317,7 @@ impl Delivery {
                 match how {
                     SettleKind::Extend => self.count(topic, |m| &m.ack_extended),
                     SettleKind::Nack => self.count(topic, |m| &m.nack),
-                    SettleKind::Ack => {}
+                    SettleKind::Ack | SettleKind::Release => {}
                 }
                 Ok(())
             }
@@ -562,8 +562,8 @@ fn lease_local(
         while out.count < max {
             match part.lease(policy) {
                 Leased::Message(rec, d) => {
-                    if !out.push(&topic.name, &rec, part.index, d.nonce) {
-                        part.hand_back(d.offset, d.nonce);
+                    if !out.push(&topic.name, &rec, part.index, d.nonce, d.delivery_count) {
+                        let _ = part.hand_back(d.offset, d.nonce);
                         return Ok(());
                     }
                     part.metrics.consumed.inc();
@@ -613,10 +613,11 @@ fn settle_local(
         SettleKind::Ack => part.ack(h.offset, h.nonce, policy),
         SettleKind::Extend => part.extend(h.offset, h.nonce, policy),
         SettleKind::Nack => part.nack(h.offset, h.nonce),
+        SettleKind::Release => part.hand_back(h.offset, h.nonce),
     };
     match res {
         Ok(()) => {
-            if how == SettleKind::Nack {
+            if matches!(how, SettleKind::Nack | SettleKind::Release) {
                 rt.wake_consumers(1);
             }
             Ok(())

@@ -194,7 +194,7 @@ impl Delivery {
         let (cluster, topic) = (self.cluster.clone(), topic.clone());
         tokio::spawn(async move {
             for (owner, handles) in by_owner {
-                settle_remote(&cluster, &topic, &owner, handles, SettleKind::Nack).await;
+                settle_remote(&cluster, &topic, &owner, handles, SettleKind::Release).await;
             }
         });
     }
@@ -212,7 +212,7 @@ impl Delivery {
         }
         for ((topic_id, owner), handles) in groups {
             if let TopicLookup::Known(topic) = self.cluster.topic_by_id(topic_id) {
-                settle_remote(&self.cluster, &topic, &owner, handles, SettleKind::Nack).await;
+                settle_remote(&self.cluster, &topic, &owner, handles, SettleKind::Release).await;
             }
         }
     }
@@ -264,12 +264,8 @@ pub(super) async fn settle_remote(
         status: e.status().as_u16(),
         error: Some(e.message.clone()),
     };
-    let request = |handles: Vec<String>| SettleRequest {
-        topic_id: topic.id,
-        topic: topic.name.clone(),
-        how,
-        handles,
-    };
+    let request =
+        |handles: Vec<String>| SettleRequest::new(topic.id, topic.name.clone(), how, handles);
     let batch = SettleBatch(request(handles.clone()));
     match cluster
         .ask_or_older(owner, &batch, SettleBatch::TIMEOUT)

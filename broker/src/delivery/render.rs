@@ -7,13 +7,14 @@ use narad_storage::StoredRecord;
 
 use super::ReceiptHandle;
 
-/// Writes one message object (SPEC §3.5) into `out`.
+/// Writes one message object (SPEC §3.5) into `out`: a leased one with its receipt handle
+/// and delivery count, a replayed one without.
 pub(crate) fn write_message(
     out: &mut Vec<u8>,
     topic: &str,
     rec: &StoredRecord,
     partition: u32,
-    handle: Option<ReceiptHandle>,
+    lease: Option<(ReceiptHandle, u32)>,
 ) {
     out.extend_from_slice(b"{\"topic\":");
     write_json_str(out, topic);
@@ -35,8 +36,10 @@ pub(crate) fn write_message(
         out.extend_from_slice(format!(",\"payload_encoding\":\"{enc}\"").as_bytes());
     }
     out.extend_from_slice(format!(",\"timestamp\":{}", rec.timestamp_ms / 1000).as_bytes());
-    if let Some(h) = handle {
-        out.extend_from_slice(format!(",\"receipt_handle\":\"{h}\"").as_bytes());
+    if let Some((h, delivery_count)) = lease {
+        out.extend_from_slice(
+            format!(",\"receipt_handle\":\"{h}\",\"delivery_count\":{delivery_count}").as_bytes(),
+        );
     }
     out.push(b'}');
 }
@@ -89,6 +92,7 @@ impl Answer {
         rec: &StoredRecord,
         partition: u32,
         nonce: u64,
+        delivery_count: u32,
     ) -> bool {
         let mark = self.out.len();
         if self.count > 0 {
@@ -99,11 +103,14 @@ impl Answer {
             topic,
             rec,
             partition,
-            Some(ReceiptHandle {
-                partition,
-                offset: rec.offset,
-                nonce,
-            }),
+            Some((
+                ReceiptHandle {
+                    partition,
+                    offset: rec.offset,
+                    nonce,
+                },
+                delivery_count,
+            )),
         );
         // Room for the closing `]}` of a batch.
         if self.count > 0 && self.out.len() + 2 > self.budget {
@@ -142,14 +149,14 @@ mod tests {
     fn an_answer_holds_what_fits_its_budget_and_at_least_one() {
         let rec = record(0, &[b'x'; 100]);
         let mut one = Answer::with_budget(true, usize::MAX);
-        assert!(one.push("t", &rec, 0, 1));
+        assert!(one.push("t", &rec, 0, 1, 1));
         let per = one.finish().len();
         // A budget for two and a half messages takes two; the third is refused unchanged.
         let mut a = Answer::with_budget(true, per * 5 / 2);
-        assert!(a.push("t", &record(0, &[b'x'; 100]), 0, 1));
-        assert!(a.push("t", &record(1, &[b'x'; 100]), 0, 2));
+        assert!(a.push("t", &record(0, &[b'x'; 100]), 0, 1, 1));
+        assert!(a.push("t", &record(1, &[b'x'; 100]), 0, 2, 1));
         let before = a.out.clone();
-        assert!(!a.push("t", &record(2, &[b'x'; 100]), 0, 3));
+        assert!(!a.push("t", &record(2, &[b'x'; 100]), 0, 3, 1));
         assert_eq!(a.out, before);
         let body = a.finish();
         assert!(body.len() <= per * 5 / 2);
@@ -159,7 +166,7 @@ mod tests {
         assert_eq!(msgs[1]["receipt_handle"], "0:1:2");
         // The first message goes in whatever the budget.
         let mut tiny = Answer::with_budget(true, 1);
-        assert!(tiny.push("t", &rec, 0, 1));
+        assert!(tiny.push("t", &rec, 0, 1, 1));
         assert_eq!(tiny.count, 1);
         let v: serde_json::Value = serde_json::from_slice(&tiny.finish()).unwrap();
         assert_eq!(v["messages"].as_array().unwrap().len(), 1);
@@ -168,12 +175,13 @@ mod tests {
     #[test]
     fn a_single_answer_is_one_object() {
         let mut a = Answer::new(false);
-        assert!(a.push("t", &record(5, b"{\"a\":1}"), 2, 9));
+        assert!(a.push("t", &record(5, b"{\"a\":1}"), 2, 9, 1));
         let v: serde_json::Value = serde_json::from_slice(&a.finish()).unwrap();
         assert_eq!(v["offset"], 5);
         assert_eq!(v["partition"], 2);
         assert_eq!(v["payload"]["a"], 1);
         assert_eq!(v["receipt_handle"], "2:5:9");
+        assert_eq!(v["delivery_count"], 1);
     }
 
     #[test]
@@ -183,7 +191,7 @@ mod tests {
         let worst = vec![1u8; crate::api::MAX_BODY];
         let mut a = Answer::new(true);
         let mut n = 0;
-        while n < MAX_BATCH && a.push("t", &record(n, &worst), 0, n) {
+        while n < MAX_BATCH && a.push("t", &record(n, &worst), 0, n, 1) {
             n += 1;
         }
         assert!((1..MAX_BATCH).contains(&n), "{n}");

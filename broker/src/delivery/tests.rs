@@ -171,3 +171,36 @@ fn a_batch_of_one_is_clamped_and_a_single_ask_wants_one() {
     assert_eq!(ask(Some(7)).want(), 7);
     assert_eq!(ask(Some(1000)).want(), MAX_BATCH as usize);
 }
+
+#[test]
+fn a_nack_counts_the_redelivery_and_a_release_of_an_unused_lease_does_not() {
+    let (_d, topic, rt) = setup(&["me"], 1);
+    let lease_one = || {
+        let mut a = Answer::new(false);
+        lease_local(&topic, &rt, None, 1, &mut a).unwrap();
+        messages(&a.finish()).remove(0)
+    };
+    let m = lease_one();
+    assert_eq!(m["delivery_count"], 1);
+    assert_eq!(
+        settle_local(&topic, &rt, handle(&m), SettleKind::Nack),
+        Ok(())
+    );
+    let m = lease_one();
+    assert_eq!(m["delivery_count"], 2);
+    // A node that prefetched it releases it unused: back at once, not counted.
+    assert_eq!(
+        settle_local(&topic, &rt, handle(&m), SettleKind::Release),
+        Ok(())
+    );
+    let m = lease_one();
+    assert_eq!(m["delivery_count"], 2);
+    assert_eq!(
+        settle_local(&topic, &rt, handle(&m), SettleKind::Release),
+        Ok(())
+    );
+    assert_eq!(
+        settle_local(&topic, &rt, handle(&m), SettleKind::Release),
+        Err(Unsettled::Stale("handle no longer valid"))
+    );
+}

@@ -280,9 +280,16 @@ fn freeze_for(part: &Partition, move_id: u64) -> HandoffReply {
     }
 }
 
-/// The fan-out cursor files of a partition directory.
+/// The fan-out cursor files and the delivery counts of a partition directory.
 fn read_small_files(dir: &Path) -> Vec<SmallFile> {
     let mut out = Vec::new();
+    let counts = crate::partition::DELIVERIES_FILE;
+    if let Ok(bytes) = std::fs::read(dir.join(counts)) {
+        out.push(SmallFile {
+            path: counts.to_string(),
+            bytes,
+        });
+    }
     if let Ok(rd) = std::fs::read_dir(dir.join("fanout")) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();

@@ -457,6 +457,14 @@ async fn a_move_copies_every_record_and_the_copy_opens_at_exactly_the_frozen_hig
             .ack(r.offset, granted.nonce, QueuePolicy::of(&topic))
             .unwrap();
     }
+    // Record 10 was delivered twice and handed back each time.
+    for _ in 0..2 {
+        let Leased::Message(r, granted) = source.lease(QueuePolicy::of(&topic)) else {
+            panic!("nothing to lease");
+        };
+        assert_eq!(r.offset, 10);
+        source.nack(r.offset, granted.nonce).unwrap();
+    }
     let cursor = source.dir().join("fanout").join("child-a");
     std::fs::create_dir_all(cursor.parent().unwrap()).unwrap();
     std::fs::write(&cursor, b"cursor slots").unwrap();
@@ -481,6 +489,14 @@ async fn a_move_copies_every_record_and_the_copy_opens_at_exactly_the_frozen_hig
         .expect("open after the flip");
     assert_copy_of(&installed, &source, 325);
     assert_eq!(installed.queue_stats().4, 10, "the frontier came along");
+    let Leased::Message(r, granted) = installed.lease(QueuePolicy::of(&topic)) else {
+        panic!("nothing to lease after the move");
+    };
+    assert_eq!(
+        (r.offset, granted.delivery_count),
+        (10, 3),
+        "the delivery counts came along"
+    );
     assert_eq!(
         std::fs::read(env.dest().join("fanout").join("child-a")).unwrap(),
         b"cursor slots"
