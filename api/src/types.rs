@@ -98,6 +98,31 @@ pub struct TopicRecord {
     pub partition_stats: Option<Vec<PartitionStats>>,
     #[serde(default, skip_serializing_if = "is_false")]
     pub partial: bool,
+    /// (ext) The queue's backlog over the partitions in `partition_stats` whose owners
+    /// answered (with `partial`, a lower bound), for autoscalers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<Backlog>,
+}
+
+/// (ext) A queue's backlog: of the messages not settled yet, those waiting for a consumer
+/// (`messages`) and those leased now (`in_flight`), and how long the oldest unsettled one has
+/// been waiting since its commit.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Backlog {
+    pub messages: u64,
+    pub in_flight: u64,
+    pub oldest_unacked_age_seconds: u64,
+}
+
+impl Backlog {
+    /// Adds a partition's backlog: counts add up, the age is the oldest.
+    pub fn add(&mut self, other: &Backlog) {
+        self.messages += other.messages;
+        self.in_flight += other.in_flight;
+        self.oldest_unacked_age_seconds = self
+            .oldest_unacked_age_seconds
+            .max(other.oldest_unacked_age_seconds);
+    }
 }
 
 /// One entry of `partition_stats`.
@@ -117,6 +142,10 @@ pub struct PartitionStats {
     pub status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner_liveness: Option<String>,
+    /// (ext) This partition's backlog (absent when its owner did not answer, or is of a
+    /// build that does not report it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<Backlog>,
 }
 
 /// `GET /v1/topics` answer.

@@ -135,11 +135,13 @@ impl App {
                 continue;
             }
             let mut topic_bytes = 0u64;
+            let mut topic_backlog = 0u64;
             for p in rt.partitions() {
                 open += 1;
                 let s = p.log.stats();
                 topic_bytes += s.size_bytes;
                 let (lag, inflight, acked_ahead, _, _) = p.queue_stats();
+                topic_backlog += lag.saturating_sub(inflight);
                 let l = PartitionLabels {
                     topic: rt.name.clone(),
                     partition: p.index.to_string(),
@@ -153,11 +155,11 @@ impl App {
                 m.partition_size.get_or_create(&l).set(s.size_bytes as i64);
                 m.segments.get_or_create(&l).set(s.segments as i64);
             }
-            m.topic_bytes
-                .get_or_create(&TopicLabels {
-                    topic: rt.name.clone(),
-                })
-                .set(topic_bytes as i64);
+            let t = TopicLabels {
+                topic: rt.name.clone(),
+            };
+            m.topic_bytes.get_or_create(&t).set(topic_bytes as i64);
+            m.topic_backlog.get_or_create(&t).set(topic_backlog as i64);
         }
         // A topic deleted while its gauges were being set: its series go again.
         let after = self.meta.view();

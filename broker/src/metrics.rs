@@ -163,6 +163,8 @@ pub struct Metrics {
     pub partition_size: Family<PartitionLabels, Gauge>,
     pub segments: Family<PartitionLabels, Gauge>,
     pub topic_bytes: Family<TopicLabels, Gauge>,
+    /// (ext) Messages of the topic's partitions on this node that wait for a consumer.
+    pub topic_backlog: Family<TopicLabels, Gauge>,
     pub retention_bytes_deleted: Family<PartitionLabels, Counter>,
     pub retention_messages_deleted: Family<PartitionLabels, Counter>,
     pub retention_run_duration: Histogram,
@@ -374,6 +376,12 @@ impl Metrics {
                 Family::default()
             ),
             segments: reg!(r, "segments", "Segments per partition", Family::default()),
+            topic_backlog: reg!(
+                r,
+                "topic_backlog_messages",
+                "Unsettled messages not leased now, on this node's partitions of the topic (sum over nodes for the topic's backlog)",
+                Family::default()
+            ),
             topic_bytes: reg!(
                 r,
                 "topic_bytes",
@@ -587,6 +595,7 @@ impl Metrics {
         self.ack_extended.remove(&t);
         self.nack.remove(&t);
         self.topic_bytes.remove(&t);
+        self.topic_backlog.remove(&t);
         for outcome in CONSUME_OUTCOMES {
             self.consume_wait.remove(&OutcomeLabels {
                 topic: topic.to_string(),

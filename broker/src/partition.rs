@@ -418,6 +418,17 @@ impl Partition {
         self.queue.lock().next_deadline()
     }
 
+    /// The queue's backlog now: unsettled messages waiting and leased, and the age of the
+    /// oldest unsettled one.
+    pub fn backlog(&self, now_ms: u64) -> narad_api::Backlog {
+        let (lag, in_flight, ..) = self.queue_stats();
+        narad_api::Backlog {
+            messages: lag.saturating_sub(in_flight),
+            in_flight,
+            oldest_unacked_age_seconds: self.oldest_unconsumed_age_secs(now_ms),
+        }
+    }
+
     /// Queue gauges: (lag, in flight, acked ahead, dropped, frontier).
     pub fn queue_stats(&self) -> (u64, u64, u64, u64, u64) {
         let q = self.queue.lock();

@@ -114,6 +114,7 @@ impl Queries {
                     owner_node: owner,
                     status: "ok".into(),
                     owner_liveness: None,
+                    backlog: Some(part.backlog(crate::clock::now_ms())),
                 }
             }
             None => PartitionStats {

@@ -41,6 +41,10 @@ async fn any_node_serves_any_request() {
         ["n0", "n1", "n2", "n0", "n1", "n2"]
     );
     c.http(0).wait_total_visible("orders", 30).await;
+    // The backlog is summed over every owner's partitions, whichever node is asked.
+    let v = c.http(1).get_topic("orders", "").await;
+    assert_eq!(v["backlog"]["messages"], 30, "{v}");
+    assert_eq!(v["backlog"]["in_flight"], 0, "{v}");
 
     // Consume through n2 (local partitions first, then remote owners), ack through n0.
     let mut got = Vec::new();

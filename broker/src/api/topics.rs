@@ -318,6 +318,11 @@ pub async fn get(
         .collect();
     let stats = app.queries.topic_stats(&topic, &wanted).await;
     rec.partial = stats.iter().any(|s| s.status != "ok");
+    let mut backlog = narad_api::Backlog::default();
+    for b in stats.iter().filter_map(|s| s.backlog.as_ref()) {
+        backlog.add(b);
+    }
+    rec.backlog = Some(backlog);
     rec.partition_stats = Some(stats);
     Ok(json(StatusCode::OK, &rec))
 }

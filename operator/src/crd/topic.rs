@@ -175,9 +175,25 @@ pub struct TopicStatus {
     /// Delay applied, in milliseconds (immutability check).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+    /// The queue's backlog as the broker reported it at the last reconcile (every resync
+    /// period): for a look with kubectl; autoscalers read the broker or its metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<TopicBacklog>,
     /// Ready and Synced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+/// A queue's backlog (the broker's `backlog` of `GET /v1/topics/{topic}`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicBacklog {
+    /// Unsettled messages waiting for a consumer.
+    pub messages: u64,
+    /// Messages leased to consumers now.
+    pub in_flight: u64,
+    /// Seconds since the commit of the oldest unsettled message.
+    pub oldest_unacked_age_seconds: u64,
 }
 
 /// One child of the topic.

@@ -13,8 +13,8 @@ use serde_json::value::RawValue;
 use super::*;
 use crate::crd::validate::check_topic;
 use crate::crd::{
-    parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicDefaults,
-    TopicStatus, FINALIZER,
+    parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
+    TopicDefaults, TopicStatus, FINALIZER,
 };
 
 /// The topic as the broker should have it.
@@ -294,6 +294,11 @@ pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRe
         .unwrap_or_default();
     status.replica = Some(d.replica);
     status.delay_ms = d.delay_ms;
+    status.backlog = rec.backlog.map(|b| TopicBacklog {
+        messages: b.messages,
+        in_flight: b.in_flight,
+        oldest_unacked_age_seconds: b.oldest_unacked_age_seconds,
+    });
 }
 
 async fn get_topic(
@@ -897,5 +902,18 @@ mod tests {
         assert_eq!(s.owner.as_deref(), Some("admin"));
         assert_eq!(s.partition_owners, vec!["prod-narad-1", "prod-narad-0"]);
         assert_eq!(s.role.as_deref(), Some("parent"));
+        assert_eq!(s.backlog, None, "a broker that reports none");
+        let r = record(
+            json!({"backlog": {"messages": 7, "in_flight": 2, "oldest_unacked_age_seconds": 40}}),
+        );
+        observed_status(&mut s, &d, &r);
+        assert_eq!(
+            s.backlog,
+            Some(TopicBacklog {
+                messages: 7,
+                in_flight: 2,
+                oldest_unacked_age_seconds: 40
+            })
+        );
     }
 }
