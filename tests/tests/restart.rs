@@ -18,6 +18,7 @@ async fn records(http: &Http, names: &[&str]) -> Vec<Value> {
         let mut v = http.get_topic(n, "").await;
         v.as_object_mut().unwrap().remove("partition_stats");
         v.as_object_mut().unwrap().remove("partial");
+        v.as_object_mut().unwrap().remove("backlog");
         out.push(v);
     }
     out
