@@ -102,6 +102,40 @@ pub struct TopicRecord {
     /// answered (with `partial`, a lower bound), for autoscalers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backlog: Option<Backlog>,
+    /// (ext) Consumes answer `204` without leasing while set (`POST …/pause`, `…/resume`);
+    /// produce, replay and children go on.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub paused: bool,
+}
+
+/// (ext) The body of `POST /v1/topics/{t}/seek`: a partition and an offset, or a time
+/// (Unix seconds, like a message's `timestamp`) for one partition or all of them.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SeekRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offset: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<u64>,
+}
+
+/// (ext) The answer of `POST /v1/topics/{t}/purge` and `…/seek`: each partition's queue
+/// frontier before and after.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Repositioned {
+    pub topic: String,
+    pub partitions: Vec<PartitionFrontier>,
+}
+
+/// One partition of [`Repositioned`]: every offset below `frontier` is settled now, and
+/// delivery resumes at it.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PartitionFrontier {
+    pub partition: u32,
+    pub previous_frontier: u64,
+    pub frontier: u64,
 }
 
 /// (ext) A queue's backlog: of the messages not settled yet, those waiting for a consumer

@@ -359,6 +359,23 @@ impl LeaseTable {
         }
     }
 
+    /// Moves the frontier to `to` (a purge or a seek, SPEC (ext) §3.8): every offset below it
+    /// is settled, every one at or above it unsettled and never delivered. Leases outstanding
+    /// are void (their settles answer 410) and delivery counts are forgotten. Returns the
+    /// previous frontier.
+    pub fn reposition(&mut self, to: u64) -> u64 {
+        let previous = self.frontier;
+        self.inflight.clear();
+        self.deadlines.clear();
+        self.available.clear();
+        self.acked_ahead.clear();
+        self.redelivered_changed |= self.deliveries.values().any(|n| *n >= 2);
+        self.deliveries.clear();
+        self.frontier = to;
+        self.next_fresh = to;
+        previous
+    }
+
     /// Messages at or above the frontier that are not settled yet (for `consumer_lag`).
     pub fn lag(&self, high_watermark: u64) -> u64 {
         high_watermark
@@ -651,6 +668,42 @@ mod tests {
         let b = lease(&mut t, 5, now).unwrap();
         t.ack(b.offset, b.nonce, CAPS, now).unwrap();
         assert_eq!(t.lag(5), 4);
+    }
+
+    #[test]
+    fn reposition_voids_leases_and_restarts_delivery_at_the_new_frontier() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 1);
+        let a = lease(&mut t, 10, now).unwrap();
+        let b = lease(&mut t, 10, now).unwrap();
+        t.nack(b.offset, b.nonce, now).unwrap();
+        let b = lease(&mut t, 10, now).unwrap();
+        assert_eq!(b.delivery_count, 2);
+        let c = lease(&mut t, 10, now).unwrap();
+        t.ack(c.offset, c.nonce, CAPS, now).unwrap();
+        assert!(t.redelivered().is_some());
+
+        // Forward (a purge): everything below 10 is settled; old handles are stale.
+        assert_eq!(t.reposition(10), 0);
+        assert_eq!(t.frontier(), 10);
+        assert_eq!(
+            (t.inflight_len(), t.acked_ahead_len(), t.lag(10)),
+            (0, 0, 0)
+        );
+        assert_eq!(t.next_deadline(), None);
+        assert_eq!(t.ack(a.offset, a.nonce, CAPS, now), Err(SettleError::Stale));
+        assert_eq!(lease(&mut t, 10, now), None);
+        // The forgotten count of 2 is persisted (as none).
+        assert_eq!(t.redelivered(), Some(vec![]));
+
+        // Back (a seek): offsets from 3 are delivered again, each as a first delivery.
+        assert_eq!(t.reposition(3), 10);
+        assert_eq!(t.lag(10), 7);
+        let again = lease(&mut t, 10, now).unwrap();
+        assert_eq!((again.offset, again.delivery_count), (3, 1));
+        assert!(again.nonce > c.nonce);
+        t.ack(again.offset, again.nonce, CAPS, now).unwrap();
+        assert_eq!(t.frontier(), 4);
     }
 
     #[test]

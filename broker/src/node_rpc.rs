@@ -145,6 +145,20 @@ impl RpcHandler for NodeRpc {
                         Err(r) => r,
                     }
                 }
+                Opcode::RepositionPartitions => {
+                    match json::<crate::cluster::wire::RepositionRequest>(&body) {
+                        Ok(req) => match app.topic_by_id_current(req.topic_id).await {
+                            TopicLookup::Known(t) => RpcReply::json(
+                                200,
+                                &app.delivery
+                                    .reposition_here(&t, &req.partitions, req.to)
+                                    .await,
+                            ),
+                            _ => RpcReply::fail(ErrorCode::Unavailable, "topic not known here"),
+                        },
+                        Err(r) => r,
+                    }
+                }
                 Opcode::TopicPartitionStats => match json::<StatsRequest>(&body) {
                     Ok(req) => stats(&app, req).await,
                     Err(r) => r,

@@ -52,6 +52,34 @@ pub enum Leased {
     Failed(String),
 }
 
+/// Where a purge or a seek puts a partition's frontier (SPEC (ext) §3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Position {
+    /// The high watermark: everything committed is settled (a purge).
+    End,
+    /// This offset, from the oldest retained one up to the high watermark.
+    Offset(u64),
+    /// The first record committed at or after this time (Unix ms), else the high watermark.
+    TimestampMs(u64),
+}
+
+/// Why a frontier could not be moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RepositionError {
+    /// The partition is being moved to another node, or has moved (retry).
+    Moving,
+    /// The offset is outside what the log holds: below its oldest retained offset or above
+    /// its high watermark.
+    OutOfRange {
+        offset: u64,
+        oldest: u64,
+        high_watermark: u64,
+    },
+    /// The log could not be read or the frontier not persisted.
+    Storage(String),
+}
+
 /// One locally owned partition.
 pub struct Partition {
     pub topic_id: u64,
@@ -68,6 +96,8 @@ pub struct Partition {
     /// Serialises append + commit (a failed commit rolls back everything appended since the
     /// last one): the dispatcher, fan-out cursors and peers' commits over node RPC all write.
     write_lock: Mutex<()>,
+    /// One persistence of the frontier files at a time (they share temporary names).
+    persist_lock: Mutex<()>,
     /// Woken (all waiters) after every commit that moved the high watermark: fan-out
     /// cursors wait on it.
     pub committed: Notify,
@@ -195,6 +225,7 @@ impl Partition {
             evicted: AtomicBool::new(true),
             metrics,
             write_lock: Mutex::new(()),
+            persist_lock: Mutex::new(()),
             committed: Notify::new(),
             frozen_for: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -442,9 +473,68 @@ impl Partition {
         )
     }
 
+    /// Moves the queue's frontier to `to` (a purge or a seek): offsets below it are settled,
+    /// those from it on are delivered afresh, leases outstanding answer 410. Waits for a
+    /// commit in progress (a purge covers every record committed before it) and persists
+    /// the frontier before it returns. Blocking (fsync). Returns (previous, new) frontier.
+    pub fn reposition(&self, to: Position) -> Result<(u64, u64), RepositionError> {
+        self.touch();
+        let (previous, frontier) = {
+            let _no_commit_in_progress = self.write_lock.lock();
+            if self.closed.load(Ordering::Acquire) || self.frozen_for.lock().is_some() {
+                return Err(RepositionError::Moving);
+            }
+            let hwm = self.log.high_watermark();
+            let oldest = self.log.oldest_offset();
+            let target = match to {
+                Position::End => hwm,
+                Position::Offset(o) if o < oldest || o > hwm => {
+                    return Err(RepositionError::OutOfRange {
+                        offset: o,
+                        oldest,
+                        high_watermark: hwm,
+                    })
+                }
+                Position::Offset(o) => o,
+                Position::TimestampMs(t) => self.first_at_or_after(t, oldest, hwm)?,
+            };
+            let previous = self.queue.lock().reposition(target);
+            self.frontier_dirty.store(true, Ordering::Release);
+            (previous, target)
+        };
+        self.persist_frontier()
+            .map_err(|e| RepositionError::Storage(format!("frontier not persisted: {e}")))?;
+        // Fresh offsets (a seek back) are there for waiting consumers.
+        if frontier < previous {
+            wake(&self.consumers, (previous - frontier) as usize);
+        }
+        Ok((previous, frontier))
+    }
+
+    /// The first offset in `[oldest, hwm)` whose record was committed at or after `t_ms`
+    /// (commit times follow offsets, as one owner commits them in order), else `hwm`.
+    fn first_at_or_after(&self, t_ms: u64, oldest: u64, hwm: u64) -> Result<u64, RepositionError> {
+        let (mut lo, mut hi) = (oldest, hwm);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let at = match self.log.read(mid) {
+                Ok(Some(rec)) => rec.timestamp_ms,
+                Ok(None) => return Ok(hwm),
+                Err(e) => return Err(RepositionError::Storage(e.to_string())),
+            };
+            if at >= t_ms {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(lo)
+    }
+
     /// Persists the frontier if it moved, and the delivery counts of at least 2 if they
     /// changed (each: tmp file + fsync + rename).
     pub fn persist_frontier(&self) -> std::io::Result<()> {
+        let _one_at_a_time = self.persist_lock.lock();
         let redelivered = self.queue.lock().redelivered();
         if let Some(counts) = redelivered {
             if let Err(e) = write_synced(&self.dir, DELIVERIES_FILE, &encode_deliveries(&counts)) {
@@ -967,6 +1057,60 @@ mod tests {
             !root.join("5").join("0").exists(),
             "another node's partition"
         );
+    }
+
+    #[test]
+    fn reposition_finds_times_refuses_out_of_range_and_moving_and_persists() {
+        let data = tempfile::tempdir().unwrap();
+        let root = data.path().join("topics");
+        let mut view = MetaState::default();
+        view.topics.insert(
+            "t".into(),
+            Arc::new(crate::test_support::topic(3, "t", &["me"])),
+        );
+        view.next_topic_id = 4;
+        let open = || {
+            let reg = Registry::new(root.clone(), LogConfig::default(), Arc::new(Metrics::new()))
+                .unwrap();
+            reg.reconcile(&view, "me").unwrap();
+            reg.local(3, 0).unwrap()
+        };
+        let part = open();
+        let batch = |n: usize| -> Vec<NewRecord> {
+            (0..n)
+                .map(|i| NewRecord {
+                    key: None,
+                    payload: bytes::Bytes::from(format!("m{i}")),
+                })
+                .collect()
+        };
+        part.commit_batch(&batch(4)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let t = now_ms();
+        part.commit_batch(&batch(3)).unwrap();
+        assert_eq!(part.log.high_watermark(), 7);
+
+        assert_eq!(part.reposition(Position::TimestampMs(t)), Ok((0, 4)));
+        assert_eq!(part.reposition(Position::TimestampMs(0)), Ok((4, 0)));
+        assert_eq!(part.reposition(Position::TimestampMs(u64::MAX)), Ok((0, 7)));
+        assert_eq!(
+            part.reposition(Position::Offset(8)),
+            Err(RepositionError::OutOfRange {
+                offset: 8,
+                oldest: 0,
+                high_watermark: 7
+            })
+        );
+        assert_eq!(part.reposition(Position::Offset(2)), Ok((7, 2)));
+        part.freeze(9);
+        assert_eq!(part.reposition(Position::End), Err(RepositionError::Moving));
+        assert!(part.unfreeze(9));
+        assert_eq!(part.reposition(Position::End), Ok((2, 7)));
+        assert_eq!(part.reposition(Position::Offset(5)), Ok((7, 5)));
+        // Persisted before the answer: a new incarnation resumes there.
+        drop(part);
+        let part = open();
+        assert_eq!(part.queue_stats().4, 5);
     }
 
     #[test]

@@ -89,5 +89,6 @@ pub fn topic(id: u64, name: &str, owners: &[&str]) -> Topic {
                 move_id: 0,
             })
             .collect(),
+        paused: false,
     }
 }

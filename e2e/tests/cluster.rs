@@ -562,3 +562,115 @@ async fn the_topic_count_limit_holds_across_nodes() {
         .await
         .expect_error(409);
 }
+
+/// Pause, purge and seek (ext §3.8) through any node reach every partition's owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_purge_and_seek_reach_every_owner() {
+    let mut c = TestCluster::start(3).await;
+    let path = |what: &str| format!("/v1/topics/q/{what}");
+    c.http(0)
+        .create_topic(&json!({"name": "q", "partitions": 6}))
+        .await;
+    for i in 0..30u32 {
+        c.http(1 + (i as usize % 2))
+            .produce_ok("q", &format!("partition={}", i % 6), format!("m{i}"))
+            .await;
+    }
+    c.http(0).wait_total_visible("q", 30).await;
+    let backlog = |v: serde_json::Value| {
+        (
+            v["backlog"]["messages"].as_u64().unwrap(),
+            v["backlog"]["in_flight"].as_u64().unwrap(),
+        )
+    };
+
+    // Paused through n1: no node leases, pinned to a remote partition or not.
+    let rec = c
+        .http(1)
+        .post_json(path("pause"), &json!({}))
+        .await
+        .expect_json(200);
+    assert_eq!(rec["paused"], true, "{rec}");
+    for n in 0..3 {
+        assert_eq!(c.http(n).get_topic("q", "").await["paused"], true);
+        c.http(n).consume_none("q", "wait=0").await;
+        c.http(n).consume_none("q", "partition=2&wait=0").await;
+    }
+    c.http(2)
+        .post_json(path("resume"), &json!({}))
+        .await
+        .expect_json(200);
+    let held = c.http(0).consume_msg("q", "partition=2&wait=2s").await;
+
+    // Purged through n2: every owner's frontier is at its high watermark.
+    let v = c
+        .http(2)
+        .post_json(path("purge"), &json!({}))
+        .await
+        .expect_json(200);
+    let parts = v["partitions"].as_array().unwrap();
+    assert_eq!(parts.len(), 6, "{v}");
+    for p in parts {
+        assert_eq!(p["frontier"], 5, "{v}");
+    }
+    assert_eq!(backlog(c.http(1).get_topic("q", "").await), (0, 0));
+    c.http(1)
+        .ack("q", held.handle(), None)
+        .await
+        .expect_error(410);
+    for n in 0..3 {
+        c.http(n).consume_none("q", "wait=0").await;
+    }
+
+    // Sought back through n0, by time for all and by offset for one remote partition.
+    let v = c
+        .http(0)
+        .post_json(path("seek"), &json!({"timestamp": 0}))
+        .await
+        .expect_json(200);
+    assert!(
+        v["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["frontier"] == 0),
+        "{v}"
+    );
+    assert_eq!(backlog(c.http(2).get_topic("q", "").await), (30, 0));
+    let v = c
+        .http(0)
+        .post_json(path("seek"), &json!({"partition": 4, "offset": 3}))
+        .await
+        .expect_json(200);
+    assert_eq!(v["partitions"][0]["previous_frontier"], 0, "{v}");
+    assert_eq!(v["partitions"][0]["frontier"], 3, "{v}");
+    assert_eq!(backlog(c.http(1).get_topic("q", "").await), (27, 0));
+    let mut got = 0;
+    while c.http(1).get_topic("q", "").await["backlog"]["messages"] != 0 {
+        let m = c.http(1).consume_msg("q", "wait=2s").await;
+        c.http(2).ack_ok("q", m.handle()).await;
+        got += 1;
+    }
+    assert_eq!(got, 27);
+
+    // An owner down: the others move, the answer is 503 naming the partitions that did not.
+    c.kill9(2);
+    let owned_by_n2: Vec<usize> = c
+        .owners(0, "q")
+        .await
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| *o == "n2")
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(owned_by_n2, [2, 5]);
+    let msg = c
+        .http(0)
+        .post_json(path("seek"), &json!({"timestamp": 0}))
+        .await
+        .expect_error(503);
+    assert!(
+        msg.contains("partition 2") && msg.contains("partitions 5"),
+        "{msg}"
+    );
+}

@@ -69,6 +69,14 @@ pub fn rows() -> Vec<Row> {
         // Manage: 404 for a missing topic first, then 403 for a non-owner.
         row(M::PATCH, "/v1/topics/orders", Some(r#"{"retention_ms":0}"#), [401, 401, 403, 403, 200, 200, 200]),
         row(M::PATCH, "/v1/topics/zzz-missing", Some(r#"{"retention_ms":0}"#), [401, 401, 404, 404, 404, 404, 404]),
+        // Queue administration (ext §3.8): manage, like PATCH.
+        row(M::POST, "/v1/topics/orders-del-{c}/pause", None, [401, 401, 403, 403, 200, 200, 200]),
+        row(M::POST, "/v1/topics/orders-del-{c}/resume", None, [401, 401, 403, 403, 200, 200, 200]),
+        row(M::POST, "/v1/topics/orders-del-{c}/purge", None, [401, 401, 403, 403, 200, 200, 200]),
+        row(M::POST, "/v1/topics/orders-del-{c}/seek", Some(r#"{"timestamp":0}"#), [401, 401, 403, 403, 200, 200, 200]),
+        row(M::POST, "/v1/topics/zzz-missing/pause", None, [401, 401, 404, 404, 404, 404, 404]),
+        row(M::POST, "/v1/topics/zzz-missing/purge", None, [401, 401, 404, 404, 404, 404, 404]),
+        row(M::POST, "/v1/topics/zzz-missing/seek", Some(r#"{"timestamp":0}"#), [401, 401, 404, 404, 404, 404, 404]),
         row(M::DELETE, "/v1/topics/orders-del-{c}", None, [401, 401, 403, 403, 204, 204, 204]),
         row(M::DELETE, "/v1/topics/zzz-missing", None, [401, 401, 404, 404, 404, 404, 404]),
         // produce (§3.4): the grant first (even for a missing topic), then 404. Owning is not

@@ -242,6 +242,7 @@ impl MetaState {
             owner,
             schemas,
             assignments,
+            paused: false,
         });
         self.next_topic_id += 1;
         self.topic_names_folded.insert(fold(name), name.to_string());

@@ -53,6 +53,7 @@ impl MetaState {
                         })
                         .collect(),
                     assignments,
+                    paused: false,
                 });
                 self.next_topic_id += 1;
                 self.topic_names_folded.insert(folded, name.clone());
@@ -189,6 +190,9 @@ impl MetaState {
         }
         if let Some(v) = patch.max_acked_ahead_per_partition {
             topic.config.max_acked_ahead_per_partition = v;
+        }
+        if let Some(v) = patch.paused {
+            topic.paused = v;
         }
         if let Some(schema) = &patch.schema {
             topic.schemas.push(SchemaVersion {
@@ -781,6 +785,40 @@ mod tests {
             Err(ApplyError::NotFound(_))
         ));
         assert_eq!(s, MetaState::default());
+    }
+
+    #[test]
+    fn pause_and_resume_change_only_the_flag_and_older_records_read_unpaused() {
+        let mut s = MetaState::default();
+        s.apply(&register("a", 1)).unwrap();
+        let before = topic(s.apply(&create("t", 3)).unwrap());
+        assert!(!before.paused);
+        let pause = TopicPatch {
+            paused: Some(true),
+            ..Default::default()
+        };
+        let paused = topic(s.apply(&alter("t", pause.clone())).unwrap());
+        assert!(paused.paused);
+        assert_eq!(
+            Topic {
+                paused: false,
+                ..(*paused).clone()
+            },
+            *before
+        );
+        // Idempotent, and resumed by the opposite patch.
+        assert!(topic(s.apply(&alter("t", pause)).unwrap()).paused);
+        let resumed = TopicPatch {
+            paused: Some(false),
+            ..Default::default()
+        };
+        assert_eq!(*topic(s.apply(&alter("t", resumed)).unwrap()), *before);
+        // A topic and a patch written by a build without the flag.
+        let mut old = serde_json::to_value(&*before).unwrap();
+        old.as_object_mut().unwrap().remove("paused");
+        assert!(!serde_json::from_value::<Topic>(old).unwrap().paused);
+        let patch: TopicPatch = serde_json::from_str(r#"{"partitions":4,"retention_ms":null,"visibility_timeout_ms":null,"max_in_flight_per_partition":null,"max_acked_ahead_per_partition":null,"schema":null,"schema_base_version":null}"#).unwrap();
+        assert_eq!(patch.paused, None);
     }
 
     #[test]

@@ -60,6 +60,13 @@ pub struct Topic {
     pub schemas: Vec<SchemaVersion>,
     /// One entry per partition.
     pub assignments: Vec<Assignment>,
+    /// (ext) Consumes lease nothing while set (`POST /v1/topics/{t}/pause`).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub paused: bool,
+}
+
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 impl Topic {
@@ -94,6 +101,9 @@ pub struct TopicPatch {
     pub schema: Option<String>,
     /// When set, the change applies only if the current schema version equals it.
     pub schema_base_version: Option<u32>,
+    /// (ext) Pause or resume consumes. A member of an older build ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
 }
 
 /// A command of the replicated state machine. Append-only: never change a variant's meaning.

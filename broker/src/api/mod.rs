@@ -14,6 +14,7 @@ pub mod encoding;
 pub mod parse_errors;
 pub mod produce;
 mod query;
+mod queue;
 pub mod server;
 mod system;
 mod topics;
@@ -65,6 +66,10 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
             get(consume::consume).head(head_never_leases),
         )
         .route("/v1/topics/{topic}/ack", post(consume::ack))
+        .route("/v1/topics/{topic}/pause", post(queue::pause))
+        .route("/v1/topics/{topic}/resume", post(queue::resume))
+        .route("/v1/topics/{topic}/purge", post(queue::purge))
+        .route("/v1/topics/{topic}/seek", post(queue::seek))
         .route(
             "/v1/topics/{topic}/children",
             post(children::attach).get(children::list),

@@ -134,6 +134,7 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
             .collect(),
         schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
         schema_version: schema.map_or(0, |s| s.version),
+        paused: t.paused,
         ..Default::default()
     }
 }

@@ -20,7 +20,8 @@ use super::wire::{
     AssignmentReply, AssignmentRequest, ChildCursorsRequest, ChunkRequest, CommitBatch,
     ConsumeRequest, ForwardProduce, GetTopicReply, GetTopicRequest, HandoffReply, HandoffRequest,
     JoinReply, JoinRequest, PartitionRef, ProposeReply, ProposeRequest, RemoteLinkState,
-    SegmentList, SettleRequest, StatsRequest, TransferRequest,
+    RepositionOutcome, RepositionRequest, SegmentList, SettleRequest, StatsRequest,
+    TransferRequest,
 };
 use crate::error::{ApiError, ApiResult};
 use crate::rpc::{Opcode, RpcReply, COMMIT_TIMEOUT, DEFAULT_TIMEOUT};
@@ -98,6 +99,8 @@ json_call!(PartitionRef => SegmentList, DEFAULT_TIMEOUT, |_r| Opcode::ListPartit
 json_call!(HandoffRequest => HandoffReply, DEFAULT_TIMEOUT, |_r| Opcode::PrepareHandoff);
 json_call!(StatsRequest => Vec<narad_api::PartitionStats>, DEFAULT_TIMEOUT,
     |_r| Opcode::TopicPartitionStats);
+json_call!(RepositionRequest => Vec<RepositionOutcome>, DEFAULT_TIMEOUT,
+    |_r| Opcode::RepositionPartitions);
 // `TransferLeadership` (32) answers `204` without a body.
 json_call!(TransferRequest => (), super::HANDOFF_RETRY, |_r| Opcode::TransferLeadership,
     |_reply| Ok(()));
@@ -331,6 +334,12 @@ pub const TABLE: &[Row] = &[
         Reply::Typed("BTreeMap<String, RemoteLinkState>"),
         DEFAULT_TIMEOUT,
     ),
+    row(
+        Opcode::RepositionPartitions,
+        "RepositionRequest",
+        Reply::Typed("Vec<RepositionOutcome>"),
+        DEFAULT_TIMEOUT,
+    ),
 ];
 
 /// The row of `op`.
@@ -425,6 +434,12 @@ mod tests {
             topic: "t".into(),
             partitions: vec![],
             min_index: None,
+        });
+        agrees(&RepositionRequest {
+            topic_id: 1,
+            topic: "t".into(),
+            partitions: vec![0],
+            to: crate::partition::Position::End,
         });
         agrees(&CursorLags(cursors()));
         agrees(&RemoteLinkStates(cursors()));

@@ -143,6 +143,29 @@ pub struct StatsRequest {
     pub min_index: Option<u64>,
 }
 
+/// `RepositionPartitions` (34): move the queue frontier of the listed partitions the callee
+/// owns (a purge: `End`; a seek). The reply is one [`RepositionOutcome`] per partition.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RepositionRequest {
+    pub topic_id: u64,
+    pub topic: String,
+    pub partitions: Vec<u32>,
+    pub to: crate::partition::Position,
+}
+
+/// One partition of a `RepositionPartitions` reply: the frontiers before and after, or why
+/// it did not move (`status` and `error` as in an HTTP error answer).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepositionOutcome {
+    pub partition: u32,
+    #[serde(default)]
+    pub previous_frontier: u64,
+    #[serde(default)]
+    pub frontier: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<(u16, String)>,
+}
+
 /// `ListPartitionSegments` (22): a partition the callee owns.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PartitionRef {

@@ -16,6 +16,7 @@
 
 pub mod coalesce;
 mod handle;
+mod position;
 pub mod prefetch;
 mod remote;
 mod render;
@@ -128,21 +129,35 @@ impl Delivery {
     pub async fn consume(&self, topic: &Arc<Topic>, ask: ConsumeAsk) -> ApiResult<Option<Vec<u8>>> {
         let started = Instant::now();
         let deadline = started + ask.wait;
-        let found = match ask.partition {
-            // A pinned consume goes to the owner with its full wait.
-            Some(p) => match self.remote_owner_of(topic, p)? {
-                Some(owner) => self.forward_pinned(topic, &owner, p, ask).await?,
-                None => {
-                    let rt = self.runtime(topic)?;
-                    self.lease_spread(topic, &rt, ask, deadline, &[]).await?
+        let resumed = if topic.paused {
+            self.wait_resumed(topic, deadline).await
+        } else {
+            Some(topic.clone())
+        };
+        let found = match resumed {
+            None => None,
+            Some(ref topic) => {
+                let ask = ConsumeAsk {
+                    wait: deadline.saturating_duration_since(Instant::now()),
+                    ..ask
+                };
+                match ask.partition {
+                    // A pinned consume goes to the owner with its full wait.
+                    Some(p) => match self.remote_owner_of(topic, p)? {
+                        Some(owner) => self.forward_pinned(topic, &owner, p, ask).await?,
+                        None => {
+                            let rt = self.runtime(topic)?;
+                            self.lease_spread(topic, &rt, ask, deadline, &[]).await?
+                        }
+                    },
+                    None => {
+                        let rt = self.runtime(topic)?;
+                        let remotes = self.remote_owners(topic);
+                        let _consuming = self.prefetch.enter(topic.id);
+                        self.lease_spread(topic, &rt, ask, deadline, &remotes)
+                            .await?
+                    }
                 }
-            },
-            None => {
-                let rt = self.runtime(topic)?;
-                let remotes = self.remote_owners(topic);
-                let _consuming = self.prefetch.enter(topic.id);
-                self.lease_spread(topic, &rt, ask, deadline, &remotes)
-                    .await?
             }
         };
         let outcome = match (found.is_none(), ask.wait.is_zero()) {
@@ -158,9 +173,33 @@ impl Delivery {
         Ok(found)
     }
 
+    /// A paused topic (SPEC (ext) §3.8): waits until it is resumed (the topic as it is then)
+    /// or until `deadline` (`None`: nothing to deliver).
+    async fn wait_resumed(&self, topic: &Arc<Topic>, deadline: Instant) -> Option<Arc<Topic>> {
+        loop {
+            match self.meta.view().topics.get(&topic.name) {
+                Some(t) if t.id == topic.id && !t.paused => return Some(t.clone()),
+                Some(t) if t.id == topic.id => {}
+                _ => return None,
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep((deadline - now).min(REPROBE_EVERY)) => {}
+                _ = self.shutdown.cancelled() => return None,
+            }
+        }
+    }
+
     /// A consume forwarded by another node: served from this node's own partitions only
-    /// (never forwarded again), waiting at most `http.max_consume_wait`.
+    /// (never forwarded again), waiting at most `http.max_consume_wait`. Nothing while this
+    /// node sees the topic paused.
     pub async fn consume_here(&self, topic: &Topic, ask: ConsumeAsk) -> ApiResult<Option<Vec<u8>>> {
+        if topic.paused {
+            return Ok(None);
+        }
         let rt = self.runtime(topic)?;
         let ask = ConsumeAsk {
             wait: ask.wait.min(self.max_wait),

@@ -172,6 +172,14 @@ impl Prefetch {
         Ok(Split { mine, kept: n })
     }
 
+    /// Everything kept of `topic_id`, for release (its partitions were purged or sought).
+    pub fn take_all(&self, topic_id: u64) -> Vec<Stashed> {
+        self.topics
+            .lock()
+            .get_mut(&topic_id)
+            .map_or_else(Vec::new, |t| t.items.drain(..).collect())
+    }
+
     /// Everything kept, for release (shutdown).
     pub fn drain(&self) -> Vec<(u64, Stashed)> {
         let mut topics = self.topics.lock();

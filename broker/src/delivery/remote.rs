@@ -180,7 +180,7 @@ impl Delivery {
 
     /// Releases kept messages that can no longer be handed out (`Nack` to their owners), in
     /// the background.
-    fn release_kept(&self, topic: &Topic, items: Vec<Stashed>) {
+    pub(super) fn release_kept(&self, topic: &Topic, items: Vec<Stashed>) {
         if items.is_empty() {
             return;
         }

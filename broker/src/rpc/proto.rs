@@ -416,11 +416,14 @@ pub enum Opcode {
     /// `state` and `last_error` of the remote-child cursors the callee runs for a parent
     /// (Narad's extension of the registry).
     RemoteLinkStates = 33,
+    /// Move the queue frontier of partitions the callee owns: a purge or a seek (Narad's
+    /// extension of the registry).
+    RepositionPartitions = 34,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 33] = [
+    pub const ALL: [Opcode; 34] = [
         Opcode::Produce,
         Opcode::Consume,
         Opcode::Ack,
@@ -454,11 +457,12 @@ impl Opcode {
         Opcode::AckBatch,
         Opcode::TransferLeadership,
         Opcode::RemoteLinkStates,
+        Opcode::RepositionPartitions,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
         match v {
-            1..=33 => Some(Opcode::ALL[usize::from(v) - 1]),
+            1..=34 => Some(Opcode::ALL[usize::from(v) - 1]),
             _ => None,
         }
     }
@@ -690,7 +694,8 @@ mod tests {
             16 DetachChild, 17 FanoutCursors, 18 ExtendAck, 19 Nack, 20 GetTopic, \
             21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
             25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
-            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership, 33 RemoteLinkStates";
+            29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership, 33 RemoteLinkStates, \
+            34 RepositionPartitions";
         let entries: Vec<(u8, &str)> = spec
             .split(',')
             .map(|e| {
@@ -706,7 +711,7 @@ mod tests {
             assert_eq!(op.to_string(), format!("{name}({n})"));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(34), None);
+        assert_eq!(Opcode::from_u8(35), None);
         assert_eq!(Opcode::from_u8(255), None);
     }
 

@@ -474,6 +474,7 @@ mod tests {
             owner: owner.map(str::to_string),
             schemas: vec![],
             assignments: vec![],
+            paused: false,
         }
     }
 
