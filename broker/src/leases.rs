@@ -66,6 +66,11 @@ pub struct LeaseTable {
     deliveries: HashMap<u64, u32>,
     /// A count of at least 2 changed since [`LeaseTable::redelivered`] last took them.
     redelivered_changed: bool,
+    /// Offsets nacked with a delay: when each may be delivered again (Unix ms), for
+    /// persistence. Until then each is held in `inflight` under a lease no consumer holds.
+    delayed: HashMap<u64, u64>,
+    /// `delayed` changed since [`LeaseTable::delays`] last took it.
+    delayed_changed: bool,
     last_nonce: u64,
     /// Messages removed by retention before they were acked.
     pub dropped: u64,
@@ -93,6 +98,8 @@ impl LeaseTable {
             acked_ahead: BTreeSet::new(),
             deliveries: HashMap::new(),
             redelivered_changed: false,
+            delayed: HashMap::new(),
+            delayed_changed: false,
             last_nonce: nonce_floor,
             dropped: 0,
         }
@@ -139,6 +146,81 @@ impl LeaseTable {
         self.redelivered_changed = true;
     }
 
+    /// The delayed offsets and when each may be delivered again (Unix ms), if they changed
+    /// since the last call (for persistence).
+    pub fn delays(&mut self) -> Option<Vec<(u64, u64)>> {
+        if !std::mem::take(&mut self.delayed_changed) {
+            return None;
+        }
+        let mut v: Vec<(u64, u64)> = self.delayed.iter().map(|(o, t)| (*o, *t)).collect();
+        v.sort_unstable();
+        Some(v)
+    }
+
+    /// The delays [`LeaseTable::delays`] returned were not saved: return them next time.
+    pub fn delays_unsaved(&mut self) {
+        self.delayed_changed = true;
+    }
+
+    /// Holds back delayed offsets persisted by an earlier incarnation (or carried by a move)
+    /// until their time (`not_before`, Unix ms; `now_ms` is the wall clock of `now`). Call on a
+    /// new table, before any lease: offsets between the frontier and the last delayed one
+    /// become available, the delayed ones wait. Past times and offsets below the frontier
+    /// are ignored.
+    pub fn restore_delays(
+        &mut self,
+        delays: impl IntoIterator<Item = (u64, u64)>,
+        now: Instant,
+        now_ms: u64,
+        now_micros: u64,
+    ) {
+        let mut held: Vec<(u64, u64)> = delays
+            .into_iter()
+            .filter(|(o, t)| *o >= self.frontier && *t > now_ms)
+            .collect();
+        held.sort_unstable();
+        held.dedup_by_key(|(o, _)| *o);
+        let Some(&(last, _)) = held.last() else {
+            return;
+        };
+        let from = self.next_fresh.max(self.frontier);
+        self.available.extend(from..=last);
+        self.next_fresh = self.next_fresh.max(last + 1);
+        for (offset, not_before) in held {
+            self.available.remove(&offset);
+            if let Some(l) = self.inflight.remove(&offset) {
+                self.deadlines.remove(&(l.deadline, offset));
+            }
+            self.hold(
+                offset,
+                now + Duration::from_millis(not_before - now_ms),
+                now_micros,
+            );
+            self.delayed.insert(offset, not_before);
+        }
+        self.delayed_changed = true;
+    }
+
+    /// Holds `offset` in flight until `until` under a lease no consumer holds.
+    fn hold(&mut self, offset: u64, until: Instant, now_micros: u64) {
+        let nonce = self.next_nonce(now_micros);
+        self.inflight.insert(
+            offset,
+            Lease {
+                nonce,
+                deadline: until,
+            },
+        );
+        self.deadlines.insert((until, offset));
+    }
+
+    /// Forgets the delay of an offset that left `inflight`.
+    fn undelay(&mut self, offset: u64) {
+        if self.delayed.remove(&offset).is_some() {
+            self.delayed_changed = true;
+        }
+    }
+
     /// Deliveries so far of `offset` (0 if none since it was restored or settled).
     pub fn delivery_count(&self, offset: u64) -> u32 {
         self.deliveries.get(&offset).copied().unwrap_or(0)
@@ -165,6 +247,7 @@ impl LeaseTable {
             }
             self.deadlines.pop_first();
             self.inflight.remove(&offset);
+            self.undelay(offset);
             self.available.insert(offset);
             n += 1;
         }
@@ -187,6 +270,7 @@ impl LeaseTable {
             if let Some(l) = self.inflight.remove(&o) {
                 self.deadlines.remove(&(l.deadline, o));
             }
+            self.undelay(o);
         }
         // Restored counts may lie past `next_fresh`.
         let below: Vec<u64> = self
@@ -267,6 +351,7 @@ impl LeaseTable {
     fn remove_lease(&mut self, offset: u64, lease: Lease) {
         self.inflight.remove(&offset);
         self.deadlines.remove(&(lease.deadline, offset));
+        self.undelay(offset);
     }
 
     fn advance_frontier(&mut self) {
@@ -331,6 +416,27 @@ impl LeaseTable {
         Ok(())
     }
 
+    /// Hands the delivery back to be delivered again no earlier than `delay` from now
+    /// (`now_ms`: the wall clock of `now`): until then it stays in flight under a lease no
+    /// consumer holds, and the handle is stale.
+    pub fn nack_delayed(
+        &mut self,
+        offset: u64,
+        nonce: u64,
+        delay: Duration,
+        now: Instant,
+        now_ms: u64,
+        now_micros: u64,
+    ) -> Result<(), SettleError> {
+        let lease = self.check(offset, nonce, now)?;
+        self.remove_lease(offset, lease);
+        self.hold(offset, now + delay, now_micros);
+        self.delayed
+            .insert(offset, now_ms.saturating_add(delay.as_millis() as u64));
+        self.delayed_changed = true;
+        Ok(())
+    }
+
     /// Hands back a lease whose message was never given to anyone (an answer without room
     /// for it, a read that failed, a prefetched message released unused): available again at
     /// once, and its delivery not counted.
@@ -351,6 +457,7 @@ impl LeaseTable {
         if let Some(l) = self.inflight.remove(&offset) {
             self.deadlines.remove(&(l.deadline, offset));
         }
+        self.undelay(offset);
         self.available.remove(&offset);
         self.settled(offset);
         if offset >= self.frontier && offset < self.next_fresh {
@@ -371,6 +478,8 @@ impl LeaseTable {
         self.acked_ahead.clear();
         self.redelivered_changed |= self.deliveries.values().any(|n| *n >= 2);
         self.deliveries.clear();
+        self.delayed_changed |= !self.delayed.is_empty();
+        self.delayed.clear();
         self.frontier = to;
         self.next_fresh = to;
         previous
@@ -382,6 +491,44 @@ impl LeaseTable {
             .saturating_sub(self.frontier)
             .saturating_sub(self.acked_ahead.len() as u64)
     }
+}
+
+/// The persisted delays ([`LeaseTable::delays`]): `n` as u32, then `n` times (offset u64,
+/// not-before Unix ms u64), then the CRC-32C of everything before it; little-endian.
+pub fn encode_delays(delays: &[(u64, u64)]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(8 + delays.len() * 16);
+    b.extend_from_slice(&(delays.len() as u32).to_le_bytes());
+    for (o, t) in delays {
+        b.extend_from_slice(&o.to_le_bytes());
+        b.extend_from_slice(&t.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b);
+    b.extend_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Reads [`encode_delays`]' bytes; `None` when they are damaged.
+pub fn decode_delays(b: &[u8]) -> Option<Vec<(u64, u64)>> {
+    let n = u32::from_le_bytes(b.get(..4)?.try_into().ok()?) as usize;
+    let body = 4usize.checked_add(n.checked_mul(16)?)?;
+    if b.len() != body.checked_add(4)? {
+        return None;
+    }
+    let crc = u32::from_le_bytes(b[body..].try_into().ok()?);
+    if crc32c::crc32c(&b[..body]) != crc {
+        return None;
+    }
+    Some(
+        b[4..body]
+            .chunks_exact(16)
+            .map(|c| {
+                (
+                    u64::from_le_bytes(c[..8].try_into().unwrap()),
+                    u64::from_le_bytes(c[8..].try_into().unwrap()),
+                )
+            })
+            .collect(),
+    )
 }
 
 /// The persisted delivery counts ([`LeaseTable::redelivered`]): `n` as u32, then `n` times
@@ -671,6 +818,58 @@ mod tests {
     }
 
     #[test]
+    fn a_delayed_nack_holds_the_offset_in_flight_until_its_time() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(0, 1);
+        let a = lease(&mut t, 3, now).unwrap();
+        let delay = Duration::from_secs(30);
+        t.nack_delayed(a.offset, a.nonce, delay, now, 1_000_000, 0)
+            .unwrap();
+        // The handle is spent; the offset is in flight but nobody's.
+        assert_eq!(
+            t.nack_delayed(a.offset, a.nonce, delay, now, 1_000_000, 0),
+            Err(SettleError::Stale)
+        );
+        assert_eq!(t.ack(a.offset, a.nonce, CAPS, now), Err(SettleError::Stale));
+        assert_eq!(t.inflight_len(), 1);
+        assert_eq!(t.delays(), Some(vec![(0, 1_030_000)]));
+        assert_eq!(t.delays(), None);
+        // Others go out meanwhile; offset 0 only once its time has come.
+        let b = lease(&mut t, 3, now + Duration::from_secs(29)).unwrap();
+        assert_eq!(b.offset, 1);
+        let c = lease(&mut t, 3, now + delay).unwrap();
+        assert_eq!((c.offset, c.delivery_count), (0, 2));
+        assert_eq!(t.delays(), Some(vec![]));
+        // A delayed offset the frontier passes (a purge) is forgotten.
+        t.nack_delayed(c.offset, c.nonce, delay, now + delay, 1_030_000, 0)
+            .unwrap();
+        assert!(t.delays().is_some());
+        t.reposition(3);
+        assert_eq!(t.delays(), Some(vec![]));
+    }
+
+    #[test]
+    fn restored_delays_hold_their_offsets_and_free_the_ones_before() {
+        let now = Instant::now();
+        let mut t = LeaseTable::new(2, 1);
+        // Offset 5 delayed 10 s more, 7 already due, 1 below the frontier.
+        t.restore_delays([(5, 11_000), (7, 100), (1, 50_000)], now, 1_000, 0);
+        assert_eq!(t.delays(), Some(vec![(5, 11_000)]));
+        let got: Vec<u64> = (0..10)
+            .filter_map(|_| lease(&mut t, 10, now))
+            .map(|g| g.offset)
+            .collect();
+        assert_eq!(got, [2, 3, 4, 6, 7, 8, 9]);
+        let g = lease(&mut t, 10, now + Duration::from_secs(10)).unwrap();
+        assert_eq!(g.offset, 5);
+        // Nothing else is held: restoring nothing changes nothing.
+        let mut fresh = LeaseTable::new(0, 1);
+        fresh.restore_delays([], now, 0, 0);
+        assert_eq!(fresh.delays(), None);
+        assert_eq!(lease(&mut fresh, 1, now).unwrap().offset, 0);
+    }
+
+    #[test]
     fn reposition_voids_leases_and_restarts_delivery_at_the_new_frontier() {
         let now = Instant::now();
         let mut t = LeaseTable::new(0, 1);
@@ -838,6 +1037,29 @@ mod tests {
                 let i = bit % (b.len() * 8);
                 b[i / 8] ^= 1 << (i % 8);
                 prop_assert_eq!(decode_deliveries(&b), None);
+            }
+
+            #[test]
+            fn prop_delays_roundtrip(delays in vec((any::<u64>(), any::<u64>()), 0..64)) {
+                prop_assert_eq!(decode_delays(&encode_delays(&delays)), Some(delays));
+            }
+
+            #[test]
+            fn prop_delays_decode_arbitrary_bytes(b in vec(any::<u8>(), 0..256)) {
+                if let Some(d) = decode_delays(&b) {
+                    prop_assert_eq!(encode_delays(&d), b);
+                }
+            }
+
+            #[test]
+            fn prop_delays_bit_flips_are_caught(
+                delays in vec((any::<u64>(), any::<u64>()), 0..16),
+                bit in any::<usize>(),
+            ) {
+                let mut b = encode_delays(&delays);
+                let i = bit % (b.len() * 8);
+                b[i / 8] ^= 1 << (i % 8);
+                prop_assert_eq!(decode_delays(&b), None);
             }
         }
     }

@@ -110,6 +110,10 @@ impl RpcHandler for NodeRpc {
                         Err(r) => r,
                     }
                 }
+                Opcode::SettleWith => match json::<SettleRequest>(&body) {
+                    Ok(req) => settle_with(&app.delivery, req).await,
+                    Err(r) => r,
+                },
                 Opcode::FanoutCursors => {
                     match json::<crate::cluster::wire::ChildCursorsRequest>(&body) {
                         Ok(req) => match app.cluster.topic_by_id(req.parent_id) {
@@ -427,6 +431,28 @@ async fn consume(delivery: &Delivery, req: ConsumeRequest) -> RpcReply {
         wait: Duration::from_millis(req.wait_ms),
     };
     answer(delivery.consume_here(&topic, ask).await)
+}
+
+/// Settles with a parameter forwarded by another node (`SettleWith`): a `BatchAckResponse`
+/// once the delays are durable.
+async fn settle_with(delivery: &Delivery, req: SettleRequest) -> RpcReply {
+    let topic = match delivery.topic_by_id(req.topic_id) {
+        TopicLookup::Known(t) => t,
+        TopicLookup::Deleted => return ApiError::topic_not_found(&req.topic).to_reply(),
+        TopicLookup::Unknown => {
+            return RpcReply::fail(ErrorCode::Unavailable, "topic not known here yet; retry")
+        }
+    };
+    if !req.kind().has_parameter() {
+        return RpcReply::fail(
+            ErrorCode::BadRequest,
+            "SettleWith needs a delay or a visibility",
+        );
+    }
+    let results = delivery
+        .settle_forwarded_with(&topic, &req.handles, req.kind())
+        .await;
+    RpcReply::json(200, &narad_api::BatchAckResponse { results })
 }
 
 /// Settles forwarded by another node (`Ack`, `ExtendAck`, `Nack`: one handle, `204` or an

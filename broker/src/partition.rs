@@ -20,7 +20,8 @@ use tokio::sync::Notify;
 
 use crate::clock::{now_micros, now_ms};
 use crate::leases::{
-    decode_deliveries, encode_deliveries, Caps, Granted, LeaseTable, SettleError, Settled,
+    decode_delays, decode_deliveries, encode_delays, encode_deliveries, Caps, Granted, LeaseTable,
+    SettleError, Settled,
 };
 use crate::metrics::{Metrics, PartitionMetrics};
 
@@ -187,6 +188,9 @@ const FRONTIER_FILE: &str = "frontier";
 /// The delivery counts of at least 2 of unsettled offsets, persisted with the frontier
 /// (see [`crate::leases::encode_deliveries`]); a move carries it with the cursor files.
 pub(crate) const DELIVERIES_FILE: &str = "deliveries";
+/// The delayed offsets and when each may be delivered again, persisted before a delayed nack
+/// is answered (see [`crate::leases::encode_delays`]); a move carries it too.
+pub(crate) const DELAYS_FILE: &str = "delays";
 /// Most consumers one commit wakes.
 const MAX_WAKE_PER_EVENT: usize = 64;
 
@@ -214,6 +218,7 @@ impl Partition {
         log.close();
         let mut table = LeaseTable::new(frontier, now_micros());
         table.restore_deliveries(read_deliveries(&dir));
+        table.restore_delays(read_delays(&dir), Instant::now(), now_ms(), now_micros());
         Ok(Partition {
             topic_id,
             index,
@@ -398,6 +403,31 @@ impl Partition {
         self.queue.lock().nack(offset, nonce, Instant::now())
     }
 
+    /// A nack whose message is delivered again no earlier than `delay` from now. Persist
+    /// ([`Partition::persist_frontier`]) before answering, so that a restart keeps the delay.
+    pub fn nack_delayed(
+        &self,
+        offset: u64,
+        nonce: u64,
+        delay: Duration,
+    ) -> Result<(), SettleError> {
+        self.queue
+            .lock()
+            .nack_delayed(offset, nonce, delay, Instant::now(), now_ms(), now_micros())
+    }
+
+    /// An extend to `visibility` from now instead of the topic's visibility timeout.
+    pub fn extend_for(
+        &self,
+        offset: u64,
+        nonce: u64,
+        visibility: Duration,
+    ) -> Result<(), SettleError> {
+        self.queue
+            .lock()
+            .extend(offset, nonce, visibility, Instant::now())
+    }
+
     /// Hands back a lease no one was given (a consume answer had no room for its message):
     /// the offset is available again at once, as if it had not been leased, and the delivery
     /// is not counted.
@@ -535,6 +565,13 @@ impl Partition {
     /// changed (each: tmp file + fsync + rename).
     pub fn persist_frontier(&self) -> std::io::Result<()> {
         let _one_at_a_time = self.persist_lock.lock();
+        let delays = self.queue.lock().delays();
+        if let Some(delays) = delays {
+            if let Err(e) = write_synced(&self.dir, DELAYS_FILE, &encode_delays(&delays)) {
+                self.queue.lock().delays_unsaved();
+                return Err(e);
+            }
+        }
         let redelivered = self.queue.lock().redelivered();
         if let Some(counts) = redelivered {
             if let Err(e) = write_synced(&self.dir, DELIVERIES_FILE, &encode_deliveries(&counts)) {
@@ -614,6 +651,18 @@ fn read_deliveries(dir: &Path) -> Vec<(u64, u32)> {
     match fs::read(dir.join(DELIVERIES_FILE)) {
         Ok(b) => decode_deliveries(&b).unwrap_or_else(|| {
             tracing::warn!(dir = %dir.display(), "delivery counts file damaged; counting deliveries afresh");
+            Vec::new()
+        }),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The persisted delays; none when the file is missing, and none (loudly) when it is damaged
+/// (the delayed messages are then delivered at once, early).
+fn read_delays(dir: &Path) -> Vec<(u64, u64)> {
+    match fs::read(dir.join(DELAYS_FILE)) {
+        Ok(b) => decode_delays(&b).unwrap_or_else(|| {
+            tracing::error!(dir = %dir.display(), "delays file damaged; delayed messages are delivered at once");
             Vec::new()
         }),
         Err(_) => Vec::new(),

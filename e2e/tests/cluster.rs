@@ -653,6 +653,34 @@ async fn pause_purge_and_seek_reach_every_owner() {
     }
     assert_eq!(got, 27);
 
+    // A delayed nack and a visibility through nodes that do not own the partition.
+    c.http(0).produce_ok("q", "partition=2", "d").await;
+    let m = c.http(0).consume_msg("q", "partition=2&wait=2s").await;
+    let nacked = Instant::now();
+    c.http(1)
+        .ack_query(
+            "q",
+            &format!("receipt_handle={}&extend=0&delay=1s", m.handle()),
+        )
+        .await
+        .expect(204);
+    c.http(0).consume_none("q", "partition=2&wait=0").await;
+    let again = c.http(0).consume_msg("q", "partition=2&wait=5s").await;
+    assert!(nacked.elapsed() >= Duration::from_millis(990));
+    assert_eq!(again.json["delivery_count"], 2, "{}", again.json);
+    c.http(1)
+        .ack_query(
+            "q",
+            &format!(
+                "receipt_handle={}&extend=true&visibility=1s",
+                again.handle()
+            ),
+        )
+        .await
+        .expect(204);
+    let third = c.http(0).consume_msg("q", "partition=2&wait=5s").await;
+    c.http(1).ack_ok("q", third.handle()).await;
+
     // An owner down: the others move, the answer is 503 naming the partitions that did not.
     c.kill9(2);
     let owned_by_n2: Vec<usize> = c

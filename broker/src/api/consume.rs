@@ -106,6 +106,56 @@ fn parse_extend(v: Option<&str>) -> ApiResult<SettleKind> {
     }
 }
 
+/// Longest `delay` and `visibility` of a settle: 12 hours.
+pub const MAX_SETTLE_DURATION: Duration = Duration::from_secs(12 * 3600);
+
+/// The settle an ack request asks for: `extend` (SPEC §3.6), with (ext) `delay` only beside
+/// `extend=0` (a nack delivered again no earlier than that: 0 to 12 h, 0 = a plain nack) and
+/// `visibility` only beside `extend=true` (the lease restarts with that timeout instead of
+/// the topic's: 1 s to 12 h).
+fn parse_settle(
+    extend: Option<&str>,
+    delay: Option<&str>,
+    visibility: Option<&str>,
+) -> ApiResult<SettleKind> {
+    let how = parse_extend(extend)?;
+    let duration = |name: &str, v: &str| {
+        narad_api::duration::parse_go_duration_nonnegative(v)
+            .map_err(|e| ApiError::bad_request(format!("invalid {name} {v:?}: {e}")))
+            .and_then(|d| {
+                if d > MAX_SETTLE_DURATION {
+                    Err(ApiError::bad_request(format!(
+                        "{name} {v:?} is longer than 12h"
+                    )))
+                } else {
+                    Ok(d)
+                }
+            })
+    };
+    match (how, delay, visibility) {
+        (_, Some(_), Some(_)) => Err(ApiError::bad_request(
+            "give delay (with extend=0) or visibility (with extend=true), not both",
+        )),
+        (SettleKind::Nack, Some(d), None) => match duration("delay", d)? {
+            Duration::ZERO => Ok(SettleKind::Nack),
+            d => Ok(SettleKind::Delay(d.as_millis() as u64)),
+        },
+        (_, Some(_), None) => Err(ApiError::bad_request(
+            "delay goes only with extend=0 (a nack)",
+        )),
+        (SettleKind::Extend, None, Some(v)) => match duration("visibility", v)? {
+            d if d < Duration::from_secs(1) => Err(ApiError::bad_request(format!(
+                "visibility {v:?} is shorter than 1s"
+            ))),
+            d => Ok(SettleKind::ExtendFor(d.as_millis() as u64)),
+        },
+        (_, None, Some(_)) => Err(ApiError::bad_request(
+            "visibility goes only with extend=true",
+        )),
+        (how, None, None) => Ok(how),
+    }
+}
+
 pub async fn ack(
     State(app): State<AppState>,
     caller: Caller,
@@ -116,7 +166,7 @@ pub async fn ack(
 ) -> ApiResult<Response> {
     let topic = consume_target(&app, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
-    let how = parse_extend(q.text("extend")?)?;
+    let how = parse_settle(q.text("extend")?, q.text("delay")?, q.text("visibility")?)?;
     if let Some(handle) = q.text("receipt_handle")? {
         app.delivery.settle(&topic, handle, how).await?;
         return Ok(StatusCode::NO_CONTENT.into_response());
@@ -164,6 +214,39 @@ mod prop_tests {
                 Some(_) => None,
             };
             prop_assert_eq!(parse_extend(v.as_deref()).ok(), want);
+        }
+
+        #[test]
+        fn prop_settle_parameters(
+            extend in proptest::option::of(text()),
+            delay in proptest::option::of(prop_oneof![text(), "[0-9]{1,6}(ms|s|m|h)"]),
+            visibility in proptest::option::of(prop_oneof![text(), "[0-9]{1,6}(ms|s|m|h)"]),
+        ) {
+            let plain = parse_extend(extend.as_deref());
+            let dur = |v: &str| {
+                parse_go_duration_signed(v)
+                    .ok()
+                    .map(|d| Duration::from_nanos(d.max(0) as u64))
+            };
+            match parse_settle(extend.as_deref(), delay.as_deref(), visibility.as_deref()) {
+                Ok(SettleKind::Delay(ms)) => {
+                    prop_assert_eq!(plain.ok(), Some(SettleKind::Nack));
+                    let d = dur(delay.as_deref().unwrap()).unwrap();
+                    prop_assert!(d > Duration::ZERO && d <= MAX_SETTLE_DURATION);
+                    prop_assert_eq!(ms, d.as_millis() as u64);
+                }
+                Ok(SettleKind::ExtendFor(ms)) => {
+                    prop_assert_eq!(plain.ok(), Some(SettleKind::Extend));
+                    prop_assert!((1000..=MAX_SETTLE_DURATION.as_millis() as u64).contains(&ms));
+                }
+                Ok(how) => {
+                    prop_assert_eq!(Some(how), plain.ok());
+                    prop_assert!(visibility.is_none());
+                    prop_assert!(delay.is_none() || (how == SettleKind::Nack
+                        && dur(delay.as_deref().unwrap()) == Some(Duration::ZERO)));
+                }
+                Err(e) => prop_assert_eq!(e.status(), StatusCode::BAD_REQUEST),
+            }
         }
 
         #[test]

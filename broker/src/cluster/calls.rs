@@ -145,7 +145,8 @@ json_call!(SettleOne => (), DEFAULT_TIMEOUT, |r| r.0.kind().opcode(), |_reply| O
 #[derive(serde::Serialize)]
 #[serde(transparent)]
 pub struct SettleBatch(pub SettleRequest);
-json_call!(SettleBatch => narad_api::BatchAckResponse, DEFAULT_TIMEOUT, |_r| Opcode::AckBatch);
+json_call!(SettleBatch => narad_api::BatchAckResponse, DEFAULT_TIMEOUT,
+    |r| if r.0.kind().has_parameter() { Opcode::SettleWith } else { Opcode::AckBatch });
 
 /// A call whose answer is the HTTP answer itself: the forwarding node gives its client the
 /// status, headers and body as they came (`Cluster::relay`), so nothing is decoded here.
@@ -340,6 +341,12 @@ pub const TABLE: &[Row] = &[
         Reply::Typed("Vec<RepositionOutcome>"),
         DEFAULT_TIMEOUT,
     ),
+    row(
+        Opcode::SettleWith,
+        "SettleBatch",
+        Reply::Typed("BatchAckResponse"),
+        DEFAULT_TIMEOUT,
+    ),
 ];
 
 /// The row of `op`.
@@ -477,6 +484,8 @@ mod tests {
             agrees(&SettleOne(settle(how)));
         }
         agrees(&SettleBatch(settle(SettleKind::Ack)));
+        agrees(&SettleBatch(settle(SettleKind::Delay(30_000))));
+        agrees(&SettleBatch(settle(SettleKind::ExtendFor(60_000))));
         relays(&ConsumeRequest {
             topic_id: 1,
             topic: "t".into(),

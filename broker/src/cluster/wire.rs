@@ -79,6 +79,13 @@ pub enum SettleKind {
     /// [`SettleRequest`] carries it as `nack` with `unused`.
     #[serde(skip)]
     Release,
+    /// A nack whose message is delivered again no earlier than this many milliseconds from
+    /// now (`delay=`). Travels only with `SettleWith` (35).
+    Delay(u64),
+    /// An extend to this many milliseconds from now instead of the topic's visibility
+    /// timeout (`visibility=`). Travels only with `SettleWith` (35).
+    #[serde(rename = "extend_for")]
+    ExtendFor(u64),
 }
 
 impl SettleKind {
@@ -88,7 +95,14 @@ impl SettleKind {
             SettleKind::Ack => crate::rpc::Opcode::Ack,
             SettleKind::Extend => crate::rpc::Opcode::ExtendAck,
             SettleKind::Nack | SettleKind::Release => crate::rpc::Opcode::Nack,
+            SettleKind::Delay(_) | SettleKind::ExtendFor(_) => crate::rpc::Opcode::SettleWith,
         }
+    }
+
+    /// A settle with a parameter, which an owner of an older build cannot honour (it would
+    /// redeliver early): sent only with `SettleWith` (35), never downgraded.
+    pub fn has_parameter(self) -> bool {
+        matches!(self, SettleKind::Delay(_) | SettleKind::ExtendFor(_))
     }
 }
 

@@ -266,7 +266,13 @@ impl Delivery {
     /// owner, together with other settles of the same owner, topic and kind.
     pub async fn settle(&self, topic: &Arc<Topic>, handle: &str, how: SettleKind) -> ApiResult<()> {
         match self.settle_route(topic, handle)? {
-            (h, None) => self.settle_here(topic, h, how),
+            (h, None) => {
+                self.settle_here(topic, h, how)?;
+                if let SettleKind::Delay(_) = how {
+                    self.persist_delays(topic, &[h.partition]).await?;
+                }
+                Ok(())
+            }
             (_, Some(owner)) => {
                 let r = self
                     .settle_remote_one(topic, owner, handle.to_string(), how)
@@ -308,6 +314,10 @@ impl Delivery {
             };
             results[i] = Some(ack_result(local));
         }
+        if let SettleKind::Delay(_) = how {
+            self.persist_settled_delays(topic, handles, &mut results)
+                .await;
+        }
         for (owner, items) in remote {
             let (idx, handles): (Vec<usize>, Vec<String>) = items.into_iter().unzip();
             let answers = remote::settle_remote(&self.cluster, topic, &owner, handles, how).await;
@@ -335,6 +345,74 @@ impl Delivery {
             .collect()
     }
 
+    /// Settles forwarded with a parameter (`SettleWith`): as
+    /// [`Delivery::settle_forwarded`], and the delays made durable before the answer.
+    pub async fn settle_forwarded_with(
+        &self,
+        topic: &Topic,
+        handles: &[String],
+        how: SettleKind,
+    ) -> Vec<AckResult> {
+        let mut results: Vec<Option<AckResult>> = self
+            .settle_forwarded(topic, handles, how)
+            .into_iter()
+            .map(Some)
+            .collect();
+        if let SettleKind::Delay(_) = how {
+            self.persist_settled_delays(topic, handles, &mut results)
+                .await;
+        }
+        results.into_iter().flatten().collect()
+    }
+
+    /// Makes the delays of the handles settled here (`204` in `results`) durable; if a
+    /// partition's cannot be persisted, its handles answer `500` (the delay holds until a
+    /// restart).
+    async fn persist_settled_delays(
+        &self,
+        topic: &Topic,
+        handles: &[String],
+        results: &mut [Option<AckResult>],
+    ) {
+        let mut partitions: Vec<u32> = handles
+            .iter()
+            .zip(results.iter())
+            .filter(|(_, r)| r.as_ref().is_some_and(|r| r.status == 204))
+            .filter_map(|(h, _)| h.parse::<ReceiptHandle>().ok().map(|h| h.partition))
+            .collect();
+        partitions.sort_unstable();
+        partitions.dedup();
+        for p in partitions {
+            if let Err(e) = self.persist_delays(topic, &[p]).await {
+                for (h, r) in handles.iter().zip(results.iter_mut()) {
+                    let here = h.parse::<ReceiptHandle>().is_ok_and(|h| h.partition == p);
+                    if here && r.as_ref().is_some_and(|r| r.status == 204) {
+                        *r = Some(ack_result(Err(e.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Persists the delays of `partitions` (local ones) before a delayed nack is answered.
+    async fn persist_delays(&self, topic: &Topic, partitions: &[u32]) -> ApiResult<()> {
+        let rt = self.runtime(topic)?;
+        for &p in partitions {
+            let Some(part) = rt.partition(p) else {
+                continue;
+            };
+            tokio::task::spawn_blocking(move || part.persist_frontier())
+                .await
+                .map_err(|e| ApiError::internal(e.to_string()))?
+                .map_err(|e| {
+                    ApiError::internal(format!(
+                        "the delay was set but not persisted (a restart would end it): {e}"
+                    ))
+                })?;
+        }
+        Ok(())
+    }
+
     /// A settle forwarded by another node: [`Delivery::settle_here`] for a handle whose
     /// partition must be this node's.
     pub fn settle_owned(&self, topic: &Topic, handle: &str, how: SettleKind) -> ApiResult<()> {
@@ -354,8 +432,10 @@ impl Delivery {
         match settle_local(topic, &rt, h, how) {
             Ok(()) => {
                 match how {
-                    SettleKind::Extend => self.count(topic, |m| &m.ack_extended),
-                    SettleKind::Nack => self.count(topic, |m| &m.nack),
+                    SettleKind::Extend | SettleKind::ExtendFor(_) => {
+                        self.count(topic, |m| &m.ack_extended)
+                    }
+                    SettleKind::Nack | SettleKind::Delay(_) => self.count(topic, |m| &m.nack),
                     SettleKind::Ack | SettleKind::Release => {}
                 }
                 Ok(())
@@ -653,6 +733,8 @@ fn settle_local(
         SettleKind::Extend => part.extend(h.offset, h.nonce, policy),
         SettleKind::Nack => part.nack(h.offset, h.nonce),
         SettleKind::Release => part.hand_back(h.offset, h.nonce),
+        SettleKind::Delay(ms) => part.nack_delayed(h.offset, h.nonce, Duration::from_millis(ms)),
+        SettleKind::ExtendFor(ms) => part.extend_for(h.offset, h.nonce, Duration::from_millis(ms)),
     };
     match res {
         Ok(()) => {

@@ -278,6 +278,15 @@ pub(super) async fn settle_remote(
             )));
             n
         ],
+        // An owner of an older build cannot delay or set a visibility: it would redeliver
+        // early. Nothing was done; the consumer may retry, or settle without the parameter.
+        Ok(None) if how.has_parameter() => vec![
+            fail(&ApiError::unavailable(
+                format!("the owner {owner} of this partition runs an older build without delay and visibility; retry later"),
+                5,
+            ));
+            n
+        ],
         // An owner of an older build: one settle per handle with the opcode of its kind.
         Ok(None) => {
             let mut out = Vec::with_capacity(n);

@@ -280,15 +280,19 @@ fn freeze_for(part: &Partition, move_id: u64) -> HandoffReply {
     }
 }
 
-/// The fan-out cursor files and the delivery counts of a partition directory.
+/// The fan-out cursor files, the delivery counts and the delays of a partition directory.
 fn read_small_files(dir: &Path) -> Vec<SmallFile> {
     let mut out = Vec::new();
-    let counts = crate::partition::DELIVERIES_FILE;
-    if let Ok(bytes) = std::fs::read(dir.join(counts)) {
-        out.push(SmallFile {
-            path: counts.to_string(),
-            bytes,
-        });
+    for name in [
+        crate::partition::DELIVERIES_FILE,
+        crate::partition::DELAYS_FILE,
+    ] {
+        if let Ok(bytes) = std::fs::read(dir.join(name)) {
+            out.push(SmallFile {
+                path: name.to_string(),
+                bytes,
+            });
+        }
     }
     if let Ok(rd) = std::fs::read_dir(dir.join("fanout")) {
         for e in rd.flatten() {

@@ -419,11 +419,15 @@ pub enum Opcode {
     /// Move the queue frontier of partitions the callee owns: a purge or a seek (Narad's
     /// extension of the registry).
     RepositionPartitions = 34,
+    /// Settle receipt handles with a parameter (a nack with a delay, an extend with its own
+    /// visibility timeout) at the partition owner; answered like `AckBatch` (Narad's
+    /// extension of the registry).
+    SettleWith = 35,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 34] = [
+    pub const ALL: [Opcode; 35] = [
         Opcode::Produce,
         Opcode::Consume,
         Opcode::Ack,
@@ -458,11 +462,12 @@ impl Opcode {
         Opcode::TransferLeadership,
         Opcode::RemoteLinkStates,
         Opcode::RepositionPartitions,
+        Opcode::SettleWith,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
         match v {
-            1..=34 => Some(Opcode::ALL[usize::from(v) - 1]),
+            1..=35 => Some(Opcode::ALL[usize::from(v) - 1]),
             _ => None,
         }
     }
@@ -695,7 +700,7 @@ mod tests {
             21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
             25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
             29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership, 33 RemoteLinkStates, \
-            34 RepositionPartitions";
+            34 RepositionPartitions, 35 SettleWith";
         let entries: Vec<(u8, &str)> = spec
             .split(',')
             .map(|e| {
@@ -711,7 +716,7 @@ mod tests {
             assert_eq!(op.to_string(), format!("{name}({n})"));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(35), None);
+        assert_eq!(Opcode::from_u8(36), None);
         assert_eq!(Opcode::from_u8(255), None);
     }
 
