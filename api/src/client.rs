@@ -431,6 +431,54 @@ impl Client {
         Ok(())
     }
 
+    // ---- queue administration (ext) ----
+
+    /// A bodiless `POST /v1/topics/{topic}/{action}` → `200` JSON answer.
+    async fn post_topic_action<T: DeserializeOwned>(
+        &self,
+        topic: &str,
+        action: &str,
+    ) -> Result<T, Error> {
+        let path = format!("{}/{action}", Self::topic_path(topic));
+        let (_, b) = self
+            .send(
+                Method::POST,
+                &path,
+                Some((Bytes::new(), "application/json")),
+                self.control_timeout(),
+                &[200],
+            )
+            .await?;
+        Self::decode(&b)
+    }
+
+    /// `POST /v1/topics/{topic}/pause` → `200` record (`paused`): consumes answer `204`
+    /// until resumed; produce, replay and children go on.
+    pub async fn pause_topic(&self, topic: &str) -> Result<TopicRecord, Error> {
+        self.post_topic_action(topic, "pause").await
+    }
+
+    /// `POST /v1/topics/{topic}/resume` → `200` record.
+    pub async fn resume_topic(&self, topic: &str) -> Result<TopicRecord, Error> {
+        self.post_topic_action(topic, "resume").await
+    }
+
+    /// `POST /v1/topics/{topic}/purge` → `200`: every partition's frontier jumps to its
+    /// high watermark (everything committed so far counts as settled).
+    pub async fn purge_topic(&self, topic: &str) -> Result<Repositioned, Error> {
+        self.post_topic_action(topic, "purge").await
+    }
+
+    /// `POST /v1/topics/{topic}/seek` → `200`: moves the frontier of one partition to an
+    /// offset, or of one or every partition to a time.
+    pub async fn seek_topic(&self, topic: &str, req: &SeekRequest) -> Result<Repositioned, Error> {
+        let path = format!("{}/seek", Self::topic_path(topic));
+        let (_, b) = self
+            .send_json(Method::POST, &path, req, self.control_timeout(), &[200])
+            .await?;
+        Self::decode(&b)
+    }
+
     // ---- produce (§3.4) ----
 
     /// `POST /v1/topics/{topic}/produce?key=K&partition=P` with the raw bytes → `202`.

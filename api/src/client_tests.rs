@@ -111,6 +111,8 @@ async fn serve(answer: fn(&Seen) -> Answer) -> (String, Arc<Mutex<Vec<Seen>>>) {
 
 const MSG: &str = r#"{"topic":"orders","partition":1,"offset":42,"key":"customer-42","payload":{"order_id":"ord_123"},"timestamp":1767225601,"receipt_handle":"1:42:7"}"#;
 
+const REC: &str = r#"{"name":"orders","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1,"role":"standalone"}"#;
+
 fn router(s: &Seen) -> Answer {
     let path = s.target.split('?').next().unwrap();
     let q = s.target.split_once('?').map(|x| x.1).unwrap_or("");
@@ -142,6 +144,23 @@ fn router(s: &Seen) -> Answer {
             200,
             vec![],
             r#"{"topics":[{"name":"b","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,"max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":1,"role":"standalone"}],"next_page_token":""}"#.into(),
+        ),
+        ("POST", "/v1/topics/orders/pause") => (200, vec![], REC.replace('}', r#","paused":true}"#)),
+        ("POST", "/v1/topics/orders/resume") => (200, vec![], REC.into()),
+        ("POST", "/v1/topics/orders/purge") => (
+            200,
+            vec![],
+            r#"{"topic":"orders","partitions":[{"partition":0,"previous_frontier":3,"frontier":10},{"partition":1,"previous_frontier":0,"frontier":0}]}"#.into(),
+        ),
+        ("POST", "/v1/topics/orders/seek") if s.body.starts_with(b"{\"timestamp\"") => (
+            400,
+            vec![],
+            r#"{"error":"timestamp 99999999999 is after every message"}"#.into(),
+        ),
+        ("POST", "/v1/topics/orders/seek") => (
+            200,
+            vec![],
+            r#"{"topic":"orders","partitions":[{"partition":1,"previous_frontier":50,"frontier":42}]}"#.into(),
         ),
         ("GET", "/v1/topics/missing") => (404, vec![], r#"{"error":"topic \"missing\" not found"}"#.into()),
         ("GET", "/healthz") => (200, vec![], r#"{"status":"ok"}"#.into()),
@@ -297,4 +316,62 @@ async fn list_follows_pages() {
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen[1].target, "/v1/topics?limit=1000&page_token=a");
     let _unused: Option<TopicRecord> = None;
+}
+
+#[tokio::test]
+async fn queue_administration() {
+    let (base, log) = serve(router).await;
+    let c = Client::new(&base, None).unwrap();
+    assert!(c.pause_topic("orders").await.unwrap().paused);
+    assert!(!c.resume_topic("orders").await.unwrap().paused);
+    let r = c.purge_topic("orders").await.unwrap();
+    assert_eq!(r.topic, "orders");
+    assert_eq!(
+        r.partitions[0],
+        PartitionFrontier {
+            partition: 0,
+            previous_frontier: 3,
+            frontier: 10
+        }
+    );
+    let seek = SeekRequest {
+        partition: Some(1),
+        offset: Some(42),
+        timestamp: None,
+    };
+    let r = c.seek_topic("orders", &seek).await.unwrap();
+    assert_eq!(r.partitions[0].frontier, 42);
+    let late = SeekRequest {
+        timestamp: Some(99_999_999_999),
+        ..Default::default()
+    };
+    let e = c.seek_topic("orders", &late).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "http 400: timestamp 99999999999 is after every message"
+    );
+    // The topic name is one escaped path segment.
+    let e = c.pause_topic("a/b c").await.unwrap_err();
+    assert_eq!(e.status(), Some(404));
+
+    let seen = log.lock().unwrap().clone();
+    let calls: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.target.as_str()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("POST", "/v1/topics/orders/pause"),
+            ("POST", "/v1/topics/orders/resume"),
+            ("POST", "/v1/topics/orders/purge"),
+            ("POST", "/v1/topics/orders/seek"),
+            ("POST", "/v1/topics/orders/seek"),
+            ("POST", "/v1/topics/a%2Fb%20c/pause"),
+        ]
+    );
+    assert!(seen[2].body.is_empty());
+    assert_eq!(seen[3].body, br#"{"partition":1,"offset":42}"#);
+    assert_eq!(seen[3].header("content-type"), Some("application/json"));
+    assert_eq!(seen[4].body, br#"{"timestamp":99999999999}"#);
 }

@@ -45,6 +45,18 @@ pub struct CreateTopicRequest {
     /// Ignored (the owner is the caller).
     #[serde(default, skip_serializing)]
     pub owner: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<RetryBackoff>,
+}
+
+/// (ext) Exponential backoff of redeliveries after an expired lease or a plain nack: the
+/// message waits `min` after its first delivery, twice that after its second, and so on, at
+/// most `max` (Go durations, 1 ms to 12 h; `"min": "0s"` turns it off).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBackoff {
+    pub min: String,
+    pub max: String,
 }
 
 /// `PATCH /v1/topics/{topic}` body. Strict.
@@ -65,6 +77,8 @@ pub struct AlterTopicRequest {
     pub schema: Option<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_base_version: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<RetryBackoff>,
 }
 
 /// The topic record (SPEC §3.2), with stats when read by `GET /v1/topics/{topic}`.
@@ -106,6 +120,8 @@ pub struct TopicRecord {
     /// produce, replay and children go on.
     #[serde(default, skip_serializing_if = "is_false")]
     pub paused: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<RetryBackoff>,
 }
 
 /// (ext) The body of `POST /v1/topics/{t}/seek`: a partition and an offset, or a time

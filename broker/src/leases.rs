@@ -22,6 +22,8 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
+use narad_meta::Backoff;
+
 /// A lease on one delivery of one offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Lease {
@@ -240,6 +242,19 @@ impl LeaseTable {
 
     /// Returns expired leases to `available`. Returns how many expired.
     pub fn expire(&mut self, now: Instant) -> usize {
+        self.expire_with(now, None, 0, 0)
+    }
+
+    /// [`LeaseTable::expire`], with the topic's retry `backoff`: a consumer's lapsed lease is
+    /// held back for the backoff of its delivery count (`now_ms`, `now_micros`: the clocks of
+    /// `now`), a delay that ends makes its offset available.
+    pub fn expire_with(
+        &mut self,
+        now: Instant,
+        backoff: Option<Backoff>,
+        now_ms: u64,
+        now_micros: u64,
+    ) -> usize {
         let mut n = 0;
         while let Some(&(deadline, offset)) = self.deadlines.first() {
             if deadline > now {
@@ -247,8 +262,19 @@ impl LeaseTable {
             }
             self.deadlines.pop_first();
             self.inflight.remove(&offset);
+            let was_delayed = self.delayed.contains_key(&offset);
             self.undelay(offset);
-            self.available.insert(offset);
+            match backoff {
+                Some(b) if !was_delayed => {
+                    let wait = b.after(self.delivery_count(offset)).max(1);
+                    self.hold(offset, now + Duration::from_millis(wait), now_micros);
+                    self.delayed.insert(offset, now_ms.saturating_add(wait));
+                    self.delayed_changed = true;
+                }
+                _ => {
+                    self.available.insert(offset);
+                }
+            }
             n += 1;
         }
         n
@@ -846,6 +872,37 @@ mod tests {
         assert!(t.delays().is_some());
         t.reposition(3);
         assert_eq!(t.delays(), Some(vec![]));
+    }
+
+    #[test]
+    fn with_a_backoff_a_lapsed_lease_waits_twice_as_long_each_time_up_to_the_max() {
+        let b = Backoff {
+            min_ms: 1_000,
+            max_ms: 4_000,
+        };
+        let t0 = Instant::now();
+        let mut t = LeaseTable::new(0, 1);
+        let lease_at = |t: &mut LeaseTable, at: Instant| {
+            t.expire_with(at, Some(b), 0, 0);
+            t.lease(1, CAPS, VIS, at, 0)
+        };
+        let mut at = t0;
+        let mut waits = Vec::new();
+        for delivery in 1..=5u32 {
+            let g = lease_at(&mut t, at).expect("due");
+            assert_eq!((g.offset, g.delivery_count), (0, delivery));
+            // The lease lapses; the redelivery waits the backoff of this delivery count.
+            at += VIS;
+            assert_eq!(lease_at(&mut t, at), None);
+            let wait = b.after(delivery);
+            waits.push(wait);
+            assert_eq!(t.delays(), Some(vec![(0, wait)]));
+            assert_eq!(lease_at(&mut t, at + Duration::from_millis(wait - 1)), None);
+            at += Duration::from_millis(wait);
+        }
+        assert_eq!(waits, [1_000, 2_000, 4_000, 4_000, 4_000]);
+        // A delay that ends does not add a backoff of its own.
+        assert!(lease_at(&mut t, at).is_some());
     }
 
     #[test]

@@ -30,6 +30,8 @@ use crate::metrics::{Metrics, PartitionMetrics};
 pub struct QueuePolicy {
     pub caps: Caps,
     pub visibility: Duration,
+    /// (ext) Redeliveries after a lapsed lease or a plain nack wait this backoff.
+    pub backoff: Option<narad_meta::Backoff>,
 }
 
 impl QueuePolicy {
@@ -40,6 +42,7 @@ impl QueuePolicy {
                 max_acked_ahead: topic.config.max_acked_ahead_per_partition,
             },
             visibility: Duration::from_millis(topic.config.visibility_timeout_ms),
+            backoff: topic.config.retry_backoff,
         }
     }
 }
@@ -334,7 +337,7 @@ impl Partition {
                 let mut q = self.queue.lock();
                 let now = Instant::now();
                 self.skip_removed(&mut q);
-                q.expire(now);
+                q.expire_with(now, policy.backoff, now_ms(), now_micros());
                 match q.lease(
                     self.log.high_watermark(),
                     policy.caps,
@@ -399,8 +402,16 @@ impl Partition {
             .extend(offset, nonce, policy.visibility, Instant::now())
     }
 
-    pub fn nack(&self, offset: u64, nonce: u64) -> Result<(), SettleError> {
-        self.queue.lock().nack(offset, nonce, Instant::now())
+    /// A plain nack: available again at once, or after the topic's retry backoff.
+    pub fn nack(&self, offset: u64, nonce: u64, policy: QueuePolicy) -> Result<(), SettleError> {
+        let mut q = self.queue.lock();
+        match policy.backoff {
+            None => q.nack(offset, nonce, Instant::now()),
+            Some(b) => {
+                let wait = Duration::from_millis(b.after(q.delivery_count(offset)).max(1));
+                q.nack_delayed(offset, nonce, wait, Instant::now(), now_ms(), now_micros())
+            }
+        }
     }
 
     /// A nack whose message is delivered again no earlier than `delay` from now. Persist

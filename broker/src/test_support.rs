@@ -13,6 +13,7 @@ pub fn config(partitions: u32) -> TopicConfig {
         visibility_timeout_ms: 30_000,
         max_in_flight_per_partition: 1024,
         max_acked_ahead_per_partition: 1024,
+        retry_backoff: None,
     }
 }
 

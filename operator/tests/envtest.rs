@@ -300,13 +300,18 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     let rec = admin.get_topic("orders", None).await.unwrap();
     assert_eq!((rec.partitions, rec.retention_ms), (3, 7_200_000));
     apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
-        "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 6, "retention": "2h"}})).await;
-    let (_, t_partitions) = eventually("6 partitions on the broker", || async {
+        "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 6, "retention": "2h",
+            "retryBackoff": {"min": "1s", "max": "1m"}}})).await;
+    let (_, t_partitions) = eventually("6 partitions and the backoff on the broker", || async {
         admin
             .get_topic("orders", None)
             .await
             .ok()
-            .filter(|r| r.partitions == 6)
+            .filter(|r| {
+                let b = r.retry_backoff.as_ref();
+                r.partitions == 6
+                    && b.map(|b| (b.min.as_str(), b.max.as_str())) == Some(("1s", "1m0s"))
+            })
             .map(drop)
     })
     .await;

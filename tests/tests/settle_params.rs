@@ -164,3 +164,87 @@ async fn batch_settles_take_the_same_parameters_and_bad_ones_are_refused() {
         assert!(msg.contains(why), "{q}: {msg}");
     }
 }
+
+#[tokio::test]
+async fn a_retry_backoff_spaces_redeliveries_after_nacks_and_lapsed_leases() {
+    let server = Server::start_default().await;
+    let http = Http::new(server.url());
+    let rec = http
+        .create_topic(&json!({"name": "rb", "retry_backoff": {"min": "1s", "max": "2s"}}))
+        .await;
+    assert_eq!(
+        rec["retry_backoff"],
+        json!({"min": "1s", "max": "2s"}),
+        "{rec}"
+    );
+    http.produce_ok("rb", "partition=0", "poison").await;
+    http.wait_visible("rb", 0, 1).await;
+
+    // Plain nacks: 1 s after the first delivery, 2 s after the second, 2 s after the third.
+    let mut m = http.consume_msg("rb", "wait=0").await;
+    for want in [1000u64, 2000, 2000] {
+        let nacked = Instant::now();
+        http.ack("rb", m.handle(), Some("0")).await.expect(204);
+        http.consume_none("rb", "wait=0").await;
+        m = http.consume_msg("rb", "wait=10s").await;
+        assert!(
+            nacked.elapsed() >= Duration::from_millis(want - 10),
+            "{want} ms: {:?}",
+            nacked.elapsed()
+        );
+    }
+    assert_eq!(m.json["delivery_count"], 4);
+
+    // A lapsed lease waits too: 1 s of visibility, then 1.5 s of backoff.
+    let rec = http
+        .patch_json(
+            topic_path("rb"),
+            &json!({"visibility_timeout_ms": 1000, "retry_backoff": {"min": "1500ms", "max": "1500ms"}}),
+        )
+        .await
+        .expect_json(200);
+    assert_eq!(
+        rec["retry_backoff"],
+        json!({"min": "1.5s", "max": "1.5s"}),
+        "{rec}"
+    );
+    http.ack("rb", m.handle(), Some("0")).await.expect(204);
+    let leased = Instant::now() + Duration::from_millis(1500);
+    let _lapses = http.consume_msg("rb", "wait=10s").await;
+    let again = http.consume_msg("rb", "wait=10s").await;
+    assert!(
+        leased.elapsed() >= Duration::from_millis(2490),
+        "{:?}",
+        leased.elapsed()
+    );
+    assert_eq!(again.json["delivery_count"], 6);
+
+    // Off again: a nack is back at once.
+    let rec = http
+        .patch_json(
+            topic_path("rb"),
+            &json!({"retry_backoff": {"min": "0s", "max": "0s"}}),
+        )
+        .await
+        .expect_json(200);
+    assert!(rec.get("retry_backoff").is_none(), "{rec}");
+    http.ack("rb", again.handle(), Some("0")).await.expect(204);
+    let m = http.consume_msg("rb", "wait=0").await;
+    http.ack_ok("rb", m.handle()).await;
+
+    for bad in [
+        json!({"min": "5s", "max": "1s"}),
+        json!({"min": "1s", "max": "13h"}),
+        json!({"min": "500us", "max": "1s"}),
+        json!({"min": "soon", "max": "1s"}),
+        json!({"min": "1s"}),
+        json!({"min": "1s", "max": "2s", "factor": 3}),
+    ] {
+        http.patch_json(topic_path("rb"), &json!({ "retry_backoff": bad }))
+            .await
+            .expect_error(400);
+        http.post_json("/v1/topics", &json!({"name": "rb2", "retry_backoff": bad}))
+            .await
+            .expect_error(400);
+    }
+}

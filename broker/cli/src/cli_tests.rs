@@ -214,6 +214,94 @@ fn topic_other_subcommands() {
 }
 
 #[test]
+fn topic_queue_administration() {
+    for (cmd, want) in [("pause", "orders"), ("resume", "orders")] {
+        match parse(&["topic", cmd, want]).unwrap() {
+            Command::Topic {
+                cmd: TopicCmd::Pause { name } | TopicCmd::Resume { name },
+                ..
+            } => assert_eq!(name, want),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(parse(&["topic", "pause"]).is_err(), "a topic is required");
+
+    // Purge asks unless -f/--force, like rm.
+    assert!(matches!(
+        parse(&["topic", "purge", "orders"]).unwrap(),
+        Command::Topic {
+            cmd: TopicCmd::Purge {
+                force: false,
+                json: false,
+                ..
+            },
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse(&["topic", "purge", "orders", "-f", "--json"]).unwrap(),
+        Command::Topic {
+            cmd: TopicCmd::Purge {
+                force: true,
+                json: true,
+                ..
+            },
+            ..
+        }
+    ));
+    assert!(matches!(
+        parse(&["topic", "purge", "orders", "--force"]).unwrap(),
+        Command::Topic {
+            cmd: TopicCmd::Purge { force: true, .. },
+            ..
+        }
+    ));
+
+    let seek = |args: &[&str]| -> Result<String, clap::Error> {
+        let mut v = vec!["topic", "seek", "orders"];
+        v.extend_from_slice(args);
+        match parse(&v)? {
+            Command::Topic {
+                cmd: TopicCmd::Seek(a),
+                ..
+            } => Ok(serde_json::to_string(&topic::seek_request(&a)).unwrap()),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(
+        seek(&["--partition", "1", "--offset", "42"]).unwrap(),
+        r#"{"partition":1,"offset":42}"#
+    );
+    assert_eq!(
+        seek(&["--timestamp", "1767225600"]).unwrap(),
+        r#"{"timestamp":1767225600}"#
+    );
+    assert_eq!(
+        seek(&["--timestamp", "1767225600", "--partition", "2"]).unwrap(),
+        r#"{"partition":2,"timestamp":1767225600}"#
+    );
+    let Command::Topic {
+        cmd: TopicCmd::Seek(a),
+        ..
+    } = parse(&["topic", "seek", "orders", "--timestamp", "0", "--json"]).unwrap()
+    else {
+        panic!()
+    };
+    assert!(a.json);
+    // Exactly one of --offset and --timestamp; --offset needs --partition.
+    for bad in [
+        &[][..],
+        &["--partition", "1"],
+        &["--offset", "42"],
+        &["--partition", "1", "--offset", "42", "--timestamp", "1"],
+        &["--timestamp", "2026-01-01T00:00:00Z"],
+        &["--partition", "-1", "--offset", "4"],
+    ] {
+        assert!(seek(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
 fn pub_sub_replay_bench() {
     let c = parse(&[
         "pub",

@@ -1,11 +1,12 @@
-//! `narad topic add|ls|info|edit|rm|attach|detach|children`.
+//! `narad topic add|ls|info|edit|rm|attach|detach|children|pause|resume|purge|seek`.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context as _};
 use narad_api::{
-    AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, RemoteTarget, TopicRecord,
+    AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, RemoteTarget, Repositioned,
+    SeekRequest, TopicRecord,
 };
 use serde_json::value::RawValue;
 
@@ -53,6 +54,58 @@ pub enum TopicCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Pause consumes (they get no messages until resumed; produce and replay go on)
+    Pause {
+        /// Topic name
+        name: String,
+    },
+    /// Resume consumes of a paused topic
+    Resume {
+        /// Topic name
+        name: String,
+    },
+    /// Settle every message committed so far: consumers skip the whole backlog
+    Purge {
+        /// Topic name
+        name: String,
+        /// Do not ask for confirmation
+        #[arg(long, short = 'f')]
+        force: bool,
+        /// Print the partitions' frontiers as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move where delivery resumes: back to redeliver, forward to skip
+    Seek(SeekArgs),
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["offset", "timestamp"])))]
+pub struct SeekArgs {
+    /// Topic name
+    pub name: String,
+    /// Partition (needed with --offset; with --timestamp, this one only instead of all)
+    #[arg(long, value_name = "P")]
+    pub partition: Option<u32>,
+    /// Offset delivery resumes at
+    #[arg(long, value_name = "O", requires = "partition")]
+    pub offset: Option<u64>,
+    /// Resume at the first message committed at or after this time (Unix seconds)
+    #[arg(long, value_name = "UNIX_SECONDS")]
+    pub timestamp: Option<u64>,
+    /// Print the partitions' frontiers as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The seek request of the flags (clap enforces one of --offset and --timestamp, and
+/// --partition with --offset).
+pub fn seek_request(a: &SeekArgs) -> SeekRequest {
+    SeekRequest {
+        partition: a.partition,
+        offset: a.offset,
+        timestamp: a.timestamp,
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -68,6 +121,9 @@ pub struct AddArgs {
     /// Visibility timeout (e.g. 30s)
     #[arg(long, value_name = "D")]
     pub visibility: Option<String>,
+    /// Backoff of redeliveries after an expired lease or a nack: MIN,MAX (e.g. 1s,5m), or off
+    #[arg(long, value_name = "MIN,MAX")]
+    pub retry_backoff: Option<String>,
     /// Leased messages per partition
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<u64>,
@@ -85,7 +141,7 @@ pub struct AddArgs {
     pub schema: Option<String>,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EditArgs {
     /// Topic name
     pub name: String,
@@ -95,6 +151,9 @@ pub struct EditArgs {
     /// Visibility timeout (e.g. 30s)
     #[arg(long, value_name = "D")]
     pub visibility: Option<String>,
+    /// Backoff of redeliveries after an expired lease or a nack: MIN,MAX (e.g. 1s,5m), or off
+    #[arg(long, value_name = "MIN,MAX")]
+    pub retry_backoff: Option<String>,
     /// New partition count (grow only)
     #[arg(long)]
     pub partitions: Option<u32>,
@@ -190,6 +249,28 @@ pub fn create_request(a: &AddArgs) -> anyhow::Result<CreateTopicRequest> {
             .map(|d| duration_ms(d, "delay"))
             .transpose()?,
         owner: None,
+        retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
+    })
+}
+
+/// `--retry-backoff MIN,MAX` (Go durations), or `off`.
+fn retry_backoff(v: &str) -> anyhow::Result<narad_api::RetryBackoff> {
+    if v == "off" {
+        return Ok(narad_api::RetryBackoff {
+            min: "0s".into(),
+            max: "0s".into(),
+        });
+    }
+    let Some((min, max)) = v.split_once(',') else {
+        bail!("--retry-backoff takes MIN,MAX (e.g. 1s,5m) or off, got {v:?}");
+    };
+    for d in [min, max] {
+        narad_api::duration::parse_go_duration(d)
+            .map_err(|e| anyhow::anyhow!("--retry-backoff {v:?}: {e}"))?;
+    }
+    Ok(narad_api::RetryBackoff {
+        min: min.into(),
+        max: max.into(),
     })
 }
 
@@ -207,6 +288,7 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         max_acked_ahead_per_partition: a.max_acked_ahead.map(to_i64).transpose()?,
         schema: a.schema.as_deref().map(schema_arg).transpose()?,
         schema_base_version: None,
+        retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
     };
     if r.partitions.is_none()
         && r.retention_ms.is_none()
@@ -214,8 +296,9 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         && r.max_in_flight_per_partition.is_none()
         && r.max_acked_ahead_per_partition.is_none()
         && r.schema.is_none()
+        && r.retry_backoff.is_none()
     {
-        bail!("nothing to change: give at least one of --retention, --visibility, --partitions, --max-in-flight, --max-acked-ahead, --schema");
+        bail!("nothing to change: give at least one of --retention, --visibility, --partitions, --max-in-flight, --max-acked-ahead, --schema, --retry-backoff");
     }
     Ok(r)
 }
@@ -265,6 +348,9 @@ pub fn summary(t: &TopicRecord) -> String {
     if t.fanout_delay_ms > 0 {
         s.push_str(&format!(", delay {}", human_ms(t.fanout_delay_ms)));
     }
+    if t.paused {
+        s.push_str(", paused");
+    }
     s.push(')');
     s
 }
@@ -304,8 +390,14 @@ pub fn list_table(topics: &[TopicRecord]) -> Table {
 
 /// The `topic info` text.
 pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
-    let mut kv: Vec<(&str, String)> = vec![
-        ("name", t.name.clone()),
+    let mut kv: Vec<(&str, String)> = vec![("name", t.name.clone())];
+    if t.paused {
+        kv.push((
+            "paused",
+            "yes: consumes get no messages until resumed".into(),
+        ));
+    }
+    kv.extend([
         ("role", t.role.clone()),
         ("partitions", t.partitions.to_string()),
         ("retention", human_retention(t.retention_ms)),
@@ -318,7 +410,7 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
             "max acked ahead",
             format!("{} per partition", t.max_acked_ahead_per_partition),
         ),
-    ];
+    ]);
     if t.created_at > 0 {
         kv.push(("created", utc_ms(t.created_at)));
     }
@@ -485,6 +577,36 @@ async fn run_with(cmd: TopicCmd, client: &Client) -> anyhow::Result<()> {
             client.delete_topic(&name).await?;
             writeln!(out, "deleted topic {name}")?;
         }
+        TopicCmd::Pause { name } => {
+            let t = client.pause_topic(&name).await?;
+            writeln!(
+                out,
+                "paused topic {}: consumes get no messages until `narad topic resume {}`",
+                t.name, t.name
+            )?;
+        }
+        TopicCmd::Resume { name } => {
+            let t = client.resume_topic(&name).await?;
+            writeln!(out, "resumed topic {}", t.name)?;
+        }
+        TopicCmd::Purge { name, force, json } => {
+            if !force {
+                if !std::io::stdin().is_terminal() {
+                    bail!("refusing to purge topic {name} without confirmation: stdin is not a terminal (use -f to purge anyway)");
+                }
+                if !confirm(&format!(
+                    "purge topic {name}: settle every message committed so far, unconsumed or not?"
+                ))? {
+                    bail!("aborted: topic {name} not purged");
+                }
+            }
+            let r = client.purge_topic(&name).await?;
+            write_repositioned(&mut out, "purged", &r, json)?;
+        }
+        TopicCmd::Seek(a) => {
+            let r = client.seek_topic(&a.name, &seek_request(&a)).await?;
+            write_repositioned(&mut out, "repositioned", &r, a.json)?;
+        }
         TopicCmd::Attach(a) => {
             let req = attach_request(&a)?;
             let parent = client.attach_child(&a.parent, &req).await?;
@@ -511,6 +633,31 @@ async fn run_with(cmd: TopicCmd, client: &Client) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The answer of `topic purge` and `topic seek`: a line and each partition's frontier
+/// before and after (`--json`: the answer itself).
+pub fn write_repositioned(
+    out: &mut dyn Write,
+    what: &str,
+    r: &Repositioned,
+    json: bool,
+) -> anyhow::Result<()> {
+    if json {
+        serde_json::to_writer_pretty(&mut *out, r)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "{what} topic {}", r.topic)?;
+    let mut t = Table::new(["PARTITION", "FRONTIER"]);
+    for p in &r.partitions {
+        t.row([
+            p.partition.to_string(),
+            format!("{} -> {}", p.previous_frontier, p.frontier),
+        ]);
+    }
+    t.write(out)?;
     Ok(())
 }
 
@@ -587,6 +734,7 @@ mod tests {
             parent: None,
             delay: None,
             schema: None,
+            retry_backoff: None,
         }
     }
 
@@ -633,11 +781,37 @@ mod tests {
             max_in_flight: None,
             max_acked_ahead: None,
             schema: None,
+            retry_backoff: None,
         };
         assert_eq!(
             serde_json::to_string(&alter_request(&e).unwrap()).unwrap(),
             r#"{"partitions":9,"retention_ms":43200000}"#
         );
+        let backoff = EditArgs {
+            retry_backoff: Some("1s,5m".into()),
+            retention: None,
+            partitions: None,
+            ..e.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&alter_request(&backoff).unwrap()).unwrap(),
+            r#"{"retry_backoff":{"min":"1s","max":"5m"}}"#
+        );
+        let off = EditArgs {
+            retry_backoff: Some("off".into()),
+            ..backoff.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&alter_request(&off).unwrap()).unwrap(),
+            r#"{"retry_backoff":{"min":"0s","max":"0s"}}"#
+        );
+        for bad in ["1s", "1s,soon", "x,5m"] {
+            let b = EditArgs {
+                retry_backoff: Some(bad.into()),
+                ..backoff.clone()
+            };
+            assert!(alter_request(&b).is_err(), "{bad}");
+        }
         let none = EditArgs {
             name: "t".into(),
             retention: None,
@@ -646,6 +820,7 @@ mod tests {
             max_in_flight: None,
             max_acked_ahead: None,
             schema: None,
+            retry_backoff: None,
         };
         assert!(alter_request(&none)
             .unwrap_err()
@@ -694,5 +869,43 @@ mod tests {
             summary(&t),
             "orders (3 partitions, retention 7d, visibility 30s, role parent)"
         );
+        assert!(!s.contains("paused"), "{s}");
+    }
+
+    #[test]
+    fn paused_topics_and_moved_frontiers() {
+        let t = record(
+            r#"{"name":"orders","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,
+            "max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":0,
+            "role":"standalone","paused":true}"#,
+        );
+        let mut out = Vec::new();
+        write_info(&mut out, &t).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(
+            s.starts_with("name:               orders\npaused:             yes: consumes get no messages until resumed\nrole:"),
+            "{s}"
+        );
+        assert_eq!(
+            summary(&t),
+            "orders (3 partitions, retention forever, visibility 30s, role standalone, paused)"
+        );
+
+        let r: Repositioned = serde_json::from_str(
+            r#"{"topic":"orders","partitions":[
+            {"partition":0,"previous_frontier":3,"frontier":4512},
+            {"partition":1,"previous_frontier":50,"frontier":42}]}"#,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        write_repositioned(&mut out, "purged", &r, false).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "purged topic orders\nPARTITION  FRONTIER\n0          3 -> 4512\n1          50 -> 42\n"
+        );
+        let mut out = Vec::new();
+        write_repositioned(&mut out, "repositioned", &r, true).unwrap();
+        let back: Repositioned = serde_json::from_slice(&out).unwrap();
+        assert_eq!(back, r);
     }
 }

@@ -194,6 +194,9 @@ impl MetaState {
         if let Some(v) = patch.paused {
             topic.paused = v;
         }
+        if let Some(b) = patch.retry_backoff {
+            topic.config.retry_backoff = (b.min_ms > 0).then_some(b);
+        }
         if let Some(schema) = &patch.schema {
             topic.schemas.push(SchemaVersion {
                 version: current_version + 1,
@@ -616,6 +619,7 @@ mod tests {
             visibility_timeout_ms: 30_000,
             max_in_flight_per_partition: 1024,
             max_acked_ahead_per_partition: 1024,
+            retry_backoff: None,
         }
     }
 
@@ -819,6 +823,46 @@ mod tests {
         assert!(!serde_json::from_value::<Topic>(old).unwrap().paused);
         let patch: TopicPatch = serde_json::from_str(r#"{"partitions":4,"retention_ms":null,"visibility_timeout_ms":null,"max_in_flight_per_partition":null,"max_acked_ahead_per_partition":null,"schema":null,"schema_base_version":null}"#).unwrap();
         assert_eq!(patch.paused, None);
+    }
+
+    #[test]
+    fn a_backoff_doubles_from_min_to_max_without_overflow() {
+        use crate::types::Backoff;
+        let b = Backoff {
+            min_ms: 250,
+            max_ms: 1_000,
+        };
+        let waits: Vec<u64> = (0..5).map(|n| b.after(n)).collect();
+        assert_eq!(waits, [250, 250, 500, 1_000, 1_000]);
+        let huge = Backoff {
+            min_ms: u64::MAX / 2,
+            max_ms: u64::MAX,
+        };
+        assert_eq!(huge.after(3), u64::MAX);
+        assert_eq!(b.after(u32::MAX), 1_000);
+        // Set and cleared through a patch.
+        let mut s = MetaState::default();
+        s.apply(&register("a", 1)).unwrap();
+        s.apply(&create("t", 3)).unwrap();
+        let set = TopicPatch {
+            retry_backoff: Some(b),
+            ..Default::default()
+        };
+        let t = topic(s.apply(&alter("t", set)).unwrap());
+        assert_eq!(t.config.retry_backoff, Some(b));
+        let off = TopicPatch {
+            retry_backoff: Some(Backoff {
+                min_ms: 0,
+                max_ms: 0,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            topic(s.apply(&alter("t", off)).unwrap())
+                .config
+                .retry_backoff,
+            None
+        );
     }
 
     #[test]
@@ -1310,6 +1354,7 @@ mod user_tests {
                 visibility_timeout_ms: 30_000,
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
+                retry_backoff: None,
             },
             owner: None,
             schema: None,
@@ -1363,6 +1408,7 @@ mod move_tests {
                 visibility_timeout_ms: 30_000,
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
+                retry_backoff: None,
             },
             owner: None,
             schema: None,

@@ -17,6 +17,27 @@ pub struct TopicConfig {
     pub visibility_timeout_ms: u64,
     pub max_in_flight_per_partition: u64,
     pub max_acked_ahead_per_partition: u64,
+    /// (ext) Exponential backoff of redeliveries after an expired lease or a plain nack.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<Backoff>,
+}
+
+/// (ext) A redelivery waits `min_ms` after the first delivery, twice that after the second,
+/// and so on, at most `max_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backoff {
+    pub min_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Backoff {
+    /// The wait before the redelivery that follows delivery number `delivery_count`.
+    pub fn after(&self, delivery_count: u32) -> u64 {
+        let doublings = delivery_count.saturating_sub(1).min(63);
+        self.min_ms
+            .saturating_mul(1u64 << doublings)
+            .min(self.max_ms)
+    }
 }
 
 /// One registered schema version (version numbers start at 1).
@@ -101,6 +122,10 @@ pub struct TopicPatch {
     pub schema: Option<String>,
     /// When set, the change applies only if the current schema version equals it.
     pub schema_base_version: Option<u32>,
+    /// (ext) Set (`min_ms` > 0) or clear (`min_ms` = 0) the retry backoff. A member of an
+    /// older build ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<Backoff>,
     /// (ext) Pause or resume consumes. A member of an older build ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,

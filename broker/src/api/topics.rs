@@ -2,14 +2,17 @@
 
 use std::ops::Bound;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{AlterTopicRequest, CreateTopicRequest, TopicList, TopicRecord};
+use narad_api::duration::format_go_duration;
+use narad_api::{AlterTopicRequest, CreateTopicRequest, RetryBackoff, TopicList, TopicRecord};
 use narad_meta::{
-    MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch, MAX_FANOUT_DELAY_MS,
+    Backoff, MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch,
+    MAX_FANOUT_DELAY_MS,
 };
 use serde_json::value::RawValue;
 
@@ -89,6 +92,36 @@ fn check_visibility(v: u64) -> ApiResult<u64> {
     Ok(v)
 }
 
+/// Longest `retry_backoff` wait: 12 hours.
+const MAX_BACKOFF: Duration = Duration::from_secs(12 * 3600);
+
+/// `retry_backoff`: `min` and `max` Go durations, 1 ms ≤ `min` ≤ `max` ≤ 12 h; `min` 0 turns
+/// it off (returned with `min_ms` 0).
+fn check_backoff(b: &RetryBackoff) -> ApiResult<Backoff> {
+    let parse = |name: &str, v: &str| {
+        narad_api::duration::parse_go_duration(v)
+            .map_err(|e| ApiError::bad_request(format!("invalid retry_backoff.{name} {v:?}: {e}")))
+    };
+    let min = parse("min", &b.min)?;
+    if min.is_zero() {
+        return Ok(Backoff {
+            min_ms: 0,
+            max_ms: 0,
+        });
+    }
+    let max = parse("max", &b.max)?;
+    if min < Duration::from_millis(1) || max < min || max > MAX_BACKOFF {
+        return Err(ApiError::bad_request(format!(
+            "retry_backoff needs 1ms <= min <= max <= 12h, got min {:?} and max {:?}",
+            b.min, b.max
+        )));
+    }
+    Ok(Backoff {
+        min_ms: min.as_millis() as u64,
+        max_ms: max.as_millis() as u64,
+    })
+}
+
 fn check_partitions(app: &App, p: u64) -> ApiResult<u32> {
     let max = app.config.topic.max_partitions as u64;
     if !(3..=max).contains(&p) {
@@ -135,6 +168,10 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
         schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
         schema_version: schema.map_or(0, |s| s.version),
         paused: t.paused,
+        retry_backoff: t.config.retry_backoff.map(|b| RetryBackoff {
+            min: format_go_duration(Duration::from_millis(b.min_ms)),
+            max: format_go_duration(Duration::from_millis(b.max_ms)),
+        }),
         ..Default::default()
     }
 }
@@ -200,6 +237,12 @@ pub async fn create(
         visibility_timeout_ms,
         max_in_flight_per_partition: max_in_flight,
         max_acked_ahead_per_partition: max_acked_ahead,
+        retry_backoff: req
+            .retry_backoff
+            .as_ref()
+            .map(check_backoff)
+            .transpose()?
+            .filter(|b| b.min_ms > 0),
     };
     let cmd = match &req.parent {
         Some(parent) => {
@@ -387,6 +430,9 @@ pub async fn alter(
         }
         patch.schema = Some(text);
     }
+    if let Some(b) = &req.retry_backoff {
+        patch.retry_backoff = Some(check_backoff(b)?);
+    }
     if let Some(v) = non_negative("schema_base_version", req.schema_base_version)? {
         patch.schema_base_version = Some(v as u32);
     }
@@ -395,7 +441,7 @@ pub async fn alter(
         ..patch.clone()
     };
     if changes == TopicPatch::default() {
-        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema"));
+        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff"));
     }
     let updated = match app
         .propose(MetaCommand::AlterTopic {

@@ -731,7 +731,7 @@ fn settle_local(
     let res = match how {
         SettleKind::Ack => part.ack(h.offset, h.nonce, policy),
         SettleKind::Extend => part.extend(h.offset, h.nonce, policy),
-        SettleKind::Nack => part.nack(h.offset, h.nonce),
+        SettleKind::Nack => part.nack(h.offset, h.nonce, policy),
         SettleKind::Release => part.hand_back(h.offset, h.nonce),
         SettleKind::Delay(ms) => part.nack_delayed(h.offset, h.nonce, Duration::from_millis(ms)),
         SettleKind::ExtendFor(ms) => part.extend_for(h.offset, h.nonce, Duration::from_millis(ms)),

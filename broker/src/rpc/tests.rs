@@ -977,6 +977,7 @@ fn create(name: &str) -> MetaCommand {
             visibility_timeout_ms: 30_000,
             max_in_flight_per_partition: 1024,
             max_acked_ahead_per_partition: 1024,
+            retry_backoff: None,
         },
         owner: None,
         schema: None,

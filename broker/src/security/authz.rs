@@ -469,6 +469,7 @@ mod tests {
                 visibility_timeout_ms: 30_000,
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
+                retry_backoff: None,
             },
             created_at_ms: 1,
             owner: owner.map(str::to_string),

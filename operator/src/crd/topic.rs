@@ -82,6 +82,11 @@ pub struct TopicSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "opaque_object")]
     pub schema: Option<serde_json::Value>,
+    /// Backoff of redeliveries after an expired lease or a plain nack: `min` after the first
+    /// delivery, doubling per delivery up to `max` (1ms <= min <= max <= 12h; min "0s" turns
+    /// it off); default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_backoff: Option<RetryBackoffSpec>,
     /// Broker name of the parent topic: this topic is its child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
@@ -98,6 +103,18 @@ pub struct TopicSpec {
     /// Delete (default) or Retain the broker topic when the resource is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+}
+
+/// `retryBackoff`: the first and the longest wait before a redelivery.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBackoffSpec {
+    /// Wait after the first delivery (e.g. "1s"; "0s" turns the backoff off).
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub min: String,
+    /// Longest wait (<= 12h).
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub max: String,
 }
 
 /// A remote child link (SPEC §5.5).
@@ -179,6 +196,12 @@ pub struct TopicStatus {
     /// period): for a look with kubectl; autoscalers read the broker or its metrics.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backlog: Option<TopicBacklog>,
+    /// Whether consumes are paused on the broker (true: they get no messages; produce and
+    /// replay go on), as read at the last reconcile. Pausing and resuming are done through
+    /// the broker (`narad topic pause` / `resume`, `POST /v1/topics/{topic}/pause`); the
+    /// operator reports the flag and never changes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
     /// Ready and Synced.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

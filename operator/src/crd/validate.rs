@@ -118,6 +118,9 @@ pub fn check_topic(
             return Err(format!("visibilityTimeout must be <= 1 year, got {v}"));
         }
     }
+    if let Some(b) = &spec.retry_backoff {
+        check_retry_backoff(b)?;
+    }
     let replica = spec.replica.unwrap_or(false);
     let delay = spec.delay.as_deref().map(parse_duration_ms).transpose()?;
     if spec.parent.is_none() && (replica || delay.is_some()) {
@@ -146,6 +149,21 @@ pub fn check_topic(
 }
 
 /// Topic names: 1-200 of `[A-Za-z0-9._-]`, not `.` or `..`.
+/// Longest retry backoff the broker takes: 12 hours.
+const TWELVE_HOURS_MS: u64 = 12 * 3_600_000;
+
+/// `retryBackoff`: `min` "0s" (off), or 1ms <= min <= max <= 12h; returns (min, max) in ms.
+pub fn check_retry_backoff(b: &RetryBackoffSpec) -> Result<(u64, u64), String> {
+    let (min, max) = (parse_duration_ms(&b.min)?, parse_duration_ms(&b.max)?);
+    if min != 0 && (max < min || max > TWELVE_HOURS_MS) {
+        return Err(format!(
+            "retryBackoff needs 1ms <= min <= max <= 12h (or min 0s for none), got min {} and max {}",
+            b.min, b.max
+        ));
+    }
+    Ok((min, max))
+}
+
 pub fn check_topic_name(n: &str) -> Result<(), String> {
     if n.is_empty()
         || n.len() > 200

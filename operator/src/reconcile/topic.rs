@@ -7,11 +7,14 @@ use std::sync::Arc;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event};
 use kube::{Api, ResourceExt};
-use narad_api::{AlterTopicRequest, AttachChildRequest, CreateTopicRequest, TopicRecord};
+use narad_api::duration::{format_go_duration, parse_go_duration};
+use narad_api::{
+    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, RetryBackoff, TopicRecord,
+};
 use serde_json::value::RawValue;
 
 use super::*;
-use crate::crd::validate::check_topic;
+use crate::crd::validate::{check_retry_backoff, check_topic};
 use crate::crd::{
     parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
     TopicDefaults, TopicStatus, FINALIZER,
@@ -34,6 +37,8 @@ pub struct DesiredTopic {
     pub parent: Option<String>,
     pub replica: bool,
     pub delay_ms: Option<u64>,
+    /// `(min, max)` in ms when the spec sets a retry backoff; `min` 0 means none.
+    pub retry_backoff_ms: Option<(u64, u64)>,
 }
 
 /// One broker call.
@@ -58,6 +63,8 @@ pub struct AlterFields {
     pub max_in_flight: Option<u64>,
     pub max_acked_ahead: Option<u64>,
     pub schema: Option<(serde_json::Value, u32)>,
+    /// `(min, max)` in ms; `(0, 0)` turns the backoff off.
+    pub retry_backoff_ms: Option<(u64, u64)>,
 }
 
 impl AlterFields {
@@ -79,7 +86,17 @@ impl AlterFields {
             max_acked_ahead_per_partition: self.max_acked_ahead.map(|v| v as i64),
             schema,
             schema_base_version: base,
+            retry_backoff: self.retry_backoff_ms.map(wire_backoff),
         }
+    }
+}
+
+/// A backoff in ms as the broker takes it (Go durations).
+fn wire_backoff((min, max): (u64, u64)) -> RetryBackoff {
+    let go = |ms| format_go_duration(std::time::Duration::from_millis(ms));
+    RetryBackoff {
+        min: go(min),
+        max: go(max),
     }
 }
 
@@ -113,6 +130,12 @@ pub fn desired_topic(topic: &Topic, defaults: &TopicDefaults) -> Result<DesiredT
         parent: s.parent.clone(),
         replica,
         delay_ms: s.delay.as_deref().map(parse_duration_ms).transpose()?,
+        retry_backoff_ms: s
+            .retry_backoff
+            .as_ref()
+            .map(check_retry_backoff)
+            .transpose()?
+            .map(|(min, max)| if min == 0 { (0, 0) } else { (min, max) }),
     })
 }
 
@@ -133,11 +156,17 @@ pub fn create_request(d: &DesiredTopic) -> CreateTopicRequest {
             None
         },
         owner: None,
+        retry_backoff: d
+            .retry_backoff_ms
+            .filter(|(min, _)| *min != 0)
+            .map(wire_backoff),
     }
 }
 
 /// The calls that make the broker's topic (`observed`, `None` if absent) match `d`, in
 /// order; `Err` when the difference cannot be applied (a shrinking partition count).
+/// Only what the spec declares is compared: `paused` (set through the broker's pause and
+/// resume) is not, so a paused topic stays paused.
 pub fn plan_topic(
     d: &DesiredTopic,
     observed: Option<&TopicRecord>,
@@ -198,6 +227,19 @@ pub fn plan_topic(
         .filter(|v| *v != o.max_acked_ahead_per_partition)
     {
         alter.max_acked_ahead = Some(v);
+    }
+    if let Some(want) = d.retry_backoff_ms {
+        let have = o
+            .retry_backoff
+            .as_ref()
+            .and_then(|b| {
+                let ms = |v: &str| parse_go_duration(v).ok().map(|d| d.as_millis() as u64);
+                Some((ms(&b.min)?, ms(&b.max)?))
+            })
+            .unwrap_or((0, 0));
+        if have != want {
+            alter.retry_backoff_ms = Some(want);
+        }
     }
     if let Some(want) = &d.schema {
         let have: Option<serde_json::Value> = o
@@ -299,6 +341,8 @@ pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRe
         in_flight: b.in_flight,
         oldest_unacked_age_seconds: b.oldest_unacked_age_seconds,
     });
+    // Reported, never converged: pause and resume belong to the broker's API (see plan_topic).
+    status.paused = Some(rec.paused);
 }
 
 async fn get_topic(
@@ -775,6 +819,52 @@ mod tests {
     }
 
     #[test]
+    fn retry_backoff_converges_only_when_declared() {
+        let d = desired(json!({"retryBackoff": {"min": "1s", "max": "5m"}}));
+        assert_eq!(d.retry_backoff_ms, Some((1_000, 300_000)));
+        assert_eq!(
+            serde_json::to_value(create_request(&d)).unwrap()["retry_backoff"],
+            json!({"min": "1s", "max": "5m0s"})
+        );
+        // The broker renders Go durations; equal values in another spelling are in sync.
+        let same = record(json!({"retry_backoff": {"min": "1000ms", "max": "5m0s"}}));
+        assert!(plan_topic(&d, Some(&same)).unwrap().is_empty());
+        let plan = plan_topic(&d, Some(&record(json!({})))).unwrap();
+        let [TopicAction::Alter(f)] = plan.as_slice() else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            serde_json::to_value(f.request()).unwrap(),
+            json!({"retry_backoff": {"min": "1s", "max": "5m0s"}})
+        );
+        // "0s" turns a backoff the broker has off, and is in sync with none.
+        let off = desired(json!({"retryBackoff": {"min": "0s", "max": "1h"}}));
+        assert_eq!(off.retry_backoff_ms, Some((0, 0)));
+        assert!(serde_json::to_value(create_request(&off)).unwrap()["retry_backoff"].is_null());
+        assert!(plan_topic(&off, Some(&record(json!({}))))
+            .unwrap()
+            .is_empty());
+        let plan = plan_topic(&off, Some(&same)).unwrap();
+        let [TopicAction::Alter(f)] = plan.as_slice() else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            serde_json::to_value(f.request()).unwrap(),
+            json!({"retry_backoff": {"min": "0s", "max": "0s"}})
+        );
+        // Left out of the spec, the broker's backoff is not managed.
+        assert!(plan_topic(&desired(json!({})), Some(&same))
+            .unwrap()
+            .is_empty());
+        // Out of range: the spec is refused before any call.
+        for (min, max) in [("5m", "1s"), ("1s", "13h")] {
+            let t = topic(json!({"retryBackoff": {"min": min, "max": max}}));
+            let err = desired_topic(&t, &TopicDefaults::default()).unwrap_err();
+            assert!(err.contains("retryBackoff"), "{err}");
+        }
+    }
+
+    #[test]
     fn partitions_never_shrink() {
         let d = desired(json!({"partitions": 3}));
         let err = plan_topic(&d, Some(&record(json!({"partitions": 6})))).unwrap_err();
@@ -903,6 +993,7 @@ mod tests {
         assert_eq!(s.partition_owners, vec!["prod-narad-1", "prod-narad-0"]);
         assert_eq!(s.role.as_deref(), Some("parent"));
         assert_eq!(s.backlog, None, "a broker that reports none");
+        assert_eq!(s.paused, Some(false));
         let r = record(
             json!({"backlog": {"messages": 7, "in_flight": 2, "oldest_unacked_age_seconds": 40}}),
         );
@@ -914,6 +1005,33 @@ mod tests {
                 in_flight: 2,
                 oldest_unacked_age_seconds: 40
             })
+        );
+        observed_status(&mut s, &d, &record(json!({"paused": true})));
+        assert_eq!(s.paused, Some(true));
+        observed_status(&mut s, &d, &record(json!({})));
+        assert_eq!(s.paused, Some(false), "resumed on the broker");
+        let s = serde_json::to_value(&s).unwrap();
+        assert_eq!(s["paused"], json!(false), "{s}");
+    }
+
+    #[test]
+    fn a_paused_topic_is_not_drift() {
+        // Pausing is done through the broker; the operator never resumes (or pauses) one.
+        for spec in [json!({}), json!({"partitions": 3, "retention": "12h"})] {
+            let d = desired(spec);
+            let paused = record(json!({"paused": true}));
+            assert!(paused.paused);
+            assert!(plan_topic(&d, Some(&paused)).unwrap().is_empty());
+        }
+        // A real difference alters only that, and the request says nothing of pausing.
+        let d = desired(json!({"retention": "7d"}));
+        let plan = plan_topic(&d, Some(&record(json!({"paused": true})))).unwrap();
+        let [TopicAction::Alter(f)] = plan.as_slice() else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            serde_json::to_value(f.request()).unwrap(),
+            json!({"retention_ms": 604800000})
         );
     }
 }

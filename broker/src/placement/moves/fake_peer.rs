@@ -463,8 +463,24 @@ async fn a_move_copies_every_record_and_the_copy_opens_at_exactly_the_frozen_hig
             panic!("nothing to lease");
         };
         assert_eq!(r.offset, 10);
-        source.nack(r.offset, granted.nonce).unwrap();
+        source
+            .nack(r.offset, granted.nonce, QueuePolicy::of(&topic))
+            .unwrap();
     }
+    // Record 11 was nacked with an hour's delay (10, leased first, was handed back unsent).
+    let Leased::Message(ten, ten_granted) = source.lease(QueuePolicy::of(&topic)) else {
+        panic!("nothing to lease");
+    };
+    assert_eq!(ten.offset, 10);
+    let Leased::Message(r, granted) = source.lease(QueuePolicy::of(&topic)) else {
+        panic!("nothing to lease");
+    };
+    assert_eq!(r.offset, 11);
+    source.hand_back(ten.offset, ten_granted.nonce).unwrap();
+    source
+        .nack_delayed(r.offset, granted.nonce, Duration::from_secs(3600))
+        .unwrap();
+    source.persist_frontier().unwrap();
     let cursor = source.dir().join("fanout").join("child-a");
     std::fs::create_dir_all(cursor.parent().unwrap()).unwrap();
     std::fs::write(&cursor, b"cursor slots").unwrap();
@@ -497,6 +513,10 @@ async fn a_move_copies_every_record_and_the_copy_opens_at_exactly_the_frozen_hig
         (10, 3),
         "the delivery counts came along"
     );
+    let Leased::Message(r, _) = installed.lease(QueuePolicy::of(&topic)) else {
+        panic!("nothing more to lease after the move");
+    };
+    assert_eq!(r.offset, 12, "the delay of 11 came along");
     assert_eq!(
         std::fs::read(env.dest().join("fanout").join("child-a")).unwrap(),
         b"cursor slots"
