@@ -107,6 +107,22 @@ pub struct User {
     pub created_at_ms: u64,
     #[serde(default)]
     pub updated_at_ms: u64,
+    /// (ext) Absent when the user has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<Quotas>,
+}
+
+/// (ext) A user's quotas, the body of `PUT /v1/users/{u}/quotas` (which replaces them all:
+/// an absent or null field is unlimited, `{}` lifts every quota). Rates are cluster-wide.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Quotas {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub produce_msgs_per_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub produce_bytes_per_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_topics: Option<u64>,
 }
 
 /// `POST /v1/users` body.

@@ -802,6 +802,16 @@ impl Client {
         Self::decode(&b)
     }
 
+    /// (ext) `PUT /v1/users/{u}/quotas` (replaces all; `Quotas::default()` lifts them) →
+    /// `200` user.
+    pub async fn put_quotas(&self, username: &str, quotas: &Quotas) -> Result<User, Error> {
+        let path = format!("/v1/users/{}/quotas", escape(username));
+        let (_, b) = self
+            .send_json(Method::PUT, &path, quotas, self.control_timeout(), &[200])
+            .await?;
+        Self::decode(&b)
+    }
+
     /// `PUT /v1/users/{u}/password` → `204`. `current` is needed to change one's own.
     pub async fn set_password(
         &self,

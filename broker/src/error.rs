@@ -315,6 +315,8 @@ impl From<narad_meta::MetaError> for ApiError {
             MetaError::Apply(ApplyError::NotFound(m)) => ApiError::not_found(m),
             MetaError::Apply(ApplyError::Conflict(m)) => ApiError::conflict(m),
             MetaError::Apply(ApplyError::Invalid(m)) => ApiError::bad_request(m),
+            // A count the user can lower (delete a topic), not a rate to wait out: no retry.
+            MetaError::Apply(ApplyError::QuotaExceeded(m)) => ApiError::conflict(m),
             e @ MetaError::NotLeader { .. } => ApiError::new(ErrorCode::NotLeader, e.to_string()),
             MetaError::Unavailable(m) => {
                 ApiError::unavailable(format!("metadata unavailable: {m}"), 1)

@@ -15,6 +15,8 @@ use crate::error::{ApiError, ApiResult};
 use crate::metrics::{Metrics, ReasonLabels};
 use crate::partition::{Registry, TopicRuntime};
 use crate::schema::SchemaCache;
+use crate::security::quotas::QuotaTable;
+use crate::security::Caller;
 use crate::wal::{Wal, WalRecord};
 
 /// Stores what producers send. Holds only the handles it uses.
@@ -29,6 +31,8 @@ pub struct Ingest {
     schemas: SchemaCache,
     /// `NARAD_WAL_SKIP_LOCAL`: records for a partition this node owns skip the WAL.
     wal_skip_local: bool,
+    /// (ext) Users' produce quotas on this node.
+    quotas: QuotaTable,
 }
 
 impl Ingest {
@@ -50,7 +54,37 @@ impl Ingest {
             metrics,
             schemas: SchemaCache::default(),
             wal_skip_local,
+            quotas: QuotaTable::default(),
         }
+    }
+
+    /// (ext) Admits a produce of `msgs` messages and `bytes` payload bytes under the
+    /// caller's quotas (see [`QuotaTable`]): `429` with `Retry-After` when over.
+    pub fn admit(&self, caller: &Caller, topic: &Topic, msgs: u64, bytes: u64) -> ApiResult<()> {
+        let Some(p) = caller.principal() else {
+            return Ok(());
+        };
+        let q = &p.quotas;
+        if q.produce_msgs_per_s.is_none() && q.produce_bytes_per_s.is_none() {
+            return Ok(());
+        }
+        let live = self.meta.view().live_members().len();
+        let now = std::time::Instant::now();
+        self.quotas
+            .admit_produce(&p.username, q, live, msgs, bytes, now)
+            .map_err(|wait| {
+                self.reject(topic, "quota");
+                ApiError::throttled(
+                    format!(
+                        "user {} is over its produce quota (this node's share of {} over {live} \
+                         live members); retry in {} ms",
+                        p.username,
+                        describe(q),
+                        wait.as_millis().max(1)
+                    ),
+                    wait.as_secs_f64().ceil().max(1.0) as u64,
+                )
+            })
     }
 
     /// Counts a refused produce (`narad_produce_rejections_total{topic,reason}`).
@@ -326,6 +360,18 @@ pub fn pick_partition(
         (None, None) => next() % n,
     };
     (0..n).map(|i| (p + i) % n).find(|q| live(*q)).unwrap_or(p)
+}
+
+/// The produce rates of a quota, for an answer: `100 msgs/s and 1048576 bytes/s`.
+fn describe(q: &narad_meta::Quotas) -> String {
+    let rates: Vec<String> = [
+        q.produce_msgs_per_s.map(|r| format!("{r} msgs/s")),
+        q.produce_bytes_per_s.map(|r| format!("{r} bytes/s")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    rates.join(" and ")
 }
 
 #[cfg(test)]

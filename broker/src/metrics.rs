@@ -110,7 +110,7 @@ const MAX_PARTITIONS: u32 = 108;
 pub const CONSUME_OUTCOMES: [&str; 4] = ["hit", "timeout", "no_wait", "cancelled"];
 
 /// Every `reason` of `produce_rejections_total`; [`Metrics::forget_topic`] removes each.
-pub const REJECT_REASONS: [&str; 2] = ["schema", "delayed_child"];
+pub const REJECT_REASONS: [&str; 3] = ["schema", "delayed_child", "quota"];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 

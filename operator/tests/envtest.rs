@@ -503,6 +503,29 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .map(drop)
     })
     .await;
+    // spec.quotas reaches the broker, and its drift is repaired.
+    apply(&users, "billing", json!({"apiVersion": "narad.io/v1alpha1", "kind": "User", "metadata": {"name": "billing"},
+        "spec": {"clusterRef": {"name": "prod"}, "passwordSecretRef": {"name": "billing-pw", "key": "password"},
+                 "quotas": {"produceMsgsPerS": 1000, "maxTopics": 4}}})).await;
+    let want_quotas = narad_api::Quotas {
+        produce_msgs_per_s: Some(1000),
+        max_topics: Some(4),
+        ..Default::default()
+    };
+    eventually("billing's quotas", || async {
+        let u = admin.get_user("billing").await.ok()?;
+        (u.quotas.as_ref() == Some(&want_quotas)).then_some(())
+    })
+    .await;
+    admin
+        .put_quotas("billing", &narad_api::Quotas::default())
+        .await
+        .unwrap();
+    eventually("quota drift repaired", || async {
+        let u = admin.get_user("billing").await.ok()?;
+        (u.quotas.as_ref() == Some(&want_quotas)).then_some(())
+    })
+    .await;
     // A password Secret without the narad.io/credentials label is refused.
     apply(
         &secrets,

@@ -105,6 +105,8 @@ pub fn rows() -> Vec<Row> {
         row(M::PUT, "/v1/users/ghost/grants", Some(r#"{"grants":[]}"#), [401, 401, 403, 403, 403, 404, 404]),
         row(M::PUT, "/v1/users/victim-{c}/password", Some(r#"{"new_password":"np"}"#), [401, 401, 403, 403, 403, 204, 204]),
         row(M::PUT, "/v1/users/ghost/password", Some(r#"{"new_password":"np"}"#), [401, 401, 403, 403, 403, 404, 404]),
+        row(M::PUT, "/v1/users/victim-{c}/quotas", Some(r#"{"max_topics":5}"#), [401, 401, 403, 403, 403, 200, 200]),
+        row(M::PUT, "/v1/users/ghost/quotas", Some(r#"{}"#), [401, 401, 403, 403, 403, 404, 404]),
         row(M::DELETE, "/v1/users/victim-{c}", None, [401, 401, 403, 403, 403, 204, 204]),
         row(M::DELETE, "/v1/users/ghost", None, [401, 401, 403, 403, 403, 404, 404]),
         // routing: unknown route and wrong method still need credentials under /v1

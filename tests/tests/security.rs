@@ -953,6 +953,42 @@ async fn cli_user_commands() {
         u["grants"],
         json!([{"action": "consume", "patterns": ["x"]}, {"action": "create", "patterns": ["x"]}])
     );
+    // Quotas: set, shown in the table, refused without a value, lifted.
+    let out = ok(
+        run(
+            &[
+                "user",
+                "quotas",
+                "carol",
+                "--produce-msgs-per-s",
+                "100",
+                "--max-topics",
+                "3",
+            ],
+            "admin",
+            ROOT_PW,
+        ),
+        "user quotas",
+    );
+    assert!(out.contains("100 msg/s, 3 topics"), "{out}");
+    let out = ok(run(&["user", "ls"], "admin", ROOT_PW), "user ls (quotas)");
+    assert!(
+        out.contains("QUOTAS") && out.contains("100 msg/s, 3 topics"),
+        "{out}"
+    );
+    let r = run(&["user", "quotas", "carol"], "admin", ROOT_PW);
+    assert_ne!(r.0, Some(0), "no quota and no --none: {r:?}");
+    let r = run(
+        &["user", "quotas", "carol", "--max-topics", "0"],
+        "admin",
+        ROOT_PW,
+    );
+    assert_ne!(r.0, Some(0), "0 is refused: {r:?}");
+    let out = ok(
+        run(&["user", "quotas", "carol", "--none"], "admin", ROOT_PW),
+        "user quotas --none",
+    );
+    assert!(out.contains("quotas of carol: -"), "{out}");
     ok(
         run(
             &["user", "passwd", "carol", "--new", "pw-c2"],

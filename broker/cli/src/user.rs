@@ -1,9 +1,9 @@
-//! `narad user add|grant|passwd|ls|rm`.
+//! `narad user add|grant|quotas|passwd|ls|rm`.
 
 use std::io::Write;
 
 use anyhow::bail;
-use narad_api::{CreateUserRequest, Grant, User};
+use narad_api::{CreateUserRequest, Grant, Quotas, User};
 
 use crate::conn::{connect, flag_or_stdin, ConnArgs};
 use crate::output::{utc_ms, Table};
@@ -39,6 +39,24 @@ pub enum UserCmd {
         grants: Vec<Grant>,
         /// Remove all grants
         #[arg(long, conflicts_with = "grants")]
+        none: bool,
+    },
+    /// Replace all of a user's quotas (cluster-wide; each node enforces its share)
+    Quotas {
+        /// Username
+        name: String,
+        /// Messages produced per second
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        produce_msgs_per_s: Option<u64>,
+        /// Payload bytes produced per second
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        produce_bytes_per_s: Option<u64>,
+        /// Topics the user may own
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        max_topics: Option<u64>,
+        /// Lift every quota
+        #[arg(long, conflicts_with_all = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics"],
+              required_unless_present_any = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics"])]
         none: bool,
     },
     /// Change a password (your own needs --current)
@@ -110,14 +128,33 @@ pub fn format_grants(grants: &[Grant]) -> String {
         .join(" ")
 }
 
+/// `produce 100 msg/s, 1048576 B/s, 5 topics`, or `-` for none.
+pub fn format_quotas(q: Option<&Quotas>) -> String {
+    let Some(q) = q else { return "-".into() };
+    let parts: Vec<String> = [
+        q.produce_msgs_per_s.map(|v| format!("{v} msg/s")),
+        q.produce_bytes_per_s.map(|v| format!("{v} B/s")),
+        q.max_topics.map(|v| format!("{v} topics")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if parts.is_empty() {
+        "-".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
 /// The `user ls` table.
 pub fn users_table(users: &[User]) -> Table {
-    let mut t = Table::new(["USERNAME", "ROOT", "GRANTS", "CREATED", "UPDATED"]);
+    let mut t = Table::new(["USERNAME", "ROOT", "GRANTS", "QUOTAS", "CREATED", "UPDATED"]);
     for u in users {
         t.row([
             u.username.clone(),
             if u.root { "yes" } else { "" }.to_string(),
             format_grants(&u.grants),
+            format_quotas(u.quotas.as_ref()),
             if u.created_at_ms > 0 {
                 utc_ms(u.created_at_ms)
             } else {
@@ -171,6 +208,26 @@ pub async fn run(cmd: UserCmd, conn: &ConnArgs) -> anyhow::Result<()> {
                 "grants of {}: {}",
                 u.username,
                 format_grants(&u.grants)
+            )?;
+        }
+        UserCmd::Quotas {
+            name,
+            produce_msgs_per_s,
+            produce_bytes_per_s,
+            max_topics,
+            none: _,
+        } => {
+            let q = Quotas {
+                produce_msgs_per_s,
+                produce_bytes_per_s,
+                max_topics,
+            };
+            let u = client.put_quotas(&name, &q).await?;
+            writeln!(
+                out,
+                "quotas of {}: {}",
+                u.username,
+                format_quotas(u.quotas.as_ref())
             )?;
         }
         UserCmd::Passwd {

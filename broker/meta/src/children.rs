@@ -178,6 +178,7 @@ impl MetaState {
                     ));
                 }
                 self.check_new_name(name)?;
+                self.check_topic_quota(owner.as_deref())?;
                 let p = self.existing_topic(parent)?.clone();
                 self.check_attach(&p, name, *delay_ms)?;
                 let mut config = config.clone();

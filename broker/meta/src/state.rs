@@ -37,6 +37,7 @@ impl MetaState {
                         "a topic needs at least one partition".into(),
                     ));
                 }
+                self.check_topic_quota(owner.as_deref())?;
                 let live = self.live_members();
                 let assignments = (0..config.partitions).map(|p| assign(&live, p)).collect();
                 let topic = Arc::new(Topic {
@@ -127,6 +128,7 @@ impl MetaState {
             MetaCommand::CreateUser { .. }
             | MetaCommand::SetGrants { .. }
             | MetaCommand::SetPassword { .. }
+            | MetaCommand::SetQuotas { .. }
             | MetaCommand::DeleteUser { .. }
             | MetaCommand::SeedRoot { .. } => self.apply_user(cmd),
             MetaCommand::AttachChild { .. }
@@ -144,6 +146,25 @@ impl MetaState {
             .filter(|m| !m.dead && !m.draining)
             .map(|m| m.id.clone())
             .collect()
+    }
+
+    /// Refuses a new topic of `owner` when it already owns its `max_topics` (429).
+    pub(crate) fn check_topic_quota(&self, owner: Option<&str>) -> Result<(), ApplyError> {
+        let Some(owner) = owner else { return Ok(()) };
+        let Some(max) = self.users.get(owner).and_then(|u| u.quotas.max_topics) else {
+            return Ok(());
+        };
+        let owned = self
+            .topics
+            .values()
+            .filter(|t| t.owner.as_deref() == Some(owner))
+            .count() as u64;
+        if owned >= max {
+            return Err(ApplyError::QuotaExceeded(format!(
+                "user {owner} owns {owned} topics, its max_topics quota is {max}"
+            )));
+        }
+        Ok(())
     }
 
     /// Looks a topic up by exact name.
@@ -518,6 +539,7 @@ impl MetaState {
                     created_at_ms: *now_ms,
                     updated_at_ms: *now_ms,
                     version: self.bump_user_version(),
+                    quotas: Default::default(),
                 });
                 self.users.insert(username.clone(), user.clone());
                 Ok(MetaResponse::User(user))
@@ -554,6 +576,25 @@ impl MetaState {
                 self.users.insert(username.clone(), user.clone());
                 Ok(MetaResponse::User(user))
             }
+            MetaCommand::SetQuotas {
+                username,
+                quotas,
+                now_ms,
+            } => {
+                let current = self.existing_user(username)?;
+                if current.root {
+                    return Err(ApplyError::Conflict(format!(
+                        "root user {username} has no quotas"
+                    )));
+                }
+                let mut user = User::clone(current);
+                user.quotas = *quotas;
+                user.updated_at_ms = *now_ms;
+                user.version = self.bump_user_version();
+                let user = Arc::new(user);
+                self.users.insert(username.clone(), user.clone());
+                Ok(MetaResponse::User(user))
+            }
             MetaCommand::DeleteUser { username } => {
                 if self.existing_user(username)?.root {
                     return Err(ApplyError::Conflict(format!(
@@ -584,6 +625,7 @@ impl MetaState {
                     created_at_ms: *now_ms,
                     updated_at_ms: *now_ms,
                     version: self.bump_user_version(),
+                    quotas: Default::default(),
                 });
                 self.users.insert(ROOT_USERNAME.to_string(), user.clone());
                 Ok(MetaResponse::User(user))
@@ -1082,6 +1124,7 @@ mod tests {
 #[cfg(test)]
 mod user_tests {
     use super::*;
+    use crate::types::Quotas;
 
     fn grant(action: Action, patterns: &[&str]) -> Grant {
         Grant {
@@ -1230,6 +1273,81 @@ mod user_tests {
                 }
             ),
             ApplyError::Conflict(_)
+        ));
+    }
+
+    #[test]
+    fn quotas_are_set_per_user_and_max_topics_counts_owned_topics() {
+        let mut s = MetaState::default();
+        s.apply(&seed("root", 1)).unwrap();
+        let u0 = user(s.apply(&create_user("billing", "h", 5)).unwrap());
+        assert!(u0.quotas.is_none());
+        let q = Quotas {
+            produce_msgs_per_s: Some(100),
+            produce_bytes_per_s: None,
+            max_topics: Some(2),
+        };
+        let set = |q| MetaCommand::SetQuotas {
+            username: "billing".into(),
+            quotas: q,
+            now_ms: 9,
+        };
+        let u = user(s.apply(&set(q)).unwrap());
+        assert_eq!(u.quotas, q);
+        assert!(u.version > u0.version, "cached credentials see the change");
+        let owned = |name: &str, owner: Option<&str>| MetaCommand::CreateTopic {
+            name: name.into(),
+            config: crate::types::TopicConfig {
+                partitions: 3,
+                retention_ms: 3_600_000,
+                visibility_timeout_ms: 30_000,
+                max_in_flight_per_partition: 1024,
+                max_acked_ahead_per_partition: 1024,
+                retry_backoff: None,
+            },
+            owner: owner.map(String::from),
+            schema: None,
+            created_at_ms: 1,
+        };
+        s.apply(&owned("a", Some("billing"))).unwrap();
+        s.apply(&owned("other", Some("admin"))).unwrap();
+        s.apply(&owned("b", Some("billing"))).unwrap();
+        match refused(&mut s, owned("c", Some("billing"))) {
+            ApplyError::QuotaExceeded(m) => {
+                assert_eq!(m, "user billing owns 2 topics, its max_topics quota is 2")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Deleting one frees its place; without an owner (security off) nothing counts.
+        s.apply(&MetaCommand::DeleteTopic { name: "a".into() })
+            .unwrap();
+        s.apply(&owned("c", Some("billing"))).unwrap();
+        s.apply(&owned("d", None)).unwrap();
+        // Lifting the quota (all None) lifts the limit; the record serializes without it.
+        let u = user(s.apply(&set(Quotas::default())).unwrap());
+        assert!(!serde_json::to_string(&*u).unwrap().contains("quotas"));
+        s.apply(&owned("e", Some("billing"))).unwrap();
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::SetQuotas {
+                    username: "admin".into(),
+                    quotas: q,
+                    now_ms: 9
+                }
+            ),
+            ApplyError::Conflict(_)
+        ));
+        assert!(matches!(
+            refused(
+                &mut s,
+                MetaCommand::SetQuotas {
+                    username: "nobody".into(),
+                    quotas: q,
+                    now_ms: 9
+                }
+            ),
+            ApplyError::NotFound(_)
         ));
     }
 

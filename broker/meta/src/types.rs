@@ -178,6 +178,14 @@ pub enum MetaCommand {
         password_hash: String,
         now_ms: u64,
     },
+    /// (ext) Replaces a user's quotas. 404 unknown user. Root has none (409). Appended
+    /// after the other user commands: propose it only once every member runs a build that
+    /// knows it.
+    SetQuotas {
+        username: String,
+        quotas: Quotas,
+        now_ms: u64,
+    },
     /// Deletes a user. 404 unknown user; 409 for root (root cannot be deleted).
     DeleteUser {
         username: String,
@@ -458,6 +466,28 @@ pub struct User {
     /// keyed by it (verified credentials) are invalidated by any change, even within one
     /// millisecond or with a proposer whose clock went backwards.
     pub version: u64,
+    /// (ext) Limits on what the user may do; none by default.
+    #[serde(default, skip_serializing_if = "Quotas::is_none")]
+    pub quotas: Quotas,
+}
+
+/// (ext) A user's quotas; `None` is unlimited. Rates are per second over the cluster, and
+/// each node enforces its even share among the live members.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub produce_msgs_per_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub produce_bytes_per_s: Option<u64>,
+    /// Topics the user may own (topics it created and not deleted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_topics: Option<u64>,
+}
+
+impl Quotas {
+    pub fn is_none(&self) -> bool {
+        *self == Quotas::default()
+    }
 }
 
 impl std::fmt::Debug for User {
@@ -470,6 +500,7 @@ impl std::fmt::Debug for User {
             .field("created_at_ms", &self.created_at_ms)
             .field("updated_at_ms", &self.updated_at_ms)
             .field("version", &self.version)
+            .field("quotas", &self.quotas)
             .finish()
     }
 }
@@ -507,6 +538,9 @@ pub enum ApplyError {
     /// → 400
     #[error("{0}")]
     Invalid(String),
+    /// A user's quota (a count, `max_topics`) forbids it (→ 409).
+    #[error("{0}")]
+    QuotaExceeded(String),
 }
 
 /// The whole replicated state. Cheap to clone (topics are behind `Arc`).

@@ -81,6 +81,7 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
         .route("/v1/users", post(users::create).get(users::list))
         .route("/v1/users/{user}", get(users::get).delete(users::delete))
         .route("/v1/users/{user}/grants", put(users::put_grants))
+        .route("/v1/users/{user}/quotas", put(users::put_quotas))
         .route("/v1/users/{user}/password", put(users::put_password))
         .route("/v1/cluster/members", get(system::members))
         .route("/v1/cluster/moves", get(system::moves))

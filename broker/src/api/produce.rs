@@ -78,6 +78,7 @@ pub async fn produce(
         return Err(ApiError::bad_request("message body is empty"));
     }
     app.ingest.validate_schema(&topic, &payload)?;
+    app.ingest.admit(&caller, &topic, 1, payload.len() as u64)?;
     let rt = app.runtime(&topic)?;
     let partition = app
         .ingest
@@ -219,6 +220,8 @@ pub async fn produce_batch(
         });
     }
     let accepted = records.len();
+    let bytes = records.iter().map(|r| r.payload.len() as u64).sum();
+    app.ingest.admit(&caller, &topic, accepted as u64, bytes)?;
     app.ingest.store(&topic, records).await?;
     Ok(json(
         StatusCode::ACCEPTED,

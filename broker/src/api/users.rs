@@ -5,7 +5,8 @@
 //! the escalation rules (`404`/`403`), then the write through Raft (`409`, `503`). Passwords
 //! are hashed here (argon2id, on the blocking pool) before proposing, so apply stays
 //! deterministic; passwords and hashes are never logged or returned. Changes are audited
-//! (`component=audit`, events `user.create`, `user.grants`, `user.password`, `user.delete`).
+//! (`component=audit`, events `user.create`, `user.grants`, `user.password`, `user.quotas`,
+//! `user.delete`).
 
 use std::sync::Arc;
 
@@ -121,15 +122,23 @@ pub async fn put_grants(
         app.meta.view().user(&name).map(|u| &**u),
         &grants,
     )?;
-    let user = user_answer(
-        app.propose(MetaCommand::SetGrants {
-            username: name,
-            grants,
-            now_ms: now_ms(),
-        })
-        .await?,
-    )?;
-    audit::event("user.grants", caller.actor(), &user.username);
+    let cmd = MetaCommand::SetGrants {
+        username: name,
+        grants,
+        now_ms: now_ms(),
+    };
+    change_user(&app, &caller, cmd, "user.grants").await
+}
+
+/// Proposes a change of a user, audits it as `event`, answers `200` with the user.
+async fn change_user(
+    app: &AppState,
+    caller: &Caller,
+    cmd: MetaCommand,
+    event: &'static str,
+) -> ApiResult<Response> {
+    let user = user_answer(app.propose(cmd).await?)?;
+    audit::event(event, caller.actor(), &user.username);
     Ok(json(StatusCode::OK, &users::to_wire(&user)))
 }
 
@@ -177,6 +186,27 @@ pub async fn put_password(
     )?;
     audit::event("user.password", caller.actor(), &name);
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// (ext) `PUT /v1/users/{u}/quotas` → `200` user. Replaces the user's quotas (`{}` lifts
+/// them). Admin only; root has none, nobody changes their own, only root sets an admin's.
+pub async fn put_quotas(
+    State(app): State<AppState>,
+    caller: Caller,
+    Name(name): Name,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    authz::user_admin(&caller)?;
+    let req: narad_api::Quotas = read_json(&headers, body).await?;
+    let quotas = users::quotas_from_wire(&req).map_err(ApiError::bad_request)?;
+    authz::set_quotas(&caller, &name, app.meta.view().user(&name).map(|u| &**u))?;
+    let cmd = MetaCommand::SetQuotas {
+        username: name,
+        quotas,
+        now_ms: now_ms(),
+    };
+    change_user(&app, &caller, cmd, "user.quotas").await
 }
 
 /// `DELETE /v1/users/{u}` → `204`. Admin only; root cannot be deleted, nobody deletes

@@ -562,7 +562,11 @@ pub fn forward_opcode(cmd: &MetaCommand) -> Option<Opcode> {
         MetaCommand::DeleteTopic { .. } => Opcode::DeleteTopic,
         MetaCommand::RegisterMember { .. } => Opcode::RegisterMember,
         MetaCommand::CreateUser { .. } => Opcode::CreateUser,
-        MetaCommand::SetGrants { .. } | MetaCommand::SetPassword { .. } => Opcode::UpdateUser,
+        // A leader of an older build cannot decode `SetQuotas` and refuses it: never applied
+        // half-known.
+        MetaCommand::SetGrants { .. }
+        | MetaCommand::SetPassword { .. }
+        | MetaCommand::SetQuotas { .. } => Opcode::UpdateUser,
         MetaCommand::DeleteUser { .. } => Opcode::DeleteUser,
         // The forced flip and the settling of its salvage claim finish a move too.
         MetaCommand::CompleteMove { .. }

@@ -359,6 +359,31 @@ pub fn set_grants(
     admin_grant_check(caller, grants)
 }
 
+/// (ext) `PUT /v1/users/{u}/quotas`: admin (`403`), user exists (`404`); root has none,
+/// nobody changes their own, and only root sets an admin's (`403`).
+pub fn set_quotas(caller: &Caller, target_name: &str, target: Option<&User>) -> Decision {
+    user_admin(caller)?;
+    let target = target.ok_or_else(|| user_not_found(target_name))?;
+    if target.root {
+        return Err(Denied::Forbidden(format!(
+            "root user {target_name} has no quotas"
+        )));
+    }
+    if let Caller::User(p) = caller {
+        if p.username == target.username {
+            return Err(Denied::Forbidden(
+                "you cannot change your own quotas".into(),
+            ));
+        }
+        if target.is_admin() && !p.root {
+            return Err(Denied::Forbidden(format!(
+                "only root sets the quotas of admin {target_name}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// `DELETE /v1/users/{u}`: admin (`403`), user exists (`404`), root cannot be deleted and
 /// nobody deletes themselves (`403`).
 pub fn delete_user(caller: &Caller, target_name: &str, target: Option<&User>) -> Decision {
@@ -456,6 +481,7 @@ mod tests {
             username: name.into(),
             root,
             grants,
+            quotas: Default::default(),
         })
     }
 
@@ -488,6 +514,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 1,
             version: 0,
+            quotas: Default::default(),
         }
     }
 
@@ -630,6 +657,7 @@ mod tests {
             username: "u".into(),
             root: false,
             grants,
+            quotas: Default::default(),
         };
         let producer = p(vec![g(Action::Produce, &["orders-*"])]);
         assert!(can(&producer, Action::Produce, "orders-x", None));
@@ -657,6 +685,7 @@ mod tests {
             username: "admin".into(),
             root: true,
             grants: vec![],
+            quotas: Default::default(),
         };
         assert!(can(&root, Action::Produce, "x", None));
         let star = p(vec![g(Action::Consume, &["*"])]);
@@ -920,6 +949,35 @@ mod tests {
 
     fn st<T>(r: Result<T, Denied>) -> u16 {
         r.map_or_else(|e| e.status(), |_| 200)
+    }
+
+    #[test]
+    fn quotas_rules() {
+        let billing = user("billing", false, vec![g(Action::Produce, &["x"])]);
+        let ops = user("ops", false, vec![g(Action::Admin, &[])]);
+        let root_user = user("admin", true, vec![]);
+        let root = principal("admin", true, vec![]);
+        let admin = principal("ops2", false, vec![g(Action::Admin, &[])]);
+        let producer = principal("p", false, vec![g(Action::Produce, &["*"])]);
+        assert_eq!(st(set_quotas(&admin, "billing", Some(&billing))), 200);
+        assert_eq!(st(set_quotas(&root, "billing", Some(&billing))), 200);
+        assert_eq!(
+            st(set_quotas(&Caller::SecurityOff, "billing", Some(&billing))),
+            200
+        );
+        assert_eq!(st(set_quotas(&producer, "billing", Some(&billing))), 403);
+        assert_eq!(st(set_quotas(&admin, "nobody", None)), 404);
+        assert_eq!(
+            st(set_quotas(&producer, "nobody", None)),
+            403,
+            "no name leaks"
+        );
+        assert_eq!(st(set_quotas(&root, "admin", Some(&root_user))), 403);
+        // Only root limits an admin; nobody lifts their own.
+        assert_eq!(st(set_quotas(&admin, "ops", Some(&ops))), 403);
+        assert_eq!(st(set_quotas(&root, "ops", Some(&ops))), 200);
+        let own = principal("ops", false, vec![g(Action::Admin, &[])]);
+        assert_eq!(st(set_quotas(&own, "ops", Some(&ops))), 403);
     }
 
     #[test]

@@ -29,6 +29,7 @@
 pub mod authn;
 pub mod authz;
 pub mod password;
+pub mod quotas;
 pub mod sealing;
 pub mod seeding;
 pub mod throttle;
@@ -39,7 +40,7 @@ pub use authz::Denied;
 pub use throttle::{Clock, ManualClock, MonotonicClock};
 
 use axum::response::{IntoResponse, Response};
-use narad_meta::{Action, Grant, User};
+use narad_meta::{Action, Grant, Quotas, User};
 
 use crate::error::{ApiError, ErrorCode};
 
@@ -49,6 +50,8 @@ pub struct Principal {
     pub username: String,
     pub root: bool,
     pub grants: Vec<Grant>,
+    /// (ext) The user's quotas (none for root).
+    pub quotas: Quotas,
 }
 
 impl Principal {
@@ -57,6 +60,7 @@ impl Principal {
             username: u.username.clone(),
             root: u.root,
             grants: u.grants.clone(),
+            quotas: u.quotas,
         }
     }
 
@@ -302,6 +306,7 @@ mod tests {
             username: "u".into(),
             root: false,
             grants: vec![],
+            quotas: Default::default(),
         };
         let c = Caller::User(p.clone());
         assert_eq!(c.owner().as_deref(), Some("u"));

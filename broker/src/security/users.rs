@@ -18,7 +18,35 @@ pub fn to_wire(u: &User) -> narad_api::User {
         root: u.root,
         created_at_ms: u.created_at_ms,
         updated_at_ms: u.updated_at_ms,
+        quotas: (!u.quotas.is_none()).then_some(narad_api::Quotas {
+            produce_msgs_per_s: u.quotas.produce_msgs_per_s,
+            produce_bytes_per_s: u.quotas.produce_bytes_per_s,
+            max_topics: u.quotas.max_topics,
+        }),
     }
+}
+
+/// The most a quota may be: far above what a node does, far below overflow.
+pub const MAX_QUOTA: u64 = 1 << 40;
+
+/// Validates wire quotas (`400` messages): each given value 1 to 2^40.
+pub fn quotas_from_wire(q: &narad_api::Quotas) -> Result<narad_meta::Quotas, String> {
+    for (name, v) in [
+        ("produce_msgs_per_s", q.produce_msgs_per_s),
+        ("produce_bytes_per_s", q.produce_bytes_per_s),
+        ("max_topics", q.max_topics),
+    ] {
+        if let Some(v) = v.filter(|v| !(1..=MAX_QUOTA).contains(v)) {
+            return Err(format!(
+                "{name} must be 1 to {MAX_QUOTA} (leave it out for no limit), got {v}"
+            ));
+        }
+    }
+    Ok(narad_meta::Quotas {
+        produce_msgs_per_s: q.produce_msgs_per_s,
+        produce_bytes_per_s: q.produce_bytes_per_s,
+        max_topics: q.max_topics,
+    })
 }
 
 /// The wire form of a grant.
@@ -108,6 +136,7 @@ mod tests {
             created_at_ms: 1,
             updated_at_ms: 2,
             version: 9,
+            quotas: Default::default(),
         };
         let json = serde_json::to_string(&to_wire(&u)).unwrap();
         assert_eq!(

@@ -39,9 +39,42 @@ pub struct UserSpec {
     /// `narad.io/credentials: "true"` and must not be a NaradCluster's security or TLS
     /// Secret; otherwise it is not read (reason `SecretNotLabelled` or `SecretNotAllowed`).
     pub password_secret_ref: SecretKeyRef,
+    /// Limits on the user (cluster-wide rates, each broker enforcing its share); left out,
+    /// the broker's quotas are not managed; `{}` lifts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<UserQuotas>,
     /// Delete (default) or Retain the broker user when the resource is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+}
+
+/// A user's quotas; a field left out is unlimited.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UserQuotas {
+    /// Messages produced per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1099511627776u64))]
+    pub produce_msgs_per_s: Option<u64>,
+    /// Payload bytes produced per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1099511627776u64))]
+    pub produce_bytes_per_s: Option<u64>,
+    /// Topics the user may own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1099511627776u64))]
+    pub max_topics: Option<u64>,
+}
+
+impl UserQuotas {
+    /// The broker's form.
+    pub fn wire(&self) -> narad_api::Quotas {
+        narad_api::Quotas {
+            produce_msgs_per_s: self.produce_msgs_per_s,
+            produce_bytes_per_s: self.produce_bytes_per_s,
+            max_topics: self.max_topics,
+        }
+    }
 }
 
 /// Observed state of a user.

@@ -24,18 +24,27 @@ pub enum UserAction {
     SetPassword,
     /// `PUT /v1/users/{u}/grants`.
     PutGrants,
+    /// `PUT /v1/users/{u}/quotas`.
+    PutQuotas,
 }
 
 /// The calls that converge the broker user: `observed` is its record (`None` if absent),
 /// `applied_version`/`secret_version` the password Secret versions applied and current.
+/// `want_quotas` is `None` when the spec leaves quotas out (not managed).
 pub fn plan_user(
     observed: Option<&narad_api::User>,
     want_grants: &[narad_api::Grant],
+    want_quotas: Option<&narad_api::Quotas>,
     applied_version: Option<&str>,
     secret_version: &str,
 ) -> Vec<UserAction> {
+    let none = narad_api::Quotas::default();
     let Some(u) = observed else {
-        return vec![UserAction::Create];
+        let mut plan = vec![UserAction::Create];
+        if want_quotas.is_some_and(|q| *q != none) {
+            plan.push(UserAction::PutQuotas);
+        }
+        return plan;
     };
     let mut plan = Vec::new();
     if applied_version != Some(secret_version) {
@@ -43,6 +52,11 @@ pub fn plan_user(
     }
     if grants_differ(&u.grants, want_grants) {
         plan.push(UserAction::PutGrants);
+    }
+    if let Some(want) = want_quotas {
+        if u.quotas.as_ref().unwrap_or(&none) != want {
+            plan.push(UserAction::PutQuotas);
+        }
     }
     plan
 }
@@ -184,13 +198,21 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
     let version = secret_version(&secret);
     let grants = list_grants(&ctx.client, &ns).await?;
     let want = union_grants(&u.name_any(), &u.spec.cluster_ref.name, &grants);
+    let want_quotas = u.spec.quotas.as_ref().map(|q| q.wire());
     let b = &broker.client;
     let result: Result<(), narad_api::Error> = async {
         let mut observed = get_user(b, &username).await?;
         let mut applied = status.password_secret_version.clone();
         for _attempt in 0..2 {
             let mut conflict = false;
-            for a in plan_user(observed.as_ref(), &want, applied.as_deref(), &version) {
+            let plan = plan_user(
+                observed.as_ref(),
+                &want,
+                want_quotas.as_ref(),
+                applied.as_deref(),
+                &version,
+            );
+            for a in plan {
                 match a {
                     UserAction::Create => {
                         let req = CreateUserRequest {
@@ -210,6 +232,10 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
                     }
                     UserAction::SetPassword => b.set_password(&username, None, &password).await?,
                     UserAction::PutGrants => b.put_grants(&username, &want).await.map(drop)?,
+                    UserAction::PutQuotas => {
+                        let q = want_quotas.clone().unwrap_or_default();
+                        b.put_quotas(&username, &q).await.map(drop)?
+                    }
                 }
             }
             if !conflict {
@@ -295,25 +321,28 @@ mod tests {
 
     #[test]
     fn create_when_absent() {
-        assert_eq!(plan_user(None, &[], None, "v1"), vec![UserAction::Create]);
+        assert_eq!(
+            plan_user(None, &[], None, None, "v1"),
+            vec![UserAction::Create]
+        );
     }
 
     #[test]
     fn in_sync_means_no_calls() {
         let u = user(vec![g("produce", &["a"])]);
-        assert!(plan_user(Some(&u), &[g("produce", &["a"])], Some("v1"), "v1").is_empty());
+        assert!(plan_user(Some(&u), &[g("produce", &["a"])], None, Some("v1"), "v1").is_empty());
     }
 
     #[test]
     fn secret_change_resets_password() {
         let u = user(vec![]);
         assert_eq!(
-            plan_user(Some(&u), &[], Some("v1"), "v2"),
+            plan_user(Some(&u), &[], None, Some("v1"), "v2"),
             vec![UserAction::SetPassword]
         );
         // Never applied (e.g. the user existed before the resource): reset too.
         assert_eq!(
-            plan_user(Some(&u), &[], None, "v1"),
+            plan_user(Some(&u), &[], None, None, "v1"),
             vec![UserAction::SetPassword]
         );
     }
@@ -322,9 +351,48 @@ mod tests {
     fn grant_drift_is_corrected() {
         let u = user(vec![g("admin", &[])]);
         assert_eq!(
-            plan_user(Some(&u), &[g("consume", &["x"])], Some("v1"), "v1"),
+            plan_user(Some(&u), &[g("consume", &["x"])], None, Some("v1"), "v1"),
             vec![UserAction::PutGrants]
         );
+    }
+
+    #[test]
+    fn quotas_converge_only_when_declared() {
+        let q = narad_api::Quotas {
+            produce_msgs_per_s: Some(100),
+            max_topics: Some(3),
+            ..Default::default()
+        };
+        // Created, then limited (creation takes no quotas).
+        assert_eq!(
+            plan_user(None, &[], Some(&q), None, "v1"),
+            vec![UserAction::Create, UserAction::PutQuotas]
+        );
+        let none = narad_api::Quotas::default();
+        assert_eq!(
+            plan_user(None, &[], Some(&none), None, "v1"),
+            vec![UserAction::Create]
+        );
+        let mut u = user(vec![]);
+        assert_eq!(
+            plan_user(Some(&u), &[], Some(&q), Some("v1"), "v1"),
+            vec![UserAction::PutQuotas]
+        );
+        u.quotas = Some(q.clone());
+        assert!(plan_user(Some(&u), &[], Some(&q), Some("v1"), "v1").is_empty());
+        // Left out of the spec: not managed; `{}`: lifted.
+        assert!(plan_user(Some(&u), &[], None, Some("v1"), "v1").is_empty());
+        assert_eq!(
+            plan_user(Some(&u), &[], Some(&none), Some("v1"), "v1"),
+            vec![UserAction::PutQuotas]
+        );
+        u.quotas = None;
+        assert!(plan_user(Some(&u), &[], Some(&none), Some("v1"), "v1").is_empty());
+        // The spec's camelCase fields map to the broker's.
+        let spec: crate::crd::UserQuotas =
+            serde_json::from_value(serde_json::json!({"produceMsgsPerS": 100, "maxTopics": 3}))
+                .unwrap();
+        assert_eq!(spec.wire(), q);
     }
 
     #[test]
