@@ -108,6 +108,17 @@ impl App {
         self.cluster.propose(cmd).await
     }
 
+    /// Proposes a command answered with a topic (create, alter, attach): the topic as it is
+    /// after it.
+    pub async fn propose_topic(&self, cmd: MetaCommand) -> ApiResult<Arc<Topic>> {
+        match self.propose(cmd).await? {
+            MetaResponse::Topic(t) => Ok(t),
+            other => Err(ApiError::internal(format!(
+                "unexpected metadata answer {other:?}"
+            ))),
+        }
+    }
+
     /// Refreshes the gauges that describe state rather than events.
     pub fn refresh_gauges(&self) {
         let m = &self.metrics;

@@ -9,7 +9,7 @@ use axum::extract::{FromRequestParts, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AttachChildRequest, ChildInfo, ChildList, RemoteInfo, RemoteTarget};
-use narad_meta::{MetaCommand, MetaResponse, RemoteEndpoint};
+use narad_meta::{MetaCommand, RemoteEndpoint};
 
 use super::topics::{check_delay, record, validate_name};
 use super::{find_topic, json, read_json, AppState, Name};
@@ -67,22 +67,14 @@ pub async fn attach(
             topic: find_topic(&app, &req.child).await.as_deref(),
         },
     )?;
-    let topic = match app
-        .propose(MetaCommand::AttachChild {
+    let topic = app
+        .propose_topic(MetaCommand::AttachChild {
             parent: parent.clone(),
             child: req.child.clone(),
             delay_ms: delay,
             now_ms: crate::clock::now_ms(),
         })
-        .await?
-    {
-        MetaResponse::Topic(t) => t,
-        other => {
-            return Err(ApiError::internal(format!(
-                "unexpected metadata answer {other:?}"
-            )))
-        }
-    };
+        .await?;
     app.apply_topics()?;
     app.children.sync().await;
     app.queries.await_members_applied(&topic).await;
@@ -156,22 +148,14 @@ async fn attach_remote(
     if let (Some(key), Some(pw)) = (&app.credentials, &endpoint.password) {
         endpoint.password = Some(key.seal(&parent, &link, pw));
     }
-    let topic = match app
-        .propose(MetaCommand::AttachRemoteChild {
+    let topic = app
+        .propose_topic(MetaCommand::AttachRemoteChild {
             parent: parent.clone(),
             link: link.clone(),
             endpoint,
             now_ms: crate::clock::now_ms(),
         })
-        .await?
-    {
-        MetaResponse::Topic(t) => t,
-        other => {
-            return Err(ApiError::internal(format!(
-                "unexpected metadata answer {other:?}"
-            )))
-        }
-    };
+        .await?;
     app.children.sync().await;
     audit::event("topic.attach", caller.actor(), &format!("{parent}/{link}"));
     let view = app.meta.view();

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use narad_api::{Repositioned, SeekRequest};
-use narad_meta::{MetaCommand, MetaResponse, TopicPatch};
+use narad_meta::{MetaCommand, TopicPatch};
 
 use super::topics::record;
 use super::{find_topic, json, read_json, AppState, Name};
@@ -39,20 +39,12 @@ async fn set_paused(
         paused: Some(paused),
         ..Default::default()
     };
-    let updated = match app
-        .propose(MetaCommand::AlterTopic {
+    let updated = app
+        .propose_topic(MetaCommand::AlterTopic {
             name: name.clone(),
             patch,
         })
-        .await?
-    {
-        MetaResponse::Topic(t) => t,
-        other => {
-            return Err(ApiError::internal(format!(
-                "unexpected metadata answer {other:?}"
-            )))
-        }
-    };
+        .await?;
     app.apply_topics()?;
     app.queries.await_members_applied(&updated).await;
     audit::event(

@@ -271,14 +271,7 @@ pub async fn create(
             created_at_ms: now_ms(),
         },
     };
-    let topic = match app.propose(cmd).await? {
-        MetaResponse::Topic(t) => t,
-        other => {
-            return Err(ApiError::internal(format!(
-                "unexpected metadata answer {other:?}"
-            )))
-        }
-    };
+    let topic = app.propose_topic(cmd).await?;
     app.apply_topics()?;
     app.children.sync().await;
     app.queries.await_members_applied(&topic).await;
@@ -443,20 +436,12 @@ pub async fn alter(
     if changes == TopicPatch::default() {
         return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff"));
     }
-    let updated = match app
-        .propose(MetaCommand::AlterTopic {
+    let updated = app
+        .propose_topic(MetaCommand::AlterTopic {
             name: name.clone(),
             patch,
         })
-        .await?
-    {
-        MetaResponse::Topic(t) => t,
-        other => {
-            return Err(ApiError::internal(format!(
-                "unexpected metadata answer {other:?}"
-            )))
-        }
-    };
+        .await?;
     app.apply_topics()?;
     app.queries.await_members_applied(&updated).await;
     Ok(json(StatusCode::OK, &record(&app.meta.view(), &updated)))
