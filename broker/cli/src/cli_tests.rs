@@ -280,6 +280,14 @@ fn topic_queue_administration() {
         seek(&["--timestamp", "1767225600", "--partition", "2"]).unwrap(),
         r#"{"partition":2,"timestamp":1767225600}"#
     );
+    // RFC 3339, any offset, to the second (rounded down).
+    for t in ["2026-01-01T00:00:00Z", "2026-01-01T01:00:00.999+01:00"] {
+        assert_eq!(
+            seek(&["--timestamp", t]).unwrap(),
+            r#"{"timestamp":1767225600}"#,
+            "{t}"
+        );
+    }
     let Command::Topic {
         cmd: TopicCmd::Seek(a),
         ..
@@ -294,7 +302,9 @@ fn topic_queue_administration() {
         &["--partition", "1"],
         &["--offset", "42"],
         &["--partition", "1", "--offset", "42", "--timestamp", "1"],
-        &["--timestamp", "2026-01-01T00:00:00Z"],
+        &["--timestamp", "2026-01-01"],
+        &["--timestamp", "1969-12-31T23:59:59Z"],
+        &["--timestamp", "-5"],
         &["--partition", "-1", "--offset", "4"],
     ] {
         assert!(seek(bad).is_err(), "{bad:?}");

@@ -90,12 +90,25 @@ pub struct SeekArgs {
     /// Offset delivery resumes at
     #[arg(long, value_name = "O", requires = "partition")]
     pub offset: Option<u64>,
-    /// Resume at the first message committed at or after this time (Unix seconds)
-    #[arg(long, value_name = "UNIX_SECONDS")]
+    /// Resume at the first message committed at or after this time: Unix seconds or RFC 3339
+    /// (2026-01-01T00:00:00Z)
+    #[arg(long, value_name = "TIME", value_parser = parse_when)]
     pub timestamp: Option<u64>,
     /// Print the partitions' frontiers as JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--timestamp`: Unix seconds, or an RFC 3339 time (to the second, rounded down: the broker
+/// compares whole seconds).
+pub fn parse_when(v: &str) -> Result<u64, String> {
+    if let Ok(secs) = v.parse::<u64>() {
+        return Ok(secs);
+    }
+    let ts: jiff::Timestamp = v
+        .parse()
+        .map_err(|e| format!("{v:?} is neither Unix seconds nor an RFC 3339 time: {e}"))?;
+    u64::try_from(ts.as_second()).map_err(|_| format!("{v:?} is before 1970"))
 }
 
 /// The seek request of the flags (clap enforces one of --offset and --timestamp, and
@@ -411,6 +424,20 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
             format!("{} per partition", t.max_acked_ahead_per_partition),
         ),
     ]);
+    if let Some(b) = &t.retry_backoff {
+        kv.push(("retry backoff", format!("{} doubling to {}", b.min, b.max)));
+    }
+    if let Some(b) = &t.backlog {
+        kv.push((
+            "backlog",
+            format!(
+                "{} waiting, {} in flight, oldest unsettled {}",
+                b.messages,
+                b.in_flight,
+                human_ms(b.oldest_unacked_age_seconds.saturating_mul(1000))
+            ),
+        ));
+    }
     if t.created_at > 0 {
         kv.push(("created", utc_ms(t.created_at)));
     }
@@ -870,6 +897,27 @@ mod tests {
             "orders (3 partitions, retention 7d, visibility 30s, role parent)"
         );
         assert!(!s.contains("paused"), "{s}");
+        assert!(
+            !s.contains("backlog") && !s.contains("retry backoff"),
+            "{s}"
+        );
+        let t = record(
+            r#"{"name":"orders","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,
+            "max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":0,
+            "role":"standalone","retry_backoff":{"min":"1s","max":"5m0s"},
+            "backlog":{"messages":7,"in_flight":2,"oldest_unacked_age_seconds":90}}"#,
+        );
+        let mut out = Vec::new();
+        write_info(&mut out, &t).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(
+            s.contains("retry backoff:      1s doubling to 5m0s\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("backlog:            7 waiting, 2 in flight, oldest unsettled 1m30s\n"),
+            "{s}"
+        );
     }
 
     #[test]
