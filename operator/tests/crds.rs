@@ -226,6 +226,15 @@ fn user_rules() {
     let mut named = spec.clone();
     named["username"] = json!("admin");
     assert_refused("User", &obj("User", "ops", named), None, "root user admin");
+    for (policy, ok) in [("Delete", true), ("Retain", true), ("DeleteIfEmpty", false)] {
+        let mut p = spec.clone();
+        p["deletionPolicy"] = json!(policy);
+        if ok {
+            assert_ok("User", &obj("User", "billing", p), None);
+        } else {
+            assert_refused("User", &obj("User", "billing", p), None, "for topics");
+        }
+    }
     let mut a = spec.clone();
     a["username"] = json!("billing");
     let mut b = spec;

@@ -638,6 +638,60 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         Some(404),
         "Delete removes it"
     );
+    // DeleteIfEmpty: the resource stays (NotEmpty) while a message waits, and goes once the
+    // topic is drained.
+    apply(
+        &topics,
+        "drained",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic", "metadata": {"name": "drained"},
+        "spec": {"clusterRef": {"name": "prod"}, "deletionPolicy": "DeleteIfEmpty"}}),
+    )
+    .await;
+    eventually("drained Ready", || async {
+        topics
+            .get("drained")
+            .await
+            .ok()
+            .filter(|t| ready(t.status.as_ref().map(|s| &s.conditions)))
+            .map(drop)
+    })
+    .await;
+    admin
+        .produce("drained", b"last".to_vec(), None, None)
+        .await
+        .unwrap();
+    topics
+        .delete("drained", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("drained NotEmpty", || async {
+        let t = topics.get("drained").await.ok()?;
+        (reason(&t.status?.conditions, cond::READY) == "NotEmpty").then_some(())
+    })
+    .await;
+    assert!(
+        admin.get_topic("drained", None).await.is_ok(),
+        "kept while not empty"
+    );
+    let m = loop {
+        if let Some(m) = admin
+            .consume("drained", Some(Duration::from_secs(5)), None)
+            .await
+            .unwrap()
+        {
+            break m;
+        }
+    };
+    admin
+        .ack("drained", m.receipt_handle.as_deref().unwrap())
+        .await
+        .unwrap();
+    eventually("drained deleted once empty", || async {
+        (topics.get_opt("drained").await.ok()?.is_none()
+            && admin.get_topic("drained", None).await.err()?.status() == Some(404))
+        .then_some(())
+    })
+    .await;
     users
         .delete("billing", &DeleteParams::default())
         .await

@@ -62,6 +62,9 @@ pub enum DeletionPolicy {
     Delete,
     /// Leave the broker object; only release the resource.
     Retain,
+    /// Topics only: delete the broker topic once nothing is waiting or in flight in it; until
+    /// then the resource stays (reason `NotEmpty`).
+    DeleteIfEmpty,
 }
 
 /// Schema of a free-form JSON object kept as is (`x-kubernetes-preserve-unknown-fields`).

@@ -27,6 +27,7 @@ use super::common::*;
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("(has(self.username) == has(oldSelf.username)) && (!has(self.username) || self.username == oldSelf.username)").message("username is immutable"),
+    validation = Rule::new("!has(self.deletionPolicy) || self.deletionPolicy != 'DeleteIfEmpty'").message("DeleteIfEmpty is for topics"),
 )]
 pub struct UserSpec {
     /// The NaradCluster holding the user.

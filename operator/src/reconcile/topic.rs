@@ -336,13 +336,18 @@ pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRe
         .unwrap_or_default();
     status.replica = Some(d.replica);
     status.delay_ms = d.delay_ms;
-    status.backlog = rec.backlog.map(|b| TopicBacklog {
+    status.backlog = backlog_status(rec);
+    // Reported, never converged: pause and resume belong to the broker's API (see plan_topic).
+    status.paused = Some(rec.paused);
+}
+
+/// `status.backlog` from the broker's record.
+fn backlog_status(rec: &TopicRecord) -> Option<TopicBacklog> {
+    rec.backlog.map(|b| TopicBacklog {
         messages: b.messages,
         in_flight: b.in_flight,
         oldest_unacked_age_seconds: b.oldest_unacked_age_seconds,
-    });
-    // Reported, never converged: pause and resume belong to the broker's API (see plan_topic).
-    status.paused = Some(rec.paused);
+    })
 }
 
 async fn get_topic(
@@ -669,6 +674,23 @@ async fn broker_failed(
     Err(Error::Broker(e))
 }
 
+/// Why a `DeleteIfEmpty` topic cannot be deleted yet (`None`: it is empty): messages waiting
+/// or in flight, or a backlog the broker could not read whole (an owner down or moving).
+pub fn deletion_blocked(rec: &TopicRecord) -> Option<String> {
+    let Some(b) = rec.backlog.as_ref().filter(|_| !rec.partial) else {
+        return Some(format!(
+            "deletionPolicy DeleteIfEmpty: the backlog of {} cannot be read whole; deletion waits",
+            rec.name
+        ));
+    };
+    (b.messages > 0 || b.in_flight > 0).then(|| {
+        format!(
+            "deletionPolicy DeleteIfEmpty: {} has {} messages waiting and {} in flight; deletion waits until it is empty",
+            rec.name, b.messages, b.in_flight
+        )
+    })
+}
+
 async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
     if t.spec.deletion_policy == DeletionPolicy::Retain {
         return Ok(Action::await_change());
@@ -685,6 +707,21 @@ async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
         .and_then(|s| s.topic_name.clone())
         .unwrap_or_else(|| t.topic_name());
     if let Some(rec) = get_topic(b, &name).await? {
+        if t.spec.deletion_policy == DeletionPolicy::DeleteIfEmpty {
+            if let Some(msg) = deletion_blocked(&rec) {
+                let api: Api<Topic> = Api::namespaced(ctx.client.clone(), &ns);
+                let mut status = t.status.clone().unwrap_or_default();
+                status.backlog = backlog_status(&rec);
+                set_ready_synced(
+                    &mut status.conditions,
+                    (false, "NotEmpty", &msg),
+                    (false, "NotEmpty", &msg),
+                    t.metadata.generation,
+                );
+                write(&api, t, &status).await?;
+                return Err(Error::Waiting(msg));
+            }
+        }
         if let Some(parent) = rec.parent {
             match b.detach_child(&parent, &name).await {
                 Err(e) if e.status() != Some(404) => return Err(e.into()),
@@ -862,6 +899,30 @@ mod tests {
             let err = desired_topic(&t, &TopicDefaults::default()).unwrap_err();
             assert!(err.contains("retryBackoff"), "{err}");
         }
+    }
+
+    #[test]
+    fn delete_if_empty_waits_for_an_empty_backlog_read_whole() {
+        let empty =
+            json!({"backlog": {"messages": 0, "in_flight": 0, "oldest_unacked_age_seconds": 0}});
+        assert_eq!(deletion_blocked(&record(empty.clone())), None);
+        let msg = deletion_blocked(&record(
+            json!({"backlog": {"messages": 3, "in_flight": 0, "oldest_unacked_age_seconds": 9}}),
+        ))
+        .unwrap();
+        assert!(msg.contains("3 messages waiting and 0 in flight"), "{msg}");
+        let msg = deletion_blocked(&record(
+            json!({"backlog": {"messages": 0, "in_flight": 1, "oldest_unacked_age_seconds": 9}}),
+        ))
+        .unwrap();
+        assert!(msg.contains("1 in flight"), "{msg}");
+        // Unknown is not empty: no backlog (an older broker), or a partial one.
+        assert!(deletion_blocked(&record(json!({})))
+            .unwrap()
+            .contains("cannot be read whole"));
+        let mut partial = empty;
+        partial["partial"] = json!(true);
+        assert!(deletion_blocked(&record(partial)).is_some());
     }
 
     #[test]
