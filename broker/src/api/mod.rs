@@ -552,6 +552,18 @@ pub fn json<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
     }
 }
 
+/// The topic a caller manages (alter, pause, purge, seek): the `manage` permission (`403`,
+/// whether or not it exists), then existence (`404`).
+pub async fn managed_topic(
+    app: &App,
+    caller: &Caller,
+    name: &str,
+) -> ApiResult<Arc<narad_meta::Topic>> {
+    let topic = find_topic(app, name).await;
+    crate::security::authz::manage(caller, name, topic.as_deref())?;
+    topic.ok_or_else(|| ApiError::topic_not_found(name))
+}
+
 /// The topic `name` in the node's current metadata view (`None` = missing), for the
 /// `security::authz` decisions that weigh existence and permission together.
 /// Looks a topic up in the local replica; in a cluster, a name this replica does not know

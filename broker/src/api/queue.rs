@@ -9,7 +9,7 @@ use narad_api::{Repositioned, SeekRequest};
 use narad_meta::{MetaCommand, TopicPatch};
 
 use super::topics::record;
-use super::{find_topic, json, read_json, AppState, Name};
+use super::{find_topic, json, managed_topic, read_json, AppState, Name};
 use crate::error::{ApiError, ApiResult};
 use crate::partition::Position;
 use crate::security::{audit, authz, Caller};
@@ -65,9 +65,7 @@ pub async fn purge(
     caller: Caller,
     Name(name): Name,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&app, &name).await;
-    authz::manage(&caller, &name, topic.as_deref())?;
-    let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
+    let topic = managed_topic(&app, &caller, &name).await?;
     let all: Vec<u32> = (0..topic.config.partitions).collect();
     let partitions = app.delivery.reposition(&topic, &all, Position::End).await?;
     audit::event("topic.purge", caller.actor(), &name);
@@ -89,9 +87,7 @@ pub async fn seek(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&app, &name).await;
-    authz::manage(&caller, &name, topic.as_deref())?;
-    let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
+    let topic = managed_topic(&app, &caller, &name).await?;
     let req: SeekRequest = read_json(&headers, body).await?;
     let (partitions, to) = seek_target(&req, topic.config.partitions)?;
     let partitions = app.delivery.reposition(&topic, &partitions, to).await?;

@@ -16,7 +16,7 @@ use narad_meta::{
 };
 use serde_json::value::RawValue;
 
-use super::{find_topic, json, read_json, AppState, Name, Query};
+use super::{find_topic, json, managed_topic, read_json, AppState, Name, Query};
 use crate::app::App;
 use crate::clock::now_ms;
 use crate::error::{ApiError, ApiResult};
@@ -371,9 +371,7 @@ pub async fn alter(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
-    let topic = find_topic(&app, &name).await;
-    authz::manage(&caller, &name, topic.as_deref())?;
-    let topic = topic.ok_or_else(|| ApiError::topic_not_found(&name))?;
+    let topic = managed_topic(&app, &caller, &name).await?;
     let req: AlterTopicRequest = read_json(&headers, body).await?;
     let mut patch = TopicPatch::default();
     if let Some(p) = non_negative("partitions", req.partitions)? {
