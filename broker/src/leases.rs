@@ -266,10 +266,8 @@ impl LeaseTable {
             self.undelay(offset);
             match backoff {
                 Some(b) if !was_delayed => {
-                    let wait = b.after(self.delivery_count(offset)).max(1);
-                    self.hold(offset, now + Duration::from_millis(wait), now_micros);
-                    self.delayed.insert(offset, now_ms.saturating_add(wait));
-                    self.delayed_changed = true;
+                    let wait = self.backoff_wait(offset, b);
+                    self.delay(offset, wait, now, now_ms, now_micros);
                 }
                 _ => {
                     self.available.insert(offset);
@@ -442,6 +440,40 @@ impl LeaseTable {
         Ok(())
     }
 
+    /// A plain nack under the topic's retry `backoff`: available again at once without one,
+    /// else after the backoff of the offset's delivery count.
+    pub fn nack_with_backoff(
+        &mut self,
+        offset: u64,
+        nonce: u64,
+        backoff: Option<Backoff>,
+        now: Instant,
+        now_ms: u64,
+        now_micros: u64,
+    ) -> Result<(), SettleError> {
+        match backoff {
+            None => self.nack(offset, nonce, now),
+            Some(b) => {
+                let wait = self.backoff_wait(offset, b);
+                self.nack_delayed(offset, nonce, wait, now, now_ms, now_micros)
+            }
+        }
+    }
+
+    /// The wait a retry backoff gives the next delivery of `offset` (at least 1 ms).
+    fn backoff_wait(&self, offset: u64, b: Backoff) -> Duration {
+        Duration::from_millis(b.after(self.delivery_count(offset)).max(1))
+    }
+
+    /// Holds `offset` in flight under a lease no consumer holds until `delay` from `now`,
+    /// and records the delay (persisted with the frontier).
+    fn delay(&mut self, offset: u64, delay: Duration, now: Instant, now_ms: u64, now_micros: u64) {
+        self.hold(offset, now + delay, now_micros);
+        self.delayed
+            .insert(offset, now_ms.saturating_add(delay.as_millis() as u64));
+        self.delayed_changed = true;
+    }
+
     /// Hands the delivery back to be delivered again no earlier than `delay` from now
     /// (`now_ms`: the wall clock of `now`): until then it stays in flight under a lease no
     /// consumer holds, and the handle is stale.
@@ -456,10 +488,7 @@ impl LeaseTable {
     ) -> Result<(), SettleError> {
         let lease = self.check(offset, nonce, now)?;
         self.remove_lease(offset, lease);
-        self.hold(offset, now + delay, now_micros);
-        self.delayed
-            .insert(offset, now_ms.saturating_add(delay.as_millis() as u64));
-        self.delayed_changed = true;
+        self.delay(offset, delay, now, now_ms, now_micros);
         Ok(())
     }
 

@@ -404,14 +404,14 @@ impl Partition {
 
     /// A plain nack: available again at once, or after the topic's retry backoff.
     pub fn nack(&self, offset: u64, nonce: u64, policy: QueuePolicy) -> Result<(), SettleError> {
-        let mut q = self.queue.lock();
-        match policy.backoff {
-            None => q.nack(offset, nonce, Instant::now()),
-            Some(b) => {
-                let wait = Duration::from_millis(b.after(q.delivery_count(offset)).max(1));
-                q.nack_delayed(offset, nonce, wait, Instant::now(), now_ms(), now_micros())
-            }
-        }
+        self.queue.lock().nack_with_backoff(
+            offset,
+            nonce,
+            policy.backoff,
+            Instant::now(),
+            now_ms(),
+            now_micros(),
+        )
     }
 
     /// A nack whose message is delivered again no earlier than `delay` from now. Persist
