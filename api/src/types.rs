@@ -164,6 +164,27 @@ pub struct Backlog {
     pub oldest_unacked_age_seconds: u64,
 }
 
+impl RetryBackoff {
+    /// The backoff of `min_ms` and `max_ms` in Go durations (`0, 0`: off).
+    pub fn from_ms(min_ms: u64, max_ms: u64) -> RetryBackoff {
+        let go = |ms| crate::duration::format_go_duration(std::time::Duration::from_millis(ms));
+        RetryBackoff {
+            min: go(min_ms),
+            max: go(max_ms),
+        }
+    }
+
+    /// `(min, max)` in milliseconds; `None` when either is not a Go duration.
+    pub fn to_ms(&self) -> Option<(u64, u64)> {
+        let ms = |v: &str| {
+            crate::duration::parse_go_duration(v)
+                .ok()
+                .map(|d| d.as_millis() as u64)
+        };
+        Some((ms(&self.min)?, ms(&self.max)?))
+    }
+}
+
 impl Backlog {
     /// Adds a partition's backlog: counts add up, the age is the oldest.
     pub fn add(&mut self, other: &Backlog) {

@@ -269,10 +269,7 @@ pub fn create_request(a: &AddArgs) -> anyhow::Result<CreateTopicRequest> {
 /// `--retry-backoff MIN,MAX` (Go durations), or `off`.
 fn retry_backoff(v: &str) -> anyhow::Result<narad_api::RetryBackoff> {
     if v == "off" {
-        return Ok(narad_api::RetryBackoff {
-            min: "0s".into(),
-            max: "0s".into(),
-        });
+        return Ok(narad_api::RetryBackoff::from_ms(0, 0));
     }
     let Some((min, max)) = v.split_once(',') else {
         bail!("--retry-backoff takes MIN,MAX (e.g. 1s,5m) or off, got {v:?}");

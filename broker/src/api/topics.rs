@@ -8,7 +8,6 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::duration::format_go_duration;
 use narad_api::{AlterTopicRequest, CreateTopicRequest, RetryBackoff, TopicList, TopicRecord};
 use narad_meta::{
     Backoff, MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch,
@@ -168,10 +167,10 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
         schema: schema.and_then(|s| RawValue::from_string(s.schema.clone()).ok()),
         schema_version: schema.map_or(0, |s| s.version),
         paused: t.paused,
-        retry_backoff: t.config.retry_backoff.map(|b| RetryBackoff {
-            min: format_go_duration(Duration::from_millis(b.min_ms)),
-            max: format_go_duration(Duration::from_millis(b.max_ms)),
-        }),
+        retry_backoff: t
+            .config
+            .retry_backoff
+            .map(|b| RetryBackoff::from_ms(b.min_ms, b.max_ms)),
         ..Default::default()
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event};
 use kube::{Api, ResourceExt};
-use narad_api::duration::{format_go_duration, parse_go_duration};
 use narad_api::{
     AlterTopicRequest, AttachChildRequest, CreateTopicRequest, RetryBackoff, TopicRecord,
 };
@@ -93,11 +92,7 @@ impl AlterFields {
 
 /// A backoff in ms as the broker takes it (Go durations).
 fn wire_backoff((min, max): (u64, u64)) -> RetryBackoff {
-    let go = |ms| format_go_duration(std::time::Duration::from_millis(ms));
-    RetryBackoff {
-        min: go(min),
-        max: go(max),
-    }
+    RetryBackoff::from_ms(min, max)
 }
 
 fn raw(v: &serde_json::Value) -> Box<RawValue> {
@@ -232,10 +227,7 @@ pub fn plan_topic(
         let have = o
             .retry_backoff
             .as_ref()
-            .and_then(|b| {
-                let ms = |v: &str| parse_go_duration(v).ok().map(|d| d.as_millis() as u64);
-                Some((ms(&b.min)?, ms(&b.max)?))
-            })
+            .and_then(RetryBackoff::to_ms)
             .unwrap_or((0, 0));
         if have != want {
             alter.retry_backoff_ms = Some(want);
