@@ -65,7 +65,7 @@ impl Ingest {
             return Ok(());
         };
         let q = &p.quotas;
-        if q.produce_msgs_per_s.is_none() && q.produce_bytes_per_s.is_none() {
+        if !q.limits_produce() {
             return Ok(());
         }
         let live = self.meta.view().live_members().len();

@@ -488,6 +488,11 @@ impl Quotas {
     pub fn is_none(&self) -> bool {
         *self == Quotas::default()
     }
+
+    /// Whether a produce rate is limited (messages or bytes per second).
+    pub fn limits_produce(&self) -> bool {
+        self.produce_msgs_per_s.is_some() || self.produce_bytes_per_s.is_some()
+    }
 }
 
 impl std::fmt::Debug for User {

@@ -81,7 +81,7 @@ impl QuotaTable {
         bytes: u64,
         now: Instant,
     ) -> Result<(), Duration> {
-        if quotas.produce_msgs_per_s.is_none() && quotas.produce_bytes_per_s.is_none() {
+        if !quotas.limits_produce() {
             return Ok(());
         }
         let mut users = self.users.lock().expect("quota table poisoned");
