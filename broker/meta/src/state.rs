@@ -148,7 +148,7 @@ impl MetaState {
             .collect()
     }
 
-    /// Refuses a new topic of `owner` when it already owns its `max_topics` (429).
+    /// Refuses a new topic of `owner` when it already owns its `max_topics` (409).
     pub(crate) fn check_topic_quota(&self, owner: Option<&str>) -> Result<(), ApplyError> {
         let Some(owner) = owner else { return Ok(()) };
         let Some(max) = self.users.get(owner).and_then(|u| u.quotas.max_topics) else {
@@ -514,6 +514,16 @@ impl MetaState {
             .ok_or_else(|| ApplyError::NotFound(format!("user {username} not found")))
     }
 
+    /// Stores a changed `user` as of `now_ms` with a fresh version (which invalidates every
+    /// cached credential of it).
+    fn replace_user(&mut self, mut user: User, now_ms: u64) -> MetaResponse {
+        user.updated_at_ms = now_ms;
+        user.version = self.bump_user_version();
+        let user = Arc::new(user);
+        self.users.insert(user.username.clone(), user.clone());
+        MetaResponse::User(user)
+    }
+
     fn apply_user(&mut self, cmd: &MetaCommand) -> Result<MetaResponse, ApplyError> {
         match cmd {
             MetaCommand::CreateUser {
@@ -555,26 +565,22 @@ impl MetaState {
                         "the grants of root user {username} are fixed"
                     )));
                 }
-                let mut user = User::clone(current);
-                user.grants = grants.clone();
-                user.updated_at_ms = *now_ms;
-                user.version = self.bump_user_version();
-                let user = Arc::new(user);
-                self.users.insert(username.clone(), user.clone());
-                Ok(MetaResponse::User(user))
+                let user = User {
+                    grants: grants.clone(),
+                    ..User::clone(current)
+                };
+                Ok(self.replace_user(user, *now_ms))
             }
             MetaCommand::SetPassword {
                 username,
                 password_hash,
                 now_ms,
             } => {
-                let mut user = User::clone(self.existing_user(username)?);
-                user.password_hash = password_hash.clone();
-                user.updated_at_ms = *now_ms;
-                user.version = self.bump_user_version();
-                let user = Arc::new(user);
-                self.users.insert(username.clone(), user.clone());
-                Ok(MetaResponse::User(user))
+                let user = User {
+                    password_hash: password_hash.clone(),
+                    ..User::clone(self.existing_user(username)?)
+                };
+                Ok(self.replace_user(user, *now_ms))
             }
             MetaCommand::SetQuotas {
                 username,
@@ -587,13 +593,11 @@ impl MetaState {
                         "root user {username} has no quotas"
                     )));
                 }
-                let mut user = User::clone(current);
-                user.quotas = *quotas;
-                user.updated_at_ms = *now_ms;
-                user.version = self.bump_user_version();
-                let user = Arc::new(user);
-                self.users.insert(username.clone(), user.clone());
-                Ok(MetaResponse::User(user))
+                let user = User {
+                    quotas: *quotas,
+                    ..User::clone(current)
+                };
+                Ok(self.replace_user(user, *now_ms))
             }
             MetaCommand::DeleteUser { username } => {
                 if self.existing_user(username)?.root {
