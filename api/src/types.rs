@@ -240,6 +240,9 @@ pub struct BatchMessage {
     pub key_encoding: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub partition: Option<i64>,
+    /// (ext) Attributes stored beside the key (names case-insensitive, stored lowercased).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `POST /v1/topics/{topic}/produce/batch` body.
@@ -271,6 +274,12 @@ pub struct Message {
     pub timestamp: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt_handle: Option<String>,
+    /// (ext) How often this message was delivered, this delivery included (leased only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery_count: Option<u32>,
+    /// (ext) The attributes the producer sent (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `GET .../consume?max=M` answer.

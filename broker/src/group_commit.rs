@@ -246,6 +246,7 @@ mod tests {
             .map(|n| NewRecord {
                 key: None,
                 payload: Bytes::copy_from_slice(n.as_bytes()),
+                attrs: None,
             })
             .collect()
     }
@@ -360,6 +361,7 @@ mod tests {
         q.records.push(NewRecord {
             key: None,
             payload: Bytes::from_static(b"x"),
+            attrs: None,
         });
         q.waiters.push_back(Waiter {
             count: 1,
@@ -382,6 +384,7 @@ mod tests {
             q.records.extend((0..count).map(|_| NewRecord {
                 key: None,
                 payload: Bytes::from_static(b"x"),
+                attrs: None,
             }));
             q.waiters.push_back(Waiter {
                 count,
@@ -400,6 +403,7 @@ mod tests {
         q.records.push(NewRecord {
             key: None,
             payload: Bytes::from(vec![0u8; MAX_BATCH_BYTES + 1]),
+            attrs: None,
         });
         q.waiters.push_back(Waiter {
             count: 1,

@@ -247,6 +247,7 @@ impl Ingest {
                     pinned: r.pinned,
                     key: r.key,
                     payload: r.payload,
+                    attrs: r.attrs,
                 })
                 .collect(),
         };
@@ -320,6 +321,7 @@ async fn commit_direct(
         .map(|r| narad_storage::NewRecord {
             key: r.key,
             payload: r.payload,
+            attrs: r.attrs,
         })
         .collect();
     match crate::group_commit::commit_grouped(part, batch).await {
@@ -337,6 +339,7 @@ async fn commit_direct(
                     pinned,
                     key: r.key,
                     payload: r.payload,
+                    attrs: r.attrs,
                 })
                 .collect()
         }

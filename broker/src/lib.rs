@@ -53,6 +53,7 @@
 
 pub mod api;
 pub mod app;
+pub mod attrs;
 pub mod children;
 pub mod clock;
 pub mod cluster;

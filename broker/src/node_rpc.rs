@@ -97,9 +97,11 @@ impl RpcHandler for NodeRpc {
                     Err(r) => r,
                 },
                 Opcode::JoinCluster => join(&app, &body).await,
-                Opcode::Produce => produce(&app, body).await,
-                Opcode::CommitProduceBatch => commit(&app, from, body, None).await,
-                Opcode::CommitProduce => commit(&app, from, body, Some(1)).await,
+                Opcode::Produce => produce(&app, body, false).await,
+                Opcode::ProduceAttrs => produce(&app, body, true).await,
+                Opcode::CommitProduceBatch => commit(&app, from, body, None, false).await,
+                Opcode::CommitProduceBatchAttrs => commit(&app, from, body, None, true).await,
+                Opcode::CommitProduce => commit(&app, from, body, Some(1), false).await,
                 Opcode::Consume => match json::<ConsumeRequest>(&body) {
                     Ok(req) => consume(&app.delivery, req).await,
                     Err(r) => r,
@@ -293,9 +295,10 @@ async fn join(app: &App, body: &[u8]) -> RpcReply {
     }
 }
 
-/// `Produce` from a draining node: `202 {"accepted": n}` once stored here.
-async fn produce(app: &App, body: Bytes) -> RpcReply {
-    let req = match ForwardProduce::decode(body) {
+/// `Produce` (or `ProduceAttrs`, `with_attrs`) from a draining node: `202 {"accepted": n}`
+/// once stored here.
+async fn produce(app: &App, body: Bytes, with_attrs: bool) -> RpcReply {
+    let req = match ForwardProduce::decode(body, with_attrs) {
         Ok(r) => r,
         Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
     };
@@ -308,6 +311,7 @@ async fn produce(app: &App, body: Bytes) -> RpcReply {
             pinned: r.pinned,
             key: r.key,
             payload: r.payload,
+            attrs: r.attrs,
         })
         .collect();
     match app.ingest.store_forwarded(req.topic_id, records).await {
@@ -317,10 +321,16 @@ async fn produce(app: &App, body: Bytes) -> RpcReply {
 }
 
 /// `CommitProduceBatch`: commit into a partition this node owns; `200` once visible.
-/// `CommitProduceBatch`, or `CommitProduce` (`exactly: Some(1)`: the same encoding holding
-/// one record).
-async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>) -> RpcReply {
-    let batch = match CommitBatch::decode(body) {
+/// `CommitProduceBatch`, `CommitProduceBatchAttrs` (`with_attrs`), or `CommitProduce`
+/// (`exactly: Some(1)`: the same encoding holding one record).
+async fn commit(
+    app: &Arc<App>,
+    from: &str,
+    body: Bytes,
+    exactly: Option<usize>,
+    with_attrs: bool,
+) -> RpcReply {
+    let batch = match CommitBatch::decode(body, with_attrs) {
         Ok(b) => b,
         Err(e) => return RpcReply::fail(ErrorCode::BadRequest, &e),
     };
@@ -359,6 +369,7 @@ async fn commit(app: &Arc<App>, from: &str, body: Bytes, exactly: Option<usize>)
         .map(|r| NewRecord {
             key: r.key,
             payload: r.payload,
+            attrs: r.attrs,
         })
         .collect();
     let ids: Option<Vec<String>> = tracing::enabled!(target: "narad_trace", tracing::Level::TRACE)

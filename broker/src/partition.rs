@@ -1141,6 +1141,7 @@ mod tests {
                 .map(|i| NewRecord {
                     key: None,
                     payload: bytes::Bytes::from(format!("m{i}")),
+                    attrs: None,
                 })
                 .collect()
         };

@@ -165,6 +165,7 @@ async fn the_node_rpc_adapter_serves_from_the_same_services() {
             pinned: true,
             key: None,
             payload: Bytes::from_static(b"relayed"),
+            attrs: None,
         }],
     }
     .encode();
@@ -177,5 +178,61 @@ async fn the_node_rpc_adapter_serves_from_the_same_services() {
         .unwrap()
         .expect("the relayed message");
     assert_eq!(m.payload.get(), "\"relayed\"");
+    assert_eq!(m.attributes, None);
+
+    // With attributes: `ProduceAttrs` (37) stores them, `CommitProduceBatchAttrs` (36)
+    // commits them into the owned partition; the plain opcodes refuse that shape.
+    let mut block = narad::attrs::Builder::default();
+    block.push("traceparent", "00-1-2-01").unwrap();
+    let block = block.finish();
+    let body = ForwardProduce {
+        topic_id,
+        records: vec![ForwardRecord {
+            partition: 1,
+            pinned: true,
+            key: None,
+            payload: Bytes::from_static(b"forwarded"),
+            attrs: block.clone(),
+        }],
+    }
+    .encode();
+    let r = rpc.handle(&peer, Opcode::Produce as u8, body.clone()).await;
+    assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(&r.body));
+    let r = rpc.handle(&peer, Opcode::ProduceAttrs as u8, body).await;
+    assert_eq!(r.status, 202, "{:?}", String::from_utf8_lossy(&r.body));
+    let body = narad::cluster::wire::CommitBatch {
+        topic_id,
+        partition: 0,
+        records: vec![narad::cluster::wire::CommitRecord {
+            key: Some(Bytes::from_static(b"k")),
+            payload: Bytes::from_static(b"committed"),
+            attrs: block,
+        }],
+    }
+    .encode();
+    let r = rpc
+        .handle(&peer, Opcode::CommitProduceBatch as u8, body.clone())
+        .await;
+    assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(&r.body));
+    let r = rpc
+        .handle(&peer, Opcode::CommitProduceBatchAttrs as u8, body)
+        .await;
+    assert_eq!(r.status, 200, "{:?}", String::from_utf8_lossy(&r.body));
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let m = client
+            .consume("relay", Some(Duration::from_secs(5)), None)
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("the message with attributes; seen {seen:?}"));
+
+        seen.push((m.payload.get().to_string(), m.attributes.unwrap()));
+    }
+    seen.sort();
+    assert_eq!(seen[0].0, "\"committed\"");
+    assert_eq!(seen[1].0, "\"forwarded\"");
+    for (_, a) in &seen {
+        assert_eq!(a["traceparent"], "00-1-2-01");
+    }
     stop(running).await;
 }

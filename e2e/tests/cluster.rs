@@ -61,13 +61,28 @@ async fn any_node_serves_any_request() {
     assert_eq!(got, want);
     c.http(1).consume_none("orders", "").await;
 
-    // Pinned consume and replay of a remote partition are forwarded to its owner.
+    // Pinned consume and replay of a remote partition are forwarded to its owner; the
+    // attributes travel from n0's WAL to the owner n2 (`CommitProduceBatchAttrs`) and back
+    // in the owner's answer.
     c.http(0)
-        .produce_ok("orders", "partition=2&key=k", "pinned")
-        .await;
+        .request(
+            narad_tests::Method::POST,
+            "/v1/topics/orders/produce?partition=2&key=k",
+        )
+        .header("Narad-Attr-Traceparent", "00-1-2-01")
+        .body("pinned")
+        .send()
+        .await
+        .expect(202);
     let m = c.http(0).consume_msg("orders", "partition=2&wait=2s").await;
     assert_eq!(m.payload_bytes(), b"pinned");
     assert_eq!(m.key.as_deref(), Some("k"));
+    assert_eq!(
+        m.json["attributes"],
+        json!({"traceparent": "00-1-2-01"}),
+        "{}",
+        m.json
+    );
     // The owner counts deliveries: a nack through another node, and the redelivery through
     // the first counts 2.
     assert_eq!(m.json["delivery_count"], 1, "{}", m.json);

@@ -72,6 +72,7 @@ pub async fn produce(
         .one("key")?
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
+    let attrs = crate::attrs::from_headers(&headers).map_err(ApiError::bad_request)?;
     let (payload, _) =
         read_coded(&headers, body, MAX_BODY, MAX_DRAIN, &bodies.decoders, None).await?;
     if payload.is_empty() {
@@ -92,6 +93,7 @@ pub async fn produce(
                 pinned: pinned.is_some(),
                 key,
                 payload,
+                attrs,
             }],
         )
         .await?;
@@ -113,12 +115,14 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{what} is not valid base64: {e}"))
 }
 
-/// A batch element as it is stored: payload, key (an empty key is none), pinned partition.
+/// A batch element as it is stored: payload, key (an empty key is none), pinned partition,
+/// attribute block.
 #[derive(Debug, PartialEq, Eq)]
 struct BatchElement {
     payload: Bytes,
     key: Option<Bytes>,
     pinned: Option<u32>,
+    attrs: Option<Bytes>,
 }
 
 /// Decodes element `i` of a batch for a topic of `n` partitions: `400`, or `413` for a
@@ -159,10 +163,15 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
             )))
         }
     };
+    let attrs = match &m.attributes {
+        None => None,
+        Some(a) => crate::attrs::from_map(a).map_err(fail)?,
+    };
     Ok(BatchElement {
         payload,
         key,
         pinned,
+        attrs,
     })
 }
 
@@ -204,6 +213,7 @@ pub async fn produce_batch(
             payload,
             key,
             pinned,
+            attrs,
         } = decode_batch_element(i, raw, n)?;
         if let Err(e) = app.ingest.validate_schema(&topic, &payload) {
             return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
@@ -217,6 +227,7 @@ pub async fn produce_batch(
             pinned: pinned.is_some(),
             key,
             payload,
+            attrs,
         });
     }
     let accepted = records.len();
@@ -237,11 +248,17 @@ mod tests {
     /// The forwarded `Produce` of a draining node (SPEC §6.5) carries a whole batch in one
     /// frame: per record it adds 13 bytes, while each element's JSON spends at least
     /// `{"payload":}` and a separator on top of its stored bytes.
+    /// With attributes too: a block takes 3 bytes of lengths per pair and 4 for its length,
+    /// its JSON at least 6 per pair and `,"attributes":{}`.
     #[test]
     fn batch_within_limits_fits_one_rpc_frame() {
         let per = MAX_BATCH_BODY / MAX_BATCH;
-        let payload = format!("\"{}\"", "x".repeat(per - 40));
-        let one = format!("{{\"payload\":{payload},\"key\":\"k\"}}");
+        let attrs: Vec<String> = (0..16)
+            .map(|i| format!("\"a{i:02}\":\"{}\"", "v".repeat(400)))
+            .collect();
+        let attrs = format!(",\"attributes\":{{{}}}", attrs.join(","));
+        let payload = format!("\"{}\"", "x".repeat(per - 40 - attrs.len()));
+        let one = format!("{{\"payload\":{payload},\"key\":\"k\"{attrs}}}");
         let mut body = String::from("{\"messages\":[");
         for i in 0..MAX_BATCH {
             if i > 0 {
@@ -263,6 +280,7 @@ mod tests {
                     pinned: false,
                     key: e.key,
                     payload: e.payload,
+                    attrs: e.attrs,
                 }
             })
             .collect();
@@ -313,6 +331,7 @@ mod prop_tests {
             key,
             key_encoding,
             partition,
+            attributes: None,
         };
         serde_json::value::to_raw_value(&m).unwrap()
     }
@@ -356,6 +375,7 @@ mod prop_tests {
                         Just("key"),
                         Just("key_encoding"),
                         Just("partition"),
+                        Just("attributes"),
                         Just("other"),
                     ],
                     prop_oneof![
@@ -367,6 +387,9 @@ mod prop_tests {
                         any::<String>().prop_map(|s| serde_json::to_string(&s).unwrap()),
                         "\"[A-Za-z0-9+/]{0,8}={0,2}\"",
                         Just("{\"a\":[1,{}]}".to_string()),
+                        Just("{\"a\":\"1\",\"A\":\"2\"}".to_string()),
+                        Just("{\"trace.id\":\"x\"}".to_string()),
+                        Just("{}".to_string()),
                     ],
                 ),
                 0..6,
@@ -387,6 +410,7 @@ mod prop_tests {
                     prop_assert!(!e.payload.is_empty() && e.payload.len() <= MAX_BODY);
                     prop_assert!(e.key.as_ref().is_none_or(|k| !k.is_empty()));
                     prop_assert!(e.pinned.is_none_or(|p| p < n));
+                    prop_assert!(e.attrs.as_deref().is_none_or(|a| crate::attrs::check(a).is_ok()));
                 }
                 Err(e) => prop_assert!(
                     e.status() == StatusCode::BAD_REQUEST || e.status() == StatusCode::PAYLOAD_TOO_LARGE

@@ -908,6 +908,7 @@ impl Children {
             groups.entry(p).or_default().push(NewRecord {
                 key: r.key.clone(),
                 payload: r.payload.clone(),
+                attrs: r.attrs.clone(),
             });
         }
         let results = futures::future::join_all(

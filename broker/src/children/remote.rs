@@ -579,7 +579,7 @@ impl BatchBody {
         let mut n = 0;
         for r in records.iter().take(BATCH_MAX_MESSAGES) {
             self.one.clear();
-            encode_message(&mut self.one, r.key.as_deref(), &r.payload);
+            encode_message(&mut self.one, r);
             let sep = usize::from(n > 0);
             if self.buf.len() + sep + self.one.len() + 2 > BATCH_MAX_BODY {
                 break;
@@ -602,12 +602,14 @@ impl BatchBody {
     /// The size a lone record takes in a batch body (for tests and sizing).
     pub fn encoded_len(r: &StoredRecord) -> usize {
         let mut v = Vec::new();
-        encode_message(&mut v, r.key.as_deref(), &r.payload);
+        encode_message(&mut v, r);
         v.len() + JSON_OVERHEAD
     }
 }
 
-fn encode_message(out: &mut Vec<u8>, key: Option<&[u8]>, payload: &[u8]) {
+/// One batch-produce element carrying the record's payload, key and attributes as stored.
+fn encode_message(out: &mut Vec<u8>, r: &StoredRecord) {
+    let (key, payload) = (r.key.as_deref(), &r.payload[..]);
     out.extend_from_slice(br#"{"payload":"#);
     if is_bare_json(payload) {
         out.extend_from_slice(payload);
@@ -632,6 +634,9 @@ fn encode_message(out: &mut Vec<u8>, key: Option<&[u8]>, payload: &[u8]) {
             }
         }
         _ => {}
+    }
+    if let Some(a) = &r.attrs {
+        crate::attrs::write_json(out, a);
     }
     out.push(b'}');
 }
@@ -687,7 +692,27 @@ mod tests {
             timestamp_ms: 0,
             key: key.map(Bytes::copy_from_slice),
             payload: Bytes::copy_from_slice(payload),
+            attrs: None,
         }
+    }
+
+    #[test]
+    fn a_remote_copy_carries_the_attributes_as_the_batch_produce_reads_them() {
+        let mut r = rec(0, Some(b"k"), b"{\"a\":1}");
+        let mut b = crate::attrs::Builder::default();
+        b.push("traceparent", "00-1-2-01").unwrap();
+        r.attrs = b.finish();
+        let mut out = Vec::new();
+        encode_message(&mut out, &r);
+        let m: narad_api::BatchMessage = serde_json::from_slice(&out).unwrap();
+        let attrs = m.attributes.unwrap();
+        assert_eq!(attrs["traceparent"], "00-1-2-01");
+        assert_eq!(m.key.as_deref(), Some("k"));
+        // Without attributes the element is as before.
+        r.attrs = None;
+        out.clear();
+        encode_message(&mut out, &r);
+        assert_eq!(out, br#"{"payload":{"a":1},"key":"k"}"#);
     }
 
     #[test]

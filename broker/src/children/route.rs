@@ -131,6 +131,7 @@ mod tests {
             timestamp_ms: ts,
             key: None,
             payload: Bytes::from_static(b"x"),
+            attrs: None,
         }
     }
 

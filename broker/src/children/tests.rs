@@ -158,6 +158,7 @@ impl Node {
             .map(|p| NewRecord {
                 key: None,
                 payload: Bytes::from(p),
+                attrs: None,
             })
             .collect();
         self.parent().commit_batch(&batch).unwrap();

@@ -123,11 +123,15 @@ json_call!(RemoteLinkStates => std::collections::BTreeMap<String, RemoteLinkStat
 
 // `Produce` (1), sent by a draining node: the records in the binary `ForwardProduce`
 // encoding, `202 {"accepted": n}` once they are fsynced in the callee's WAL.
+// With attributes on a record: `ProduceAttrs` (37), the same with each record's block.
 json_call!(ForwardProduce => narad_api::BatchProduceResponse, COMMIT_TIMEOUT,
-    |_r| Opcode::Produce, |reply| json(&reply.body), |req| req.encode());
+    |r| if r.has_attrs() { Opcode::ProduceAttrs } else { Opcode::Produce },
+    |reply| json(&reply.body), |req| req.encode());
 // `CommitProduceBatch` (11): `200` once the records are visible; a peer too old for it gets
-// one `CommitOne` per record (the table's fallback).
-json_call!(CommitBatch => (), COMMIT_TIMEOUT, |_r| Opcode::CommitProduceBatch,
+// one `CommitOne` per record (the table's fallback). With attributes on a record:
+// `CommitProduceBatchAttrs` (36), which has no fallback (the attributes are never dropped).
+json_call!(CommitBatch => (), COMMIT_TIMEOUT,
+    |r| if r.has_attrs() { Opcode::CommitProduceBatchAttrs } else { Opcode::CommitProduceBatch },
     |_reply| Ok(()), |req| req.encode());
 /// `CommitProduce` (10): the `CommitBatch` encoding holding exactly one record.
 pub struct CommitOne(pub CommitBatch);
@@ -347,6 +351,18 @@ pub const TABLE: &[Row] = &[
         Reply::Typed("BatchAckResponse"),
         DEFAULT_TIMEOUT,
     ),
+    row(
+        Opcode::CommitProduceBatchAttrs,
+        "CommitBatch",
+        DONE,
+        COMMIT_TIMEOUT,
+    ),
+    row(
+        Opcode::ProduceAttrs,
+        "ForwardProduce",
+        Reply::Typed("BatchProduceResponse"),
+        COMMIT_TIMEOUT,
+    ),
 ];
 
 /// The row of `op`.
@@ -467,12 +483,31 @@ mod tests {
             topic_id: 1,
             records: vec![],
         });
+        let attrs = Some(Bytes::from_static(&[1, b'a', 0, 0]));
+        agrees(&ForwardProduce {
+            topic_id: 1,
+            records: vec![crate::cluster::wire::ForwardRecord {
+                partition: 0,
+                pinned: false,
+                key: None,
+                payload: Bytes::from_static(b"p"),
+                attrs: attrs.clone(),
+            }],
+        });
         let commit = || CommitBatch {
             topic_id: 1,
             partition: 0,
             records: vec![],
         };
         agrees(&commit());
+        agrees(&CommitBatch {
+            records: vec![crate::cluster::wire::CommitRecord {
+                key: None,
+                payload: Bytes::from_static(b"p"),
+                attrs,
+            }],
+            ..commit()
+        });
         agrees(&CommitOne(commit()));
         let settle = |how| SettleRequest::new(1, "t".into(), how, vec![]);
         for how in [

@@ -74,6 +74,7 @@ impl Router for NodeRouter {
                 .map(|r| CommitRecord {
                     key: r.key,
                     payload: r.payload,
+                    attrs: r.attrs,
                 })
                 .collect(),
         };
@@ -83,7 +84,9 @@ impl Router for NodeRouter {
 
 /// Commits `batch` on `owner` with `CommitProduceBatch`; a peer too old for it (SPEC §6.6)
 /// gets one `CommitProduce` per record instead. A failure part-way fails the whole batch,
-/// whose re-send then duplicates the records already committed (never a gap).
+/// whose re-send then duplicates the records already committed (never a gap). A batch with
+/// attributes (`CommitProduceBatchAttrs`) has no older form: a peer too old for it fails the
+/// commit (retried by the caller until the peer is upgraded), never drops the attributes.
 pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Result<(), String> {
     let failed = |e: ApiError| format!("commit on {owner}: {e}");
     match cluster
@@ -91,6 +94,11 @@ pub async fn commit_on(cluster: &Cluster, owner: &str, batch: CommitBatch) -> Re
         .await
     {
         Ok(Some(())) => return Ok(()),
+        Ok(None) if batch.has_attrs() => {
+            return Err(format!(
+                "commit on {owner}: the peer is too old for message attributes"
+            ))
+        }
         Ok(None) => {}
         Err(e) => return Err(failed(e)),
     }
@@ -141,6 +149,7 @@ impl crate::children::ChildCommitter for RemoteChildCommitter {
                     .map(|r| super::wire::CommitRecord {
                         key: r.key,
                         payload: r.payload,
+                        attrs: r.attrs,
                     })
                     .collect(),
             };

@@ -301,10 +301,13 @@ pub struct ChildCursorsRequest {
 pub struct CommitRecord {
     pub key: Option<Bytes>,
     pub payload: Bytes,
+    /// (ext) The record's attribute block (`crate::attrs`).
+    pub attrs: Option<Bytes>,
 }
 
 /// `CommitProduceBatch` (11): records for one partition, committed by its owner with the
-/// same fsync-and-verify commit as a local one; `200` only once they are visible.
+/// same fsync-and-verify commit as a local one; `200` only once they are visible. A batch
+/// some of whose records carry attributes travels as `CommitProduceBatchAttrs` (36).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitBatch {
     pub topic_id: u64,
@@ -313,10 +316,18 @@ pub struct CommitBatch {
 }
 
 const NO_KEY: u32 = u32::MAX;
+/// The attribute-block length of a record without attributes (in the attribute encodings).
+const NO_ATTRS: u32 = u32::MAX;
 
 /// `key_len u32 (NO_KEY = none) | key | payload_len u32 | payload`: the record body both
-/// [`CommitBatch`] and [`ForwardProduce`] carry.
-fn put_key_payload(buf: &mut BytesMut, key: Option<&Bytes>, payload: &[u8]) {
+/// [`CommitBatch`] and [`ForwardProduce`] carry; with `attrs` (the encodings of opcodes 36
+/// and 37), then `attrs_len u32 (NO_ATTRS = none) | attrs`.
+fn put_record(
+    buf: &mut BytesMut,
+    key: Option<&Bytes>,
+    payload: &[u8],
+    attrs: Option<&Option<Bytes>>,
+) {
     match key {
         Some(k) => {
             buf.put_u32(k.len() as u32);
@@ -326,11 +337,24 @@ fn put_key_payload(buf: &mut BytesMut, key: Option<&Bytes>, payload: &[u8]) {
     }
     buf.put_u32(payload.len() as u32);
     buf.put_slice(payload);
+    match attrs {
+        None => {}
+        Some(None) => buf.put_u32(NO_ATTRS),
+        Some(Some(a)) => {
+            buf.put_u32(a.len() as u32);
+            buf.put_slice(a);
+        }
+    }
 }
 
-/// Reads what [`put_key_payload`] wrote; both share `buf` (no copy). `codec` names the
-/// message in errors.
-fn get_key_payload(buf: &mut Bytes, codec: &str) -> Result<(Option<Bytes>, Bytes), String> {
+/// Reads what [`put_record`] wrote; everything shares `buf` (no copy). `codec` names the
+/// message in errors. An attribute block is checked (`crate::attrs::check`): a peer never
+/// gets a malformed one stored.
+fn get_record(
+    buf: &mut Bytes,
+    codec: &str,
+    with_attrs: bool,
+) -> Result<(Option<Bytes>, Bytes, Option<Bytes>), String> {
     need(buf, 4, codec, "key length")?;
     let klen = buf.get_u32();
     let key = if klen == NO_KEY {
@@ -342,7 +366,19 @@ fn get_key_payload(buf: &mut Bytes, codec: &str) -> Result<(Option<Bytes>, Bytes
     need(buf, 4, codec, "payload length")?;
     let plen = buf.get_u32() as usize;
     need(buf, plen, codec, "payload")?;
-    Ok((key, buf.split_to(plen)))
+    let payload = buf.split_to(plen);
+    let mut attrs = None;
+    if with_attrs {
+        need(buf, 4, codec, "attributes length")?;
+        let alen = buf.get_u32();
+        if alen != NO_ATTRS {
+            need(buf, alen as usize, codec, "attributes")?;
+            let a = buf.split_to(alen as usize);
+            crate::attrs::check(&a).map_err(|e| format!("{codec}: {e}"))?;
+            attrs = Some(a);
+        }
+    }
+    Ok((key, payload, attrs))
 }
 
 fn need(buf: &Bytes, n: usize, codec: &str, what: &str) -> Result<(), String> {
@@ -361,27 +397,48 @@ fn no_trailing(buf: &Bytes) -> Result<(), String> {
 }
 
 impl CommitBatch {
+    /// Whether a record carries attributes (the batch then needs opcode 36).
+    pub fn has_attrs(&self) -> bool {
+        self.records.iter().any(|r| r.attrs.is_some())
+    }
+
     /// `topic_id u64 | partition u32 | count u32 | count × (key_len u32 (MAX = none) | key |
-    /// payload_len u32 | payload)`, big-endian.
+    /// payload_len u32 | payload [| attrs_len u32 (MAX = none) | attrs])`, big-endian; the
+    /// attribute fields when [`CommitBatch::has_attrs`] (opcode 36), else not (opcode 11).
     pub fn encode(&self) -> Bytes {
+        let with_attrs = self.has_attrs();
         let size: usize = 16
             + self
                 .records
                 .iter()
-                .map(|r| 8 + r.key.as_ref().map_or(0, |k| k.len()) + r.payload.len())
+                .map(|r| {
+                    8 + r.key.as_ref().map_or(0, |k| k.len())
+                        + r.payload.len()
+                        + if with_attrs {
+                            4 + r.attrs.as_ref().map_or(0, |a| a.len())
+                        } else {
+                            0
+                        }
+                })
                 .sum::<usize>();
         let mut buf = BytesMut::with_capacity(size);
         buf.put_u64(self.topic_id);
         buf.put_u32(self.partition);
         buf.put_u32(self.records.len() as u32);
         for r in &self.records {
-            put_key_payload(&mut buf, r.key.as_ref(), &r.payload);
+            put_record(
+                &mut buf,
+                r.key.as_ref(),
+                &r.payload,
+                with_attrs.then_some(&r.attrs),
+            );
         }
         buf.freeze()
     }
 
-    /// Parses [`CommitBatch::encode`]'s output; keys and payloads share `buf` (no copy).
-    pub fn decode(mut buf: Bytes) -> Result<CommitBatch, String> {
+    /// Parses [`CommitBatch::encode`]'s output (`with_attrs`: of opcode 36); keys, payloads
+    /// and attributes share `buf` (no copy).
+    pub fn decode(mut buf: Bytes, with_attrs: bool) -> Result<CommitBatch, String> {
         const CODEC: &str = "commit batch";
         need(&buf, 16, CODEC, "header")?;
         let topic_id = buf.get_u64();
@@ -393,8 +450,12 @@ impl CommitBatch {
         }
         let mut records = Vec::with_capacity(count);
         for _ in 0..count {
-            let (key, payload) = get_key_payload(&mut buf, CODEC)?;
-            records.push(CommitRecord { key, payload });
+            let (key, payload, attrs) = get_record(&mut buf, CODEC, with_attrs)?;
+            records.push(CommitRecord {
+                key,
+                payload,
+                attrs,
+            });
         }
         no_trailing(&buf)?;
         Ok(CommitBatch {
@@ -407,7 +468,8 @@ impl CommitBatch {
 
 /// `Produce` (1): records a draining node accepted from a producer, handed to a live node to
 /// store in its own ingress WAL (SPEC §6.5); `202` once they are fsynced there. Partitions
-/// are already chosen (and the schema checked) by the sender.
+/// are already chosen (and the schema checked) by the sender. With attributes on any record
+/// it travels as `ProduceAttrs` (37).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForwardProduce {
     pub topic_id: u64,
@@ -420,17 +482,33 @@ pub struct ForwardRecord {
     pub pinned: bool,
     pub key: Option<Bytes>,
     pub payload: Bytes,
+    pub attrs: Option<Bytes>,
 }
 
 impl ForwardProduce {
+    /// Whether a record carries attributes (the request then needs opcode 37).
+    pub fn has_attrs(&self) -> bool {
+        self.records.iter().any(|r| r.attrs.is_some())
+    }
+
     /// `topic_id u64 | count u32 | count × (partition u32 | pinned u8 | key_len u32 (MAX =
-    /// none) | key | payload_len u32 | payload)`, big-endian.
+    /// none) | key | payload_len u32 | payload [| attrs_len u32 (MAX = none) | attrs])`,
+    /// big-endian; the attribute fields when [`ForwardProduce::has_attrs`] (opcode 37).
     pub fn encode(&self) -> Bytes {
+        let with_attrs = self.has_attrs();
         let size: usize = 12
             + self
                 .records
                 .iter()
-                .map(|r| 13 + r.key.as_ref().map_or(0, |k| k.len()) + r.payload.len())
+                .map(|r| {
+                    13 + r.key.as_ref().map_or(0, |k| k.len())
+                        + r.payload.len()
+                        + if with_attrs {
+                            4 + r.attrs.as_ref().map_or(0, |a| a.len())
+                        } else {
+                            0
+                        }
+                })
                 .sum::<usize>();
         let mut buf = BytesMut::with_capacity(size);
         buf.put_u64(self.topic_id);
@@ -438,13 +516,19 @@ impl ForwardProduce {
         for r in &self.records {
             buf.put_u32(r.partition);
             buf.put_u8(u8::from(r.pinned));
-            put_key_payload(&mut buf, r.key.as_ref(), &r.payload);
+            put_record(
+                &mut buf,
+                r.key.as_ref(),
+                &r.payload,
+                with_attrs.then_some(&r.attrs),
+            );
         }
         buf.freeze()
     }
 
-    /// Parses [`ForwardProduce::encode`]'s output (keys and payloads share `buf`).
-    pub fn decode(mut buf: Bytes) -> Result<ForwardProduce, String> {
+    /// Parses [`ForwardProduce::encode`]'s output (`with_attrs`: of opcode 37); everything
+    /// shares `buf`.
+    pub fn decode(mut buf: Bytes, with_attrs: bool) -> Result<ForwardProduce, String> {
         const CODEC: &str = "forwarded produce";
         need(&buf, 12, CODEC, "header")?;
         let topic_id = buf.get_u64();
@@ -461,12 +545,13 @@ impl ForwardProduce {
                 1 => true,
                 b => return Err(format!("bad pinned flag {b}")),
             };
-            let (key, payload) = get_key_payload(&mut buf, CODEC)?;
+            let (key, payload, attrs) = get_record(&mut buf, CODEC, with_attrs)?;
             records.push(ForwardRecord {
                 partition,
                 pinned,
                 key,
                 payload,
+                attrs,
             });
         }
         no_trailing(&buf)?;
@@ -512,26 +597,58 @@ mod tests {
                     pinned: true,
                     key: Some(Bytes::from_static(b"k")),
                     payload: Bytes::from_static(b"{\"a\":1}"),
+                    attrs: None,
                 },
                 ForwardRecord {
                     partition: 0,
                     pinned: false,
                     key: None,
                     payload: Bytes::from_static(b"x"),
+                    attrs: None,
                 },
             ],
         };
-        let enc = f.encode();
-        assert_eq!(ForwardProduce::decode(enc.clone()).unwrap(), f);
-        for cut in 0..enc.len() {
-            assert!(
-                ForwardProduce::decode(enc.slice(..cut)).is_err(),
-                "cut {cut}"
-            );
+        let mut with_attrs = f.clone();
+        with_attrs.records[1].attrs = attrs_block(&[("traceparent", "00-1-2-01")]);
+        for (f, opcode_37) in [(f, false), (with_attrs, true)] {
+            assert_eq!(f.has_attrs(), opcode_37);
+            let enc = f.encode();
+            assert_eq!(ForwardProduce::decode(enc.clone(), opcode_37).unwrap(), f);
+            // Read with the other opcode's shape, the bytes do not parse.
+            assert!(ForwardProduce::decode(enc.clone(), !opcode_37).is_err());
+            for cut in 0..enc.len() {
+                assert!(
+                    ForwardProduce::decode(enc.slice(..cut), opcode_37).is_err(),
+                    "cut {cut}"
+                );
+            }
+            let mut long = enc.to_vec();
+            long.push(0);
+            assert!(ForwardProduce::decode(Bytes::from(long), opcode_37).is_err());
         }
-        let mut long = enc.to_vec();
-        long.push(0);
-        assert!(ForwardProduce::decode(Bytes::from(long)).is_err());
+    }
+
+    fn attrs_block(pairs: &[(&str, &str)]) -> Option<Bytes> {
+        let mut b = crate::attrs::Builder::default();
+        for (n, v) in pairs {
+            b.push(n, v).unwrap();
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn a_malformed_attribute_block_from_a_peer_is_refused() {
+        let b = CommitBatch {
+            topic_id: 1,
+            partition: 0,
+            records: vec![CommitRecord {
+                key: None,
+                payload: Bytes::from_static(b"p"),
+                attrs: Some(Bytes::from_static(&[1, b'A', 0, 0])),
+            }],
+        };
+        let e = CommitBatch::decode(b.encode(), true).unwrap_err();
+        assert!(e.contains("lowercased"), "{e}");
     }
 
     #[test]
@@ -543,18 +660,32 @@ mod tests {
                 CommitRecord {
                     key: Some(Bytes::from_static(b"k1")),
                     payload: Bytes::from_static(b"hello"),
+                    attrs: None,
                 },
                 CommitRecord {
                     key: None,
                     payload: Bytes::from_static(b"x"),
+                    attrs: None,
                 },
                 CommitRecord {
                     key: Some(Bytes::new()),
                     payload: Bytes::from(vec![0u8; 70_000]),
+                    attrs: None,
                 },
             ],
         };
-        assert_eq!(CommitBatch::decode(b.encode()).unwrap(), b);
+        assert_eq!(CommitBatch::decode(b.encode(), false).unwrap(), b);
+        let mut with_attrs = b.clone();
+        with_attrs.records[2].attrs = attrs_block(&[("a", "1"), ("b", "")]);
+        assert_eq!(
+            CommitBatch::decode(with_attrs.encode(), true).unwrap(),
+            with_attrs
+        );
+        // Without attributes the bytes are those of opcode 11, as before attributes existed.
+        assert_eq!(
+            with_attrs.encode().len(),
+            b.encode().len() + 3 * 4 + attrs_block(&[("a", "1"), ("b", "")]).unwrap().len()
+        );
     }
 
     #[test]
@@ -565,24 +696,26 @@ mod tests {
             records: vec![CommitRecord {
                 key: Some(Bytes::from_static(b"key")),
                 payload: Bytes::from_static(b"payload"),
+                attrs: None,
             }],
         };
         let enc = b.encode();
         for cut in 0..enc.len() {
             assert!(
-                CommitBatch::decode(enc.slice(..cut)).is_err(),
+                CommitBatch::decode(enc.slice(..cut), false).is_err(),
                 "cut at {cut}"
             );
         }
         let mut extra = enc.to_vec();
         extra.push(0);
-        assert!(CommitBatch::decode(Bytes::from(extra)).is_err());
+        assert!(CommitBatch::decode(Bytes::from(extra), false).is_err());
         // A huge count with no bytes behind it is refused before allocating.
         let mut huge = BytesMut::new();
         huge.put_u64(1);
         huge.put_u32(0);
         huge.put_u32(u32::MAX - 1);
-        assert!(CommitBatch::decode(huge.freeze()).is_err());
+        assert!(CommitBatch::decode(huge.clone().freeze(), false).is_err());
+        assert!(CommitBatch::decode(huge.freeze(), true).is_err());
     }
 }
 
@@ -611,10 +744,16 @@ mod prop_tests {
         (
             proptest::option::of(vec(any::<u8>(), 0..32)),
             vec(any::<u8>(), 0..128),
+            proptest::option::of(proptest::collection::btree_map(
+                "[a-z]{1,8}",
+                "[ -~]{0,8}",
+                1..4,
+            )),
         )
-            .prop_map(|(key, payload)| CommitRecord {
+            .prop_map(|(key, payload, attrs)| CommitRecord {
                 key: key.map(Bytes::from),
                 payload: Bytes::from(payload),
+                attrs: attrs.and_then(|m| crate::attrs::from_map(m.iter()).unwrap()),
             })
     }
 
@@ -664,7 +803,7 @@ mod prop_tests {
         #[test]
         fn prop_commit_batch_roundtrip(b in batch()) {
             let enc = b.encode();
-            prop_assert_eq!(CommitBatch::decode(enc).unwrap(), b);
+            prop_assert_eq!(CommitBatch::decode(enc, b.has_attrs()).unwrap(), b);
         }
 
         /// Every strict prefix and every longer buffer is refused.
@@ -675,19 +814,26 @@ mod prop_tests {
             extra in vec(any::<u8>(), 1..8),
         ) {
             let enc = b.encode();
-            prop_assert!(CommitBatch::decode(enc.slice(..cut.index(enc.len()))).is_err());
+            let a = b.has_attrs();
+            prop_assert!(CommitBatch::decode(enc.slice(..cut.index(enc.len())), a).is_err());
             let mut longer = enc.to_vec();
             longer.extend(extra);
-            prop_assert!(CommitBatch::decode(Bytes::from(longer)).is_err());
+            prop_assert!(CommitBatch::decode(Bytes::from(longer), a).is_err());
         }
 
         /// Arbitrary bytes (huge counts and lengths included) never panic or allocate what
         /// the input cannot hold; what decodes re-encodes to the same bytes.
         #[test]
         fn prop_commit_batch_decode_arbitrary(b in batch_bytes()) {
-            if let Ok(d) = CommitBatch::decode(Bytes::from(b.clone())) {
+            if let Ok(d) = CommitBatch::decode(Bytes::from(b.clone()), false) {
                 prop_assert!(d.records.capacity() <= b.len() / 8);
                 prop_assert_eq!(&d.encode()[..], &b[..]);
+            }
+            if let Ok(d) = CommitBatch::decode(Bytes::from(b.clone()), true) {
+                prop_assert!(d.records.capacity() <= b.len() / 8);
+                if d.has_attrs() {
+                    prop_assert_eq!(&d.encode()[..], &b[..]);
+                }
             }
         }
     }

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use narad_api::AckResult;
 use narad_meta::{Meta, Topic};
-use narad_storage::StorageError;
+use narad_storage::{StorageError, StoredRecord};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -656,6 +656,18 @@ fn ack_result(r: ApiResult<()>) -> AckResult {
     }
 }
 
+/// (ext) A leased message carrying a W3C `traceparent` attribute is logged inside a span
+/// that holds it, so a trace can be followed from producer to consumer through the logs.
+fn log_trace_context(topic: &Topic, partition: u32, rec: &StoredRecord, attrs: &[u8]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    if let Some(traceparent) = crate::attrs::get(attrs, "traceparent") {
+        let span = tracing::debug_span!("deliver", topic = %topic.name, partition, offset = rec.offset, traceparent);
+        span.in_scope(|| tracing::debug!("leased a message carrying a trace context"));
+    }
+}
+
 /// Leases messages from the topic's local partitions (or only `only`) into `out`, up to `max`
 /// and as many as its byte budget holds. A message that does not fit is handed back at once,
 /// so nothing is leased that the answer does not carry.
@@ -687,6 +699,9 @@ fn lease_local(
                     }
                     part.metrics.consumed.inc();
                     part.metrics.consumed_bytes.inc_by(rec.payload.len() as u64);
+                    if let Some(a) = &rec.attrs {
+                        log_trace_context(topic, part.index, &rec, a);
+                    }
                 }
                 Leased::Nothing => break,
                 Leased::Failed(e) if out.is_empty() => {

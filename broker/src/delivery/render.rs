@@ -36,6 +36,9 @@ pub(crate) fn write_message(
         out.extend_from_slice(format!(",\"payload_encoding\":\"{enc}\"").as_bytes());
     }
     out.extend_from_slice(format!(",\"timestamp\":{}", rec.timestamp_ms / 1000).as_bytes());
+    if let Some(a) = &rec.attrs {
+        crate::attrs::write_json(out, a);
+    }
     if let Some((h, delivery_count)) = lease {
         out.extend_from_slice(
             format!(",\"receipt_handle\":\"{h}\",\"delivery_count\":{delivery_count}").as_bytes(),
@@ -142,6 +145,7 @@ mod tests {
             timestamp_ms: 1_000,
             key: None,
             payload: Bytes::copy_from_slice(payload),
+            attrs: None,
         }
     }
 
@@ -182,6 +186,37 @@ mod tests {
         assert_eq!(v["payload"]["a"], 1);
         assert_eq!(v["receipt_handle"], "2:5:9");
         assert_eq!(v["delivery_count"], 1);
+    }
+
+    #[test]
+    fn attributes_render_beside_the_key_leased_or_replayed() {
+        let mut rec = record(5, b"x");
+        let mut b = crate::attrs::Builder::default();
+        b.push("traceparent", "00-1-2-01").unwrap();
+        b.push("note", "quote \" and \u{1}").unwrap();
+        rec.attrs = b.finish();
+        for lease in [
+            None,
+            Some((
+                ReceiptHandle {
+                    partition: 0,
+                    offset: 5,
+                    nonce: 1,
+                },
+                2,
+            )),
+        ] {
+            let mut out = Vec::new();
+            write_message(&mut out, "t", &rec, 0, lease);
+            let m: narad_api::Message = serde_json::from_slice(&out).unwrap();
+            let a = m.attributes.unwrap();
+            assert_eq!(a["traceparent"], "00-1-2-01");
+            assert_eq!(a["note"], "quote \" and \u{1}");
+            assert_eq!(m.delivery_count, lease.map(|l| l.1));
+        }
+        let mut out = Vec::new();
+        write_message(&mut out, "t", &record(5, b"x"), 0, None);
+        assert!(!String::from_utf8(out).unwrap().contains("attributes"));
     }
 
     #[test]

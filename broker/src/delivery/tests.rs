@@ -33,6 +33,7 @@ fn setup(owners: &[&str], per_partition: usize) -> (tempfile::TempDir, Topic, Ar
             .map(|i| NewRecord {
                 key: None,
                 payload: Bytes::from(format!("p{}-{i}", part.index)),
+                attrs: None,
             })
             .collect();
         part.commit_batch(&batch).unwrap();

@@ -601,6 +601,7 @@ async fn salvage(moves: &Arc<Moves>, r: &Released, from: u64) -> Result<usize, S
                 pinned: false,
                 key: x.key,
                 payload: x.payload,
+                attrs: x.attrs,
             })
             .collect();
         moves

@@ -423,11 +423,20 @@ pub enum Opcode {
     /// visibility timeout) at the partition owner; answered like `AckBatch` (Narad's
     /// extension of the registry).
     SettleWith = 35,
+    /// `CommitProduceBatch` of records some of which carry attributes: the same encoding
+    /// with each record's attribute block after its payload (Narad's extension of the
+    /// registry). Never downgraded to `CommitProduceBatch`: a peer too old for it fails the
+    /// commit, which is retried, rather than lose the attributes.
+    CommitProduceBatchAttrs = 36,
+    /// `Produce` of records some of which carry attributes (flag bit 1 of each record's
+    /// flags byte, then the attribute block after the payload; Narad's extension of the
+    /// registry).
+    ProduceAttrs = 37,
 }
 
 impl Opcode {
     /// Every opcode, in numeric order.
-    pub const ALL: [Opcode; 35] = [
+    pub const ALL: [Opcode; 37] = [
         Opcode::Produce,
         Opcode::Consume,
         Opcode::Ack,
@@ -463,11 +472,13 @@ impl Opcode {
         Opcode::RemoteLinkStates,
         Opcode::RepositionPartitions,
         Opcode::SettleWith,
+        Opcode::CommitProduceBatchAttrs,
+        Opcode::ProduceAttrs,
     ];
 
     pub fn from_u8(v: u8) -> Option<Opcode> {
         match v {
-            1..=35 => Some(Opcode::ALL[usize::from(v) - 1]),
+            1..=37 => Some(Opcode::ALL[usize::from(v) - 1]),
             _ => None,
         }
     }
@@ -700,7 +711,7 @@ mod tests {
             21 JoinCluster, 22 ListPartitionSegments, 23 FetchSegmentChunk, 24 PrepareHandoff, \
             25 DecommissionMember, 26 CompleteMove, 27 AbortMove, 28 GetAssignment, \
             29 AttachRemoteChild, 30 ConsumeBatch, 31 AckBatch, 32 TransferLeadership, 33 RemoteLinkStates, \
-            34 RepositionPartitions, 35 SettleWith";
+            34 RepositionPartitions, 35 SettleWith, 36 CommitProduceBatchAttrs, 37 ProduceAttrs";
         let entries: Vec<(u8, &str)> = spec
             .split(',')
             .map(|e| {
@@ -716,7 +727,7 @@ mod tests {
             assert_eq!(op.to_string(), format!("{name}({n})"));
         }
         assert_eq!(Opcode::from_u8(0), None);
-        assert_eq!(Opcode::from_u8(36), None);
+        assert_eq!(Opcode::from_u8(38), None);
         assert_eq!(Opcode::from_u8(255), None);
     }
 

@@ -698,6 +698,7 @@ fn new_records(records: &[DurableRecord]) -> Vec<NewRecord> {
         .map(|r| NewRecord {
             key: r.record.key.clone(),
             payload: r.record.payload.clone(),
+            attrs: r.record.attrs.clone(),
         })
         .collect()
 }
@@ -878,6 +879,7 @@ mod visibility_tests {
                 pinned: false,
                 key: None,
                 payload: Bytes::from(payload.to_string()),
+                attrs: None,
             };
             self.wal.append(vec![r]).await.unwrap();
         }
@@ -1107,6 +1109,7 @@ mod routing_tests {
                     pinned,
                     key: None,
                     payload: Bytes::from(p.to_string()),
+                    attrs: None,
                 })
                 .collect();
             self.wal.append(records).await.unwrap();

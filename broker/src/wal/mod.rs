@@ -20,7 +20,9 @@
 //! group commit, written with one `write`:
 //! `magic u32 | frame length u32 | crc32c u32 (of everything after it) | first lsn u64 |
 //! count u32 | count × (topic id u64 | partition u32 | flags u8 | key len u32 | payload len u32 |
-//! key | payload)`, little-endian. A frame that fails its check at the end of the last segment
+//! [attrs len u32, with flag 4] | key | payload | [attrs])`, little-endian. Flags: 1 pinned,
+//! 2 has a key, 4 has an attribute block (`crate::attrs`; a record without one is laid out as
+//! before attributes existed). A frame that fails its check at the end of the last segment
 //! is a torn write and is truncated; a bad frame followed by a valid one is corruption and
 //! fails the open loudly.
 
@@ -44,6 +46,7 @@ const HEADER_LEN: usize = 24;
 const RECORD_HEADER_LEN: usize = 8 + 4 + 1 + 4 + 4;
 const FLAG_PINNED: u8 = 1;
 const FLAG_HAS_KEY: u8 = 2;
+const FLAG_HAS_ATTRS: u8 = 4;
 const CHECKPOINT_FILE: &str = "checkpoint";
 /// A lane's segment file is extended with written zeros this much at a time, ahead of the
 /// frames: a frame then overwrites allocated blocks inside the file's size, and its
@@ -86,11 +89,16 @@ pub struct WalRecord {
     pub pinned: bool,
     pub key: Option<Bytes>,
     pub payload: Bytes,
+    /// (ext) The attribute block (`crate::attrs`), if the producer sent attributes.
+    pub attrs: Option<Bytes>,
 }
 
 impl WalRecord {
     fn encoded_len(&self) -> usize {
-        RECORD_HEADER_LEN + self.key.as_ref().map_or(0, |k| k.len()) + self.payload.len()
+        RECORD_HEADER_LEN
+            + self.key.as_ref().map_or(0, |k| k.len())
+            + self.payload.len()
+            + self.attrs.as_ref().map_or(0, |a| 4 + a.len())
     }
 }
 
@@ -606,12 +614,21 @@ fn encode_frame<'a>(
         if r.key.is_some() {
             flags |= FLAG_HAS_KEY;
         }
+        if r.attrs.is_some() {
+            flags |= FLAG_HAS_ATTRS;
+        }
         buf.push(flags);
         let key: &[u8] = r.key.as_deref().unwrap_or(&[]);
         buf.extend_from_slice(&(key.len() as u32).to_le_bytes());
         buf.extend_from_slice(&(r.payload.len() as u32).to_le_bytes());
+        if let Some(a) = &r.attrs {
+            buf.extend_from_slice(&(a.len() as u32).to_le_bytes());
+        }
         buf.extend_from_slice(key);
         buf.extend_from_slice(&r.payload);
+        if let Some(a) = &r.attrs {
+            buf.extend_from_slice(a);
+        }
     }
     let len = buf.len() as u32;
     buf[4..8].copy_from_slice(&len.to_le_bytes());
@@ -659,12 +676,23 @@ fn decode_frame(data: &[u8]) -> Option<(Vec<DurableRecord>, usize)> {
         let klen = u32at(p + 13) as usize;
         let plen = u32at(p + 17) as usize;
         p += RECORD_HEADER_LEN;
-        if p + klen + plen > len {
+        let alen = if flags & FLAG_HAS_ATTRS != 0 {
+            if p + 4 > len {
+                return None;
+            }
+            p += 4;
+            Some(u32at(p - 4) as usize)
+        } else {
+            None
+        };
+        let body = klen + plen + alen.unwrap_or(0);
+        if p + body > len {
             return None;
         }
         let key = (flags & FLAG_HAS_KEY != 0).then(|| frame.slice(p..p + klen));
         let payload = frame.slice(p + klen..p + klen + plen);
-        p += klen + plen;
+        let attrs = alen.map(|a| frame.slice(p + klen + plen..p + klen + plen + a));
+        p += body;
         out.push(DurableRecord {
             lsn: first_lsn + i as u64,
             record: WalRecord {
@@ -673,6 +701,7 @@ fn decode_frame(data: &[u8]) -> Option<(Vec<DurableRecord>, usize)> {
                 pinned: flags & FLAG_PINNED != 0,
                 key,
                 payload,
+                attrs,
             },
         });
     }
@@ -842,6 +871,7 @@ mod tests {
             pinned: false,
             key: key.map(|k| Bytes::copy_from_slice(k.as_bytes())),
             payload: Bytes::copy_from_slice(payload.as_bytes()),
+            attrs: None,
         }
     }
 
@@ -1178,19 +1208,36 @@ mod prop_tests {
             any::<bool>(),
             proptest::option::of(vec(any::<u8>(), 0..32)),
             vec(any::<u8>(), 0..128),
+            proptest::option::of(vec(any::<u8>(), 0..48)),
         )
-            .prop_map(|(topic_id, partition, pinned, key, payload)| WalRecord {
-                topic_id,
-                partition,
-                pinned,
-                key: key.map(Bytes::from),
-                payload: Bytes::from(payload),
-            })
+            .prop_map(
+                |(topic_id, partition, pinned, key, payload, attrs)| WalRecord {
+                    topic_id,
+                    partition,
+                    pinned,
+                    key: key.map(Bytes::from),
+                    payload: Bytes::from(payload),
+                    attrs: attrs.map(Bytes::from),
+                },
+            )
     }
 
     fn same(a: &WalRecord, b: &WalRecord) -> bool {
-        (a.topic_id, a.partition, a.pinned, &a.key, &a.payload)
-            == (b.topic_id, b.partition, b.pinned, &b.key, &b.payload)
+        (
+            a.topic_id,
+            a.partition,
+            a.pinned,
+            &a.key,
+            &a.payload,
+            &a.attrs,
+        ) == (
+            b.topic_id,
+            b.partition,
+            b.pinned,
+            &b.key,
+            &b.payload,
+            &b.attrs,
+        )
     }
 
     /// A frame header with a correct length and CRC in front of `body`, so the record
@@ -1229,6 +1276,7 @@ mod prop_tests {
             pinned: false,
             key: None,
             payload: Bytes::from_static(b"p"),
+            attrs: None,
         };
         encode_frame(&mut one, 0, [r.clone(), r].iter(), 2);
         let body = one[HEADER_LEN..].to_vec();

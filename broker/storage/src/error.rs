@@ -31,6 +31,8 @@ pub enum StorageError {
     /// A record that cannot be read any more (corrupt frame below the high watermark).
     #[error("record at offset {offset} is unreadable: {reason}")]
     Unreadable { offset: u64, reason: String },
+    /// A record to append over a bound: its key + payload over `MAX_RECORD_BYTES`, or its
+    /// attributes over `MAX_ATTRS_BYTES` (`size`: the bytes of the part over its bound).
     #[error("record too large: {size} bytes")]
     TooLarge { size: usize },
 }

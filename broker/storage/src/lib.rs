@@ -51,7 +51,7 @@ pub mod verify;
 mod zeros;
 
 pub use error::{Result, StorageError};
-pub use frame::MAX_RECORD_BYTES;
+pub use frame::{MAX_ATTRS_BYTES, MAX_RECORD_BYTES};
 pub use log::PartitionLog;
 pub use verify::{verify_dir, SegmentReport, VerifyReport};
 pub use zeros::write_zeros_at;
@@ -195,6 +195,11 @@ pub struct SegmentFile {
 pub struct NewRecord {
     pub key: Option<Bytes>,
     pub payload: Bytes,
+    /// An opaque, already-encoded attribute block the broker stores beside the key (`None` =
+    /// no attributes; the storage layer never interprets it). At most [`MAX_ATTRS_BYTES`].
+    /// An empty block is stored as no block and reads back as `None`: frames of records
+    /// without attributes keep the layout they had before attributes existed.
+    pub attrs: Option<Bytes>,
 }
 
 /// A committed record as read back.
@@ -205,6 +210,10 @@ pub struct StoredRecord {
     pub timestamp_ms: u64,
     pub key: Option<Bytes>,
     pub payload: Bytes,
+    /// The opaque attribute block stored with the record (`None` = no attributes, also for
+    /// a record appended with an empty block); the storage layer never interprets it. A
+    /// slice of the frame's buffer, as key and payload are.
+    pub attrs: Option<Bytes>,
 }
 
 /// Numbers for `partition_stats` and metrics.

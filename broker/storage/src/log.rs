@@ -15,8 +15,8 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::error::{io_err, Result, StorageError};
 use crate::frame::{
-    encode_frame, encode_frame_zstd, record_size, FRAME_HEADER_LEN, FRAME_MAX_RECORDS,
-    FRAME_TARGET_BYTES, MAX_RECORD_BYTES,
+    encode_frame, encode_frame_zstd, FrameLen, FRAME_HEADER_LEN, FRAME_MAX_RECORDS,
+    FRAME_TARGET_BYTES, MAX_ATTRS_BYTES, MAX_RECORD_BYTES,
 };
 use crate::recovery::{self, sync_dir};
 use crate::segment::{
@@ -147,10 +147,17 @@ impl PartitionLog {
 
     /// Writes the records as new frames (not yet durable, not yet visible).
     /// Timestamps are `max(now_ms, last timestamp)`. Returns the offsets assigned.
+    /// `TooLarge` (nothing written) if a record's key + payload exceed [`MAX_RECORD_BYTES`]
+    /// or its attributes [`MAX_ATTRS_BYTES`]: together the bounds keep every frame within
+    /// the largest one a reader accepts.
     pub fn append(&self, records: &[NewRecord], now_ms: u64) -> Result<Range<u64>> {
         for r in records {
             let size = r.key.as_ref().map_or(0, |k| k.len()) + r.payload.len();
             if size > MAX_RECORD_BYTES {
+                return Err(StorageError::TooLarge { size });
+            }
+            let size = r.attrs.as_ref().map_or(0, |a| a.len());
+            if size > MAX_ATTRS_BYTES {
                 return Err(StorageError::TooLarge { size });
             }
         }
@@ -184,23 +191,31 @@ impl PartitionLog {
     ) -> Result<u64> {
         let attested = self.hwm.load(Ordering::Acquire);
         let max = self.cfg.segment_max_bytes.clamp(1, MAX_SEGMENT_BYTES);
-        let total: usize = records.iter().map(record_size).sum::<usize>()
-            + records.len().div_ceil(FRAME_MAX_RECORDS) * FRAME_HEADER_LEN;
+        // (A capacity hint: the records as one frame, whose record headers are at least as
+        // wide as those of any frame they end up in, plus the headers of the fewest frames.)
+        let total: usize = records
+            .iter()
+            .fold(FrameLen::default(), FrameLen::with)
+            .bytes()
+            + (records.len().div_ceil(FRAME_MAX_RECORDS) - 1) * FRAME_HEADER_LEN;
         let mut seg = self.active();
         let mut buf_start = seg.size.load(Ordering::Acquire);
         let mut buf: Vec<u8> = Vec::with_capacity(total.min(max as usize + FRAME_TARGET_BYTES));
         let (mut off, mut i) = (start, 0);
         while i < records.len() {
             let mut j = i;
-            let mut frame_bytes = FRAME_HEADER_LEN;
+            // Exact, also when a record with attributes widens the headers of the records
+            // before it in the frame.
+            let mut len = FrameLen::default();
             while j < records.len() && j - i < FRAME_MAX_RECORDS {
-                let rs = record_size(&records[j]);
-                if j > i && frame_bytes + rs > FRAME_TARGET_BYTES {
+                let with = len.with(&records[j]);
+                if j > i && with.bytes() > FRAME_TARGET_BYTES {
                     break;
                 }
-                frame_bytes += rs;
+                len = with;
                 j += 1;
             }
+            let frame_bytes = len.bytes();
             let cur = buf_start + buf.len() as u64;
             // (`frame_bytes` is the uncompressed size: a compressed frame is no larger.)
             if cur > 0 && cur + frame_bytes as u64 > max {
@@ -221,6 +236,7 @@ impl PartitionLog {
                     self.cfg.compression_level.zstd_level(),
                 ),
             }
+            debug_assert!(buf_start + buf.len() as u64 - frame_pos <= frame_bytes as u64);
             seg.note_frame(
                 &mut seg.w.lock(),
                 frame_pos,
@@ -904,6 +920,7 @@ mod tests {
             .map(|i| NewRecord {
                 key: None,
                 payload: Bytes::from(format!("r{i}")),
+                attrs: None,
             })
             .collect()
     }
@@ -956,6 +973,7 @@ mod tests {
             .map(|_| NewRecord {
                 key: None,
                 payload: Bytes::from(vec![1u8; 30 * 1024]),
+                attrs: None,
             })
             .collect();
         log.append(&big, 1).unwrap();
@@ -972,6 +990,159 @@ mod tests {
             pos += h.len as u64;
         }
         assert_eq!(counts, vec![64, 64, 2, 2, 2, 1]);
+    }
+
+    /// Headers of the frames of every segment: (segment base, segment size, frame header).
+    fn frames_of(log: &PartitionLog) -> Vec<(u64, u64, crate::frame::FrameHeader)> {
+        let mut out = Vec::new();
+        for seg in log.segments.read().iter() {
+            let size = seg.size.load(Ordering::Acquire);
+            let mut rd = ChunkReader::new(seg.file().unwrap(), size, SCAN_CHUNK);
+            let mut pos = 0;
+            while let Probe::Valid(h) = probe(&mut rd, pos).unwrap() {
+                out.push((seg.base, size, h));
+                pos += h.len as u64;
+            }
+            assert_eq!(pos, size);
+        }
+        out
+    }
+
+    fn with_attrs(payload: usize, attrs: Option<usize>) -> NewRecord {
+        NewRecord {
+            key: None,
+            payload: Bytes::from(vec![7u8; payload]),
+            attrs: attrs.map(|n| Bytes::from(vec![b'a'; n])),
+        }
+    }
+
+    /// A record with attributes widens the headers of the records before it in its frame:
+    /// the frame is sized with the wide headers. Ten records and an eleventh with
+    /// attributes would fit the target with 8-byte headers for the ten, not with 12.
+    #[test]
+    fn a_record_with_attrs_widens_its_frame_before_it_is_closed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = PartitionLog::open(tmp.path(), LogConfig::default()).unwrap();
+        let mut recs: Vec<NewRecord> = (0..10).map(|_| with_attrs(6000, None)).collect();
+        recs.push(with_attrs(5399, Some(1)));
+        assert_eq!(
+            FRAME_HEADER_LEN + 10 * 8 + 12 + 10 * 6000 + 5399 + 1,
+            FRAME_TARGET_BYTES
+        );
+        log.append(&recs, 1).unwrap();
+        // Without attributes the eleven records make one frame of just under the target.
+        recs[10].attrs = None;
+        log.append(&recs, 1).unwrap();
+        log.commit().unwrap();
+        let hs: Vec<_> = frames_of(&log).into_iter().map(|(_, _, h)| h).collect();
+        let shape: Vec<_> = hs.iter().map(|h| (h.count, h.has_attrs())).collect();
+        assert_eq!(shape, vec![(10, false), (1, true), (11, false)]);
+        assert!(hs.iter().all(|h| h.len as usize <= FRAME_TARGET_BYTES));
+        assert_eq!(
+            log.read(10).unwrap().unwrap().attrs,
+            Some(Bytes::from_static(b"a"))
+        );
+        assert_eq!(log.read(21).unwrap().unwrap().attrs, None);
+    }
+
+    /// Random mixes of records with and without attributes: every frame of more than one
+    /// record stays within the target, every segment within its most bytes unless it is a
+    /// single frame, and a frame was only closed early when the next record did not fit
+    /// it (the sizing is exact, not only an upper bound).
+    #[test]
+    fn frames_and_segments_with_mixed_attrs_keep_their_bounds() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = LogConfig {
+            segment_max_bytes: 150 * 1024,
+            ..LogConfig::default()
+        };
+        let log = PartitionLog::open(tmp.path(), cfg.clone()).unwrap();
+        let mut all = Vec::new();
+        for _ in 0..40 {
+            let batch: Vec<NewRecord> = (0..rng.random_range(1..90))
+                .map(|_| {
+                    let payload = match rng.random_range(0..4) {
+                        0 => rng.random_range(0..40),
+                        1 => rng.random_range(0..2000),
+                        _ => rng.random_range(0..9000),
+                    };
+                    let attrs = match rng.random_range(0..4) {
+                        0 => Some(rng.random_range(1..300)),
+                        1 => Some(0),
+                        _ => None,
+                    };
+                    with_attrs(payload, attrs)
+                })
+                .collect();
+            log.append(&batch, 1).unwrap();
+            all.push(batch);
+        }
+        log.commit().unwrap();
+        let frames = frames_of(&log);
+        let mut by_seg: std::collections::BTreeMap<u64, (u64, usize)> = Default::default();
+        for (base, size, h) in &frames {
+            assert!(h.count as usize <= FRAME_MAX_RECORDS);
+            assert!(
+                h.count == 1 || h.len as usize <= FRAME_TARGET_BYTES,
+                "{h:?}"
+            );
+            by_seg.entry(*base).or_insert((*size, 0)).1 += 1;
+        }
+        for (base, (size, n)) in &by_seg {
+            assert!(
+                *size <= cfg.segment_max_bytes || *n == 1,
+                "segment {base}: {size} bytes in {n} frames"
+            );
+        }
+        assert!(by_seg.len() > 3, "{} segments", by_seg.len());
+        // Each frame but an append's last: the next record would not have fitted.
+        let recs: Vec<&NewRecord> = all.iter().flatten().collect();
+        let mut append_ends = std::collections::HashSet::new();
+        let mut end = 0;
+        for b in &all {
+            end += b.len() as u64;
+            append_ends.insert(end);
+        }
+        for (_, _, h) in &frames {
+            let (from, to) = (h.base_offset as usize, h.end_offset() as usize);
+            let len = recs[from..to]
+                .iter()
+                .fold(FrameLen::default(), |l, r| l.with(r));
+            assert_eq!(len.bytes(), h.len as usize, "{h:?}");
+            if !append_ends.contains(&h.end_offset()) {
+                let longer = len.with(recs[to]);
+                assert!(
+                    h.count as usize == FRAME_MAX_RECORDS || longer.bytes() > FRAME_TARGET_BYTES,
+                    "{h:?} closed early"
+                );
+            }
+        }
+        for (o, r) in recs.iter().enumerate() {
+            let got = log.read(o as u64).unwrap().unwrap();
+            assert_eq!(got.payload, r.payload);
+            assert_eq!(got.attrs, r.attrs.clone().filter(|a| !a.is_empty()));
+        }
+    }
+
+    #[test]
+    fn attrs_over_the_bound_are_refused_like_an_oversize_record() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = PartitionLog::open(tmp.path(), LogConfig::default()).unwrap();
+        let ok = with_attrs(1, Some(MAX_ATTRS_BYTES));
+        let over = with_attrs(1, Some(MAX_ATTRS_BYTES + 1));
+        match log.append(&[ok.clone(), over], 1) {
+            Err(StorageError::TooLarge { size }) => assert_eq!(size, MAX_ATTRS_BYTES + 1),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert_eq!(log.next_offset(), 0);
+        assert_eq!(log.append(&[ok], 1).unwrap(), 0..1);
+        log.commit().unwrap();
+        assert_eq!(
+            log.read(0).unwrap().unwrap().attrs.unwrap().len(),
+            MAX_ATTRS_BYTES
+        );
     }
 }
 
@@ -1009,6 +1180,7 @@ mod codec_tests {
         NewRecord {
             key,
             payload: Bytes::from(payload),
+            attrs: None,
         }
     }
 
@@ -1096,10 +1268,12 @@ mod codec_tests {
             200 => NewRecord {
                 key: None,
                 payload: Bytes::copy_from_slice(&noise),
+                attrs: None,
             },
             201 => NewRecord {
                 key: Some(Bytes::from_static(b"big")),
                 payload: big.clone(),
+                attrs: None,
             },
             _ => text(o),
         };
@@ -1268,6 +1442,7 @@ mod codec_tests {
         let tiny = |o: u64| NewRecord {
             key: None,
             payload: Bytes::from(format!("{}", o % 10)),
+            attrs: None,
         };
         {
             let log = PartitionLog::open(&dir, cfg.clone()).unwrap();

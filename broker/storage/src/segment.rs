@@ -674,6 +674,7 @@ mod tests {
             .map(|i| NewRecord {
                 key: None,
                 payload: bytes::Bytes::from(vec![i as u8; 10]),
+                attrs: None,
             })
             .collect();
         let mut v = Vec::new();
@@ -786,6 +787,7 @@ mod prop_tests {
                     .map(|i| NewRecord {
                         key: None,
                         payload: Bytes::from(vec![i as u8; 9]),
+                        attrs: None,
                     })
                     .collect();
                 let mut v = Vec::new();
@@ -802,6 +804,7 @@ mod prop_tests {
                     &[NewRecord {
                         key: None,
                         payload: Bytes::from_static(b"x"),
+                        attrs: None,
                     }],
                 );
                 v[4..8].copy_from_slice(&len.to_le_bytes());

@@ -116,6 +116,7 @@ fn too_large_records_are_refused_and_the_log_stays_usable() {
     let huge = NewRecord {
         key: Some(Bytes::from_static(b"k")),
         payload: Bytes::from(vec![0u8; MAX_RECORD_BYTES]),
+        attrs: None,
     };
     match log.append(&[rec(None, b"ok"), huge], 1) {
         Err(StorageError::TooLarge { size }) => assert_eq!(size, MAX_RECORD_BYTES + 1),

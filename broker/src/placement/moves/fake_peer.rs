@@ -92,6 +92,7 @@ fn record(offset: u64) -> NewRecord {
             .is_multiple_of(2)
             .then(|| Bytes::from(format!("k{offset}"))),
         payload: Bytes::from(format!("record {offset};").repeat(1 + (offset % 7) as usize)),
+        attrs: None,
     }
 }
 

@@ -13,6 +13,7 @@ pub fn rec(key: Option<&[u8]>, payload: &[u8]) -> NewRecord {
     NewRecord {
         key: key.map(Bytes::copy_from_slice),
         payload: Bytes::copy_from_slice(payload),
+        attrs: None,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn batch(start: u64, n: u64) -> Vec<NewRecord> {
         .map(|o| NewRecord {
             key: key_for(o).map(Bytes::from),
             payload: Bytes::from(payload_for(o)),
+            attrs: None,
         })
         .collect()
 }

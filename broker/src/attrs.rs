@@ -1,0 +1,317 @@
+//! (ext) Message attributes: small string name/value pairs a producer sends beside the key
+//! (request headers `Narad-Attr-<name>: <value>`, or `"attributes": {…}` per message of a
+//! batch), stored with the record and returned as `"attributes": {…}` on consume and replay.
+//!
+//! # Rules (checked once, where a produce enters the node)
+//! - at most [`MAX_ATTRIBUTES`] per message;
+//! - names `[A-Za-z0-9-_.]{1,64}`, case-insensitive (HTTP header names are), stored
+//!   lowercased; a name given twice (in any case) is refused;
+//! - values are UTF-8 text (empty allowed);
+//! - names and values together at most [`MAX_TOTAL_BYTES`].
+//!
+//! # Block
+//! The attributes of one record travel and are stored as one opaque block (the partition
+//! log, the WAL and the node RPC never look inside): `count` times `name length u8 | name |
+//! value length u16 (little-endian) | value`, in the order given. A record without
+//! attributes has no block (`None`), so nothing changes for records that do not use them.
+
+use bytes::Bytes;
+
+/// Most attributes of one message.
+pub const MAX_ATTRIBUTES: usize = 16;
+/// Longest attribute name.
+pub const MAX_NAME_LEN: usize = 64;
+/// Most bytes of names and values of one message together.
+pub const MAX_TOTAL_BYTES: usize = 8 * 1024;
+/// The request-header prefix of an attribute (matched case-insensitively).
+pub const HEADER_PREFIX: &str = "narad-attr-";
+/// Largest valid block: every byte of names and values plus 3 bytes of lengths each.
+pub const MAX_BLOCK_BYTES: usize = MAX_TOTAL_BYTES + 3 * MAX_ATTRIBUTES;
+
+const _: () = assert!(MAX_BLOCK_BYTES <= narad_storage::MAX_ATTRS_BYTES);
+
+fn valid_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+}
+
+/// Builds one record's block, checking every rule as pairs are added.
+#[derive(Debug, Default)]
+pub struct Builder {
+    buf: Vec<u8>,
+    count: usize,
+    total: usize,
+}
+
+impl Builder {
+    /// Adds `name: value`; the error says which rule it breaks.
+    pub fn push(&mut self, name: &str, value: &str) -> Result<(), String> {
+        if name.is_empty() || name.len() > MAX_NAME_LEN || !name.bytes().all(valid_name_byte) {
+            return Err(format!(
+                "attribute name {:?} must be 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 - _ .",
+                truncate(name)
+            ));
+        }
+        if self.count == MAX_ATTRIBUTES {
+            return Err(format!(
+                "a message carries at most {MAX_ATTRIBUTES} attributes"
+            ));
+        }
+        self.total += name.len() + value.len();
+        if self.total > MAX_TOTAL_BYTES {
+            return Err(format!(
+                "attribute names and values exceed {MAX_TOTAL_BYTES} bytes"
+            ));
+        }
+        let lower = name.to_ascii_lowercase();
+        if Iter(&self.buf).any(|(n, _)| n == lower) {
+            return Err(format!("attribute {lower:?} given twice"));
+        }
+        self.buf.push(lower.len() as u8);
+        self.buf.extend_from_slice(lower.as_bytes());
+        self.buf
+            .extend_from_slice(&(value.len() as u16).to_le_bytes());
+        self.buf.extend_from_slice(value.as_bytes());
+        self.count += 1;
+        Ok(())
+    }
+
+    /// The block, or `None` when no attribute was added.
+    pub fn finish(self) -> Option<Bytes> {
+        (self.count > 0).then(|| Bytes::from(self.buf))
+    }
+}
+
+fn truncate(s: &str) -> &str {
+    match s.char_indices().nth(MAX_NAME_LEN + 1) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
+/// The attributes among request headers (`Narad-Attr-<name>: <value>`). A header given twice
+/// is refused, as is a value that is not UTF-8.
+pub fn from_headers(headers: &http::HeaderMap) -> Result<Option<Bytes>, String> {
+    let mut b = Builder::default();
+    for (name, value) in headers {
+        // Header names arrive lowercased.
+        let Some(attr) = name.as_str().strip_prefix(HEADER_PREFIX) else {
+            continue;
+        };
+        let value = std::str::from_utf8(value.as_bytes())
+            .map_err(|_| format!("attribute {attr:?}: the value is not UTF-8"))?;
+        b.push(attr, value)?;
+    }
+    Ok(b.finish())
+}
+
+/// The block of a batch message's `"attributes"` object.
+pub fn from_map<'a>(
+    pairs: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Result<Option<Bytes>, String> {
+    let mut b = Builder::default();
+    for (n, v) in pairs {
+        b.push(n, v)?;
+    }
+    Ok(b.finish())
+}
+
+/// The pairs of a block, in order. A block is checked ([`check`]) before it is stored, so
+/// iteration simply stops at anything malformed.
+#[derive(Clone)]
+pub struct Iter<'a>(pub &'a [u8]);
+
+impl<'a> Iterator for Iter<'a> {
+    type Item = (&'a str, &'a str);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let b = self.0;
+        let nlen = *b.first()? as usize;
+        let name = b.get(1..1 + nlen)?;
+        let vl = b.get(1 + nlen..3 + nlen)?;
+        let vlen = u16::from_le_bytes([vl[0], vl[1]]) as usize;
+        let value = b.get(3 + nlen..3 + nlen + vlen)?;
+        let (Ok(name), Ok(value)) = (std::str::from_utf8(name), std::str::from_utf8(value)) else {
+            self.0 = &[];
+            return None;
+        };
+        self.0 = &b[3 + nlen + vlen..];
+        Some((name, value))
+    }
+}
+
+/// Checks a block received from elsewhere (a peer's RPC): well-formed to its end and within
+/// every rule [`Builder`] enforces.
+pub fn check(block: &[u8]) -> Result<(), String> {
+    if block.len() > MAX_BLOCK_BYTES {
+        return Err(format!("attribute block of {} bytes", block.len()));
+    }
+    let mut b = Builder::default();
+    let mut it = Iter(block);
+    for (n, v) in it.by_ref() {
+        if n.bytes().any(|c| c.is_ascii_uppercase()) {
+            return Err("attribute name not lowercased".into());
+        }
+        b.push(n, v)?;
+    }
+    if !it.0.is_empty() || b.count == 0 {
+        return Err("malformed attribute block".into());
+    }
+    Ok(())
+}
+
+/// The value of attribute `name` (lowercase).
+pub fn get<'a>(block: &'a [u8], name: &str) -> Option<&'a str> {
+    Iter(block).find(|(n, _)| *n == name).map(|(_, v)| v)
+}
+
+/// Writes `"attributes":{…}` (after a comma) for a record's block.
+pub fn write_json(out: &mut Vec<u8>, block: &[u8]) {
+    out.extend_from_slice(b",\"attributes\":{");
+    for (i, (n, v)) in Iter(block).enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        narad_api::render::write_json_str(out, n);
+        out.push(b':');
+        narad_api::render::write_json_str(out, v);
+    }
+    out.push(b'}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn block(pairs: &[(&str, &str)]) -> Result<Option<Bytes>, String> {
+        let mut b = Builder::default();
+        for (n, v) in pairs {
+            b.push(n, v)?;
+        }
+        Ok(b.finish())
+    }
+
+    #[test]
+    fn names_are_lowercased_and_pairs_come_back_in_order() {
+        let b = block(&[("TraceParent", "00-ab-cd-01"), ("x.y_z-1", "")])
+            .unwrap()
+            .unwrap();
+        let pairs: Vec<_> = Iter(&b).collect();
+        assert_eq!(pairs, [("traceparent", "00-ab-cd-01"), ("x.y_z-1", "")]);
+        assert_eq!(get(&b, "traceparent"), Some("00-ab-cd-01"));
+        assert_eq!(get(&b, "missing"), None);
+        check(&b).unwrap();
+        let mut out = Vec::new();
+        write_json(&mut out, &b);
+        assert_eq!(
+            out,
+            br#","attributes":{"traceparent":"00-ab-cd-01","x.y_z-1":""}"#
+        );
+    }
+
+    #[test]
+    fn no_attribute_is_no_block() {
+        assert_eq!(block(&[]).unwrap(), None);
+        assert!(check(&[]).is_err());
+    }
+
+    #[test]
+    fn every_rule_is_enforced() {
+        let long = "n".repeat(65);
+        for (pairs, want) in [
+            (vec![("", "v")], "must be 1 to 64"),
+            (vec![(long.as_str(), "v")], "must be 1 to 64"),
+            (vec![("a b", "v")], "must be 1 to 64"),
+            (vec![("é", "v")], "must be 1 to 64"),
+            (vec![("a", "1"), ("A", "2")], "given twice"),
+        ] {
+            let e = block(&pairs).unwrap_err();
+            assert!(e.contains(want), "{pairs:?}: {e}");
+        }
+        let names: Vec<String> = (0..17).map(|i| format!("a{i}")).collect();
+        let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        assert!(block(&many[..16]).is_ok());
+        assert!(block(&many).unwrap_err().contains("at most 16"));
+        let big = "v".repeat(MAX_TOTAL_BYTES - 1);
+        assert!(block(&[("a", &big)]).is_ok());
+        let over = "v".repeat(MAX_TOTAL_BYTES);
+        assert!(block(&[("a", &over)]).unwrap_err().contains("8192"));
+    }
+
+    #[test]
+    fn headers_with_the_prefix_are_attributes() {
+        let mut h = http::HeaderMap::new();
+        h.insert("narad-attr-traceparent", "00-1-2-01".parse().unwrap());
+        h.insert("content-type", "text/plain".parse().unwrap());
+        h.insert(
+            "narad-attr-note",
+            http::HeaderValue::from_bytes("größe".as_bytes()).unwrap(),
+        );
+        let b = from_headers(&h).unwrap().unwrap();
+        let mut pairs: Vec<_> = Iter(&b).collect();
+        pairs.sort();
+        assert_eq!(pairs, [("note", "größe"), ("traceparent", "00-1-2-01")]);
+        h.append("narad-attr-note", "again".parse().unwrap());
+        assert!(from_headers(&h).unwrap_err().contains("twice"));
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            "narad-attr-bin",
+            http::HeaderValue::from_bytes(&[0xff, 0xfe]).unwrap(),
+        );
+        assert!(from_headers(&h).unwrap_err().contains("not UTF-8"));
+        assert_eq!(from_headers(&http::HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn check_refuses_what_the_builder_would_not_make() {
+        let good = block(&[("a", "b")]).unwrap().unwrap();
+        for bad in [
+            &good[..good.len() - 1],      // truncated value
+            &[1u8, b'A', 0, 0][..],       // uppercase name
+            &[2u8, b'a', b'b', 9][..],    // truncated length
+            &[1u8, 0xff, 0, 0][..],       // name not UTF-8
+            &[1u8, b'a', 1, 0, 0xff][..], // value not UTF-8
+        ] {
+            assert!(check(bad).is_err(), "{bad:?}");
+        }
+        let mut twice = good.to_vec();
+        twice.extend_from_slice(&good);
+        assert!(check(&twice).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn prop_iteration_and_check_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let n = Iter(&bytes).count();
+            prop_assert!(n <= bytes.len());
+            let _ = check(&bytes);
+            let mut out = Vec::new();
+            write_json(&mut out, &bytes);
+            let ok = out.starts_with(b",\"attributes\":{") && out.ends_with(b"}");
+            prop_assert!(ok);
+        }
+
+        #[test]
+        fn prop_built_blocks_check_and_round_trip(
+            pairs in proptest::collection::btree_map("[a-z0-9._-]{1,64}", "\\PC{0,40}", 0..16)
+        ) {
+            let b = from_map(pairs.iter()).unwrap();
+            match b {
+                None => prop_assert!(pairs.is_empty()),
+                Some(b) => {
+                    check(&b).unwrap();
+                    let back: Vec<(String, String)> =
+                        Iter(&b).map(|(n, v)| (n.to_string(), v.to_string())).collect();
+                    let want: Vec<(String, String)> =
+                        pairs.iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+                    prop_assert_eq!(back, want);
+                    let mut out = b"{\"x\":1".to_vec();
+                    write_json(&mut out, &b);
+                    out.push(b'}');
+                    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+                    prop_assert_eq!(v["attributes"].as_object().unwrap().len(), pairs.len());
+                }
+            }
+        }
+    }
+}
