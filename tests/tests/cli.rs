@@ -323,6 +323,27 @@ async fn pub_sub_and_replay() {
         many.describe()
     );
     http.wait_visible("cli-pub", 0, 53).await;
+    // With attributes (sent as a batch of one), shown by sub beside the key.
+    cli.client(&[
+        "pub",
+        "cli-pub",
+        "with-attrs",
+        "--partition",
+        "1",
+        "--attr",
+        "Traceparent=00-1-2-01",
+    ])
+    .await
+    .ok();
+    let sub = cli
+        .client(&["sub", "cli-pub", "--partition", "1", "--count", "1"])
+        .await
+        .ok();
+    assert!(
+        sub.stdout.contains(r#"traceparent="00-1-2-01" with-attrs"#),
+        "{}",
+        sub.describe()
+    );
     let mut want: Vec<String> = vec![
         "hello-arg".into(),
         r#"{"n": 1}"#.into(),

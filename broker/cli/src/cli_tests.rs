@@ -325,9 +325,22 @@ fn pub_sub_replay_bench() {
         "5",
         "--rate",
         "100",
+        "--attr",
+        "traceparent=00-1=2",
+        "--attr",
+        "empty=",
     ])
     .unwrap();
     let Command::Pub(a) = c else { panic!() };
+    assert_eq!(
+        a.attrs,
+        [
+            ("traceparent".to_string(), "00-1=2".to_string()),
+            ("empty".to_string(), String::new())
+        ]
+    );
+    assert!(parse(&["pub", "orders", "x", "--attr", "novalue"]).is_err());
+    assert!(parse(&["pub", "orders", "x", "--attr", "=v"]).is_err());
     assert_eq!(a.msg.as_deref(), Some("hello"));
     assert_eq!(a.key.as_deref(), Some("k1"));
     assert_eq!(a.partition, Some(2));

@@ -166,7 +166,8 @@ pub fn display_key(m: &Message) -> Option<String> {
     }
 }
 
-/// One human line (or more, for multi-line text): `orders/1@42 2026-01-01T00:00:01Z key=k <payload>`.
+/// One human line (or more, for multi-line text): `orders/1@42 2026-01-01T00:00:01Z key=k
+/// traceparent="00-…" <payload>` (attributes as `name="value"`).
 pub fn format_message(m: &Message) -> String {
     let mut s = format!("{}/{}@{}", m.topic, m.partition, m.offset);
     if m.timestamp > 0 {
@@ -176,6 +177,9 @@ pub fn format_message(m: &Message) -> String {
     if let Some(k) = display_key(m) {
         s.push_str(" key=");
         s.push_str(&k);
+    }
+    for (n, v) in m.attributes.iter().flatten() {
+        s.push_str(&format!(" {n}={v:?}"));
     }
     s.push(' ');
     s.push_str(&display_payload(m));
@@ -250,6 +254,17 @@ mod tests {
         );
         let m = raw_msg("[1]");
         assert_eq!(format_message(&m), "t/0@1 [1]");
+        let mut m = raw_msg("[1]");
+        m.attributes = Some(
+            [("traceparent", "00-1"), ("note", "a b")]
+                .into_iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+        );
+        assert_eq!(
+            format_message(&m),
+            r#"t/0@1 note="a b" traceparent="00-1" [1]"#
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! `narad pub <topic> [msg] [--key K] [--partition N] [--file F] [--count N] [--rate R]`.
+//! `narad pub <topic> [msg] [--key K] [--partition N] [--attr NAME=VALUE]… [--file F] [--count N]
+//! [--rate R]`.
 
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,6 +32,10 @@ pub struct PubArgs {
     /// Pin the message to this partition
     #[arg(long)]
     pub partition: Option<u32>,
+    /// An attribute stored beside the key, NAME=VALUE (repeatable: up to 16; names of
+    /// A-Za-z0-9-_. are returned lowercased)
+    #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
+    pub attrs: Vec<(String, String)>,
     /// Read the message from this file ("-" for stdin)
     #[arg(long, short = 'f', value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -46,6 +52,13 @@ pub struct PubArgs {
     pub retries: u32,
     #[command(flatten)]
     pub conn: ConnArgs,
+}
+
+fn parse_attr(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((n, v)) if !n.is_empty() => Ok((n.to_string(), v.to_string())),
+        _ => Err(format!("expected NAME=VALUE, got {s:?}")),
+    }
 }
 
 /// The message bytes: the argument, the file, or stdin.
@@ -90,6 +103,8 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let client = connect(&a.conn)?;
     let payload = Bytes::from(read_message(&a)?);
     let key: Option<Bytes> = a.key.clone().filter(|k| !k.is_empty()).map(Bytes::from);
+    let attrs: Option<Arc<BTreeMap<String, String>>> =
+        (!a.attrs.is_empty()).then(|| Arc::new(a.attrs.iter().cloned().collect()));
     let count = a.count;
     let start = Instant::now();
     let retry = Retry {
@@ -105,6 +120,7 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
             &payload,
             key.as_deref(),
             a.partition,
+            attrs.as_deref(),
         )
         .await?;
         if std::io::stderr().is_terminal() {
@@ -131,11 +147,12 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let workers = count.min(MAX_WORKERS);
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (client, topic, payload, key) = (
+        let (client, topic, payload, key, attrs) = (
             client.clone(),
             a.topic.clone(),
             payload.clone(),
             key.clone(),
+            attrs.clone(),
         );
         let (next, done, stop, bar) = (next.clone(), done.clone(), stop.clone(), bar.clone());
         let (rate, partition) = (a.rate, a.partition);
@@ -152,8 +169,16 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
                     let due = start + Duration::from_secs_f64(i as f64 / r);
                     tokio::time::sleep_until(due.into()).await;
                 }
-                if let Err(e) =
-                    produce(&client, retry, &topic, &payload, key.as_deref(), partition).await
+                if let Err(e) = produce(
+                    &client,
+                    retry,
+                    &topic,
+                    &payload,
+                    key.as_deref(),
+                    partition,
+                    attrs.as_deref(),
+                )
+                .await
                 {
                     stop.store(true, Ordering::Relaxed);
                     return Err(e);
@@ -193,7 +218,8 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One produce, retried per `retry`; each retry is reported on stderr.
+/// One produce, retried per `retry`; each retry is reported on stderr. With attributes it
+/// is a batch of one (`"attributes"` in the element).
 async fn produce(
     client: &narad_api::Client,
     retry: Retry,
@@ -201,12 +227,28 @@ async fn produce(
     payload: &Bytes,
     key: Option<&[u8]>,
     partition: Option<u32>,
+    attrs: Option<&BTreeMap<String, String>>,
 ) -> Result<(), narad_api::Error> {
-    retry
-        .run(
-            || client.produce(topic, payload.clone(), key, partition),
-            |e, wait| eprintln!("narad: {e}; retrying in {} ms", wait.as_millis()),
-        )
-        .await
-        .map(|_| ())
+    let report = |e: &narad_api::Error, wait: Duration| {
+        eprintln!("narad: {e}; retrying in {} ms", wait.as_millis())
+    };
+    match attrs {
+        None => {
+            retry
+                .run(
+                    || client.produce(topic, payload.clone(), key, partition),
+                    report,
+                )
+                .await
+        }
+        Some(attrs) => {
+            let mut m = narad_api::client::batch_message(payload, key, partition);
+            m.attributes = Some(attrs.clone());
+            let batch = [m];
+            retry
+                .run(|| client.produce_batch(topic, &batch), report)
+                .await
+                .map(|_| ())
+        }
+    }
 }
