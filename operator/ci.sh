@@ -48,6 +48,24 @@ grep -q 'scheme: HTTPS' "$r0/variants.yaml"
 "$HELM" template ci charts/narad --set serviceMonitor.enabled=true --set service.ports.metrics=9090 \
   --set security.apiTLS.enabled=true --set security.apiTLS.secretName=api-tls > /dev/null
 "$HELM" template ci charts/narad-operator --set operator.watchNamespace=apps > /dev/null
+# The Grafana dashboard ConfigMap: off by default; on, it carries the sidecar's label and the
+# dashboard JSON whole (parsed back out of the rendered YAML).
+"$HELM" template ci charts/narad --set grafanaDashboard.enabled=true \
+  --set-json 'grafanaDashboard.annotations={"grafana_folder":"Narad"}' > "$r0/dashboard.yaml"
+python3 - "$r0/dashboard.yaml" charts/narad/dashboards/narad.json <<'PY'
+import json, sys
+docs = open(sys.argv[1]).read().split("\n---\n")
+cm = [d for d in docs if "kind: ConfigMap" in d and "ci-narad-dashboard" in d]
+assert len(cm) == 1, "one dashboard ConfigMap"
+text = cm[0]
+assert 'grafana_dashboard: "1"' in text and "grafana_folder: Narad" in text, text[:400]
+body = text.split("narad.json: |-\n", 1)[1]
+embedded = "\n".join(l[4:] for l in body.splitlines())
+assert json.loads(embedded) == json.load(open(sys.argv[2])), "the embedded dashboard is the file"
+PY
+if "$HELM" template ci charts/narad | grep -q 'ci-narad-dashboard'; then
+  echo "the dashboard ConfigMap is rendered by default" >&2; exit 1
+fi
 # Issue 14: what the default render must carry (orderly shutdown, stable advertised address,
 # a generated admin password the helm test authenticates with, a test pod outside the
 # brokers' selector, not-ready addresses on the headless Service only). Piped greps write
