@@ -157,18 +157,22 @@ async fn the_node_rpc_adapter_serves_from_the_same_services() {
         .handle(&peer, Opcode::Produce as u8, Bytes::from_static(b"junk"))
         .await;
     assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(&r.body));
-    // A draining peer's forwarded produce is stored here like a produce received here.
-    let body = ForwardProduce {
-        topic_id,
-        records: vec![ForwardRecord {
-            partition: 1,
-            pinned: true,
-            key: None,
-            payload: Bytes::from_static(b"relayed"),
-            attrs: None,
-        }],
-    }
-    .encode();
+    // A draining peer's forwarded produce (one record pinned to partition 1).
+    let forward = |payload: &'static [u8], attrs: Option<Bytes>| {
+        ForwardProduce {
+            topic_id,
+            records: vec![ForwardRecord {
+                partition: 1,
+                pinned: true,
+                key: None,
+                payload: Bytes::from_static(payload),
+                attrs,
+            }],
+        }
+        .encode()
+    };
+    // It is stored here like a produce received here.
+    let body = forward(b"relayed", None);
     let r = rpc.handle(&peer, Opcode::Produce as u8, body).await;
     assert_eq!(r.status, 202, "{:?}", String::from_utf8_lossy(&r.body));
     assert_eq!(&r.body[..], br#"{"accepted":1}"#);
@@ -185,17 +189,7 @@ async fn the_node_rpc_adapter_serves_from_the_same_services() {
     let mut block = narad::attrs::Builder::default();
     block.push("traceparent", "00-1-2-01").unwrap();
     let block = block.finish();
-    let body = ForwardProduce {
-        topic_id,
-        records: vec![ForwardRecord {
-            partition: 1,
-            pinned: true,
-            key: None,
-            payload: Bytes::from_static(b"forwarded"),
-            attrs: block.clone(),
-        }],
-    }
-    .encode();
+    let body = forward(b"forwarded", block.clone());
     let r = rpc.handle(&peer, Opcode::Produce as u8, body.clone()).await;
     assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(&r.body));
     let r = rpc.handle(&peer, Opcode::ProduceAttrs as u8, body).await;
