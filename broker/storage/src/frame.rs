@@ -148,14 +148,6 @@ fn record_data_len(r: &NewRecord) -> usize {
         + r.attrs.as_ref().map_or(0, |a| a.len())
 }
 
-/// Encoded size of one record in a frame of its own: with the 12-byte header if it has
-/// attributes. In a frame with attributes, a record without any takes 4 bytes more (every
-/// record header of the frame has the attributes length), so sizing a frame goes through
-/// [`FrameLen`], which is exact whatever the mix.
-pub fn record_size(r: &NewRecord) -> usize {
-    record_header_len(has_attrs(r)) + record_data_len(r)
-}
-
 /// The exact encoded (uncompressed) length of a frame as records are added to it, which
 /// [`encode_frame`] writes for the same records. A record's share depends on the others:
 /// one record with attributes widens every record header of its frame.
@@ -970,15 +962,18 @@ mod tests {
     #[test]
     fn frame_len_counts_the_widened_headers_of_a_mixed_frame() {
         let (plain, with) = (rec(None, b"abc"), rec_attrs(Some(b"k"), b"", Some(b"xy")));
-        assert_eq!(record_size(&plain), 8 + 3);
-        assert_eq!(record_size(&with), 12 + 3);
+        // Alone, each takes its own header: 8 bytes without attributes, 12 with.
+        assert_eq!(
+            FrameLen::default().with(&plain).bytes(),
+            FRAME_HEADER_LEN + 8 + 3
+        );
+        assert_eq!(
+            FrameLen::default().with(&with).bytes(),
+            FRAME_HEADER_LEN + 12 + 3
+        );
         let len = FrameLen::default().with(&plain).with(&plain).with(&with);
         // The two records before the one with attributes take 12-byte headers too.
         assert_eq!(len.bytes(), FRAME_HEADER_LEN + 3 * 12 + 3 + 3 + 3);
-        assert_eq!(
-            len.bytes(),
-            FRAME_HEADER_LEN + 2 * record_size(&plain) + record_size(&with) + 2 * 4
-        );
         let mut buf = Vec::new();
         encode_frame(&mut buf, 0, 0, 0, &[plain.clone(), plain, with]);
         assert_eq!(buf.len(), len.bytes());
@@ -1057,7 +1052,7 @@ mod tests {
         let mut p = FRAME_HEADER_LEN;
         for r in &recs {
             at.push(p);
-            p += record_size(r) + if has_attrs(r) { 0 } else { 4 };
+            p += RECORD_HEADER_LEN_ATTRS + record_data_len(r);
         }
         assert_eq!(p, buf.len());
         let effective = |field: usize, v: u32| {
@@ -1629,13 +1624,6 @@ mod prop_tests {
                 prop_assert_eq!(len.bytes(), part.len());
             }
             prop_assert_eq!(len.bytes(), buf.len());
-            // A record's own size is that of a frame of it alone.
-            for r in &recs {
-                prop_assert_eq!(
-                    record_size(r) + FRAME_HEADER_LEN,
-                    FrameLen::default().with(r).bytes()
-                );
-            }
         }
 
         /// Arbitrary bytes after a header with flag bit 3 (codec 0 or 1, other flags
