@@ -320,13 +320,14 @@ const NO_KEY: u32 = u32::MAX;
 const NO_ATTRS: u32 = u32::MAX;
 
 /// `key_len u32 (NO_KEY = none) | key | payload_len u32 | payload`: the record body both
-/// [`CommitBatch`] and [`ForwardProduce`] carry; with `attrs` (the encodings of opcodes 36
+/// [`CommitBatch`] and [`ForwardProduce`] carry; `with_attrs` (the encodings of opcodes 36
 /// and 37), then `attrs_len u32 (NO_ATTRS = none) | attrs`.
 fn put_record(
     buf: &mut BytesMut,
     key: Option<&Bytes>,
     payload: &[u8],
-    attrs: Option<&Option<Bytes>>,
+    attrs: Option<&Bytes>,
+    with_attrs: bool,
 ) {
     match key {
         Some(k) => {
@@ -338,13 +339,29 @@ fn put_record(
     buf.put_u32(payload.len() as u32);
     buf.put_slice(payload);
     match attrs {
-        None => {}
-        Some(None) => buf.put_u32(NO_ATTRS),
-        Some(Some(a)) => {
+        _ if !with_attrs => {}
+        None => buf.put_u32(NO_ATTRS),
+        Some(a) => {
             buf.put_u32(a.len() as u32);
             buf.put_slice(a);
         }
     }
+}
+
+/// The bytes [`put_record`] writes for one record.
+fn record_len(
+    key: Option<&Bytes>,
+    payload: &[u8],
+    attrs: Option<&Bytes>,
+    with_attrs: bool,
+) -> usize {
+    8 + key.map_or(0, |k| k.len())
+        + payload.len()
+        + if with_attrs {
+            4 + attrs.map_or(0, |a| a.len())
+        } else {
+            0
+        }
 }
 
 /// Reads what [`put_record`] wrote; everything shares `buf` (no copy). `codec` names the
@@ -411,15 +428,7 @@ impl CommitBatch {
             + self
                 .records
                 .iter()
-                .map(|r| {
-                    8 + r.key.as_ref().map_or(0, |k| k.len())
-                        + r.payload.len()
-                        + if with_attrs {
-                            4 + r.attrs.as_ref().map_or(0, |a| a.len())
-                        } else {
-                            0
-                        }
-                })
+                .map(|r| record_len(r.key.as_ref(), &r.payload, r.attrs.as_ref(), with_attrs))
                 .sum::<usize>();
         let mut buf = BytesMut::with_capacity(size);
         buf.put_u64(self.topic_id);
@@ -430,7 +439,8 @@ impl CommitBatch {
                 &mut buf,
                 r.key.as_ref(),
                 &r.payload,
-                with_attrs.then_some(&r.attrs),
+                r.attrs.as_ref(),
+                with_attrs,
             );
         }
         buf.freeze()
@@ -500,15 +510,7 @@ impl ForwardProduce {
             + self
                 .records
                 .iter()
-                .map(|r| {
-                    13 + r.key.as_ref().map_or(0, |k| k.len())
-                        + r.payload.len()
-                        + if with_attrs {
-                            4 + r.attrs.as_ref().map_or(0, |a| a.len())
-                        } else {
-                            0
-                        }
-                })
+                .map(|r| 5 + record_len(r.key.as_ref(), &r.payload, r.attrs.as_ref(), with_attrs))
                 .sum::<usize>();
         let mut buf = BytesMut::with_capacity(size);
         buf.put_u64(self.topic_id);
@@ -520,7 +522,8 @@ impl ForwardProduce {
                 &mut buf,
                 r.key.as_ref(),
                 &r.payload,
-                with_attrs.then_some(&r.attrs),
+                r.attrs.as_ref(),
+                with_attrs,
             );
         }
         buf.freeze()
