@@ -44,7 +44,7 @@ pub use api::{topic_path, Msg};
 pub use checks::Checks;
 pub use http::{basic_auth, Http, Resp};
 pub use ledger::{Ledger, Report};
-pub use metrics::{metric_sum, metric_sum_where};
+pub use metrics::{metric_sum, metric_sum_where, series};
 pub use server::{narad_bin, Server, ServerOpts};
 pub use util::{fnv1a32, now_ms, now_s, partition_for_key, pct, rss_bytes, test_rng};
 pub use wait::{eventually, try_eventually};

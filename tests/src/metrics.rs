@@ -1,6 +1,38 @@
 //! Reading `/metrics` (Prometheus/OpenMetrics text, SPEC §9).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use crate::http::Http;
+
+/// The samples of an exposition: (metric name, the text between its braces or "", value
+/// text), comments skipped.
+fn samples(text: &str) -> impl Iterator<Item = (&str, &str, &str)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|line| match line.split_once('{') {
+            Some((name, rest)) => rest
+                .rsplit_once('}')
+                .map(|(labels, value)| (name, labels, value)),
+            None => {
+                let (name, value) = line.split_once(' ').unwrap_or((line, ""));
+                Some((name, "", value))
+            }
+        })
+}
+
+/// Every series name of an exposition with the label names seen on it.
+pub fn series(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, labels, _) in samples(text) {
+        out.entry(name.to_string()).or_default().extend(
+            labels
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, _)| k.trim().to_string()),
+        );
+    }
+    out
+}
 
 /// Sums every sample of metric `name` (any labels) in Prometheus/OpenMetrics text; `None`
 /// when there is no sample.
@@ -11,18 +43,10 @@ pub fn metric_sum(text: &str, name: &str) -> Option<f64> {
 /// Like [`metric_sum`], over the samples carrying every `(label, value)` of `labels`.
 pub fn metric_sum_where(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let mut found = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let metric = line.split(['{', ' ']).next().unwrap_or("");
+    for (metric, label_text, value) in samples(text) {
         if metric != name {
             continue;
         }
-        let (label_text, value) = match line.split_once('{') {
-            Some((_, rest)) => match rest.rsplit_once('}') {
-                Some((l, v)) => (l, v),
-                None => continue,
-            },
-            None => ("", line.split_once(' ').map(|(_, v)| v).unwrap_or("")),
-        };
         let has = |k: &str, v: &str| {
             label_text
                 .split(',')
@@ -72,5 +96,12 @@ mod tests {
         assert_eq!(metric_sum_where(text, "x_total", &[("topic", "c")]), None);
         assert_eq!(metric_sum(text, "y"), Some(7.0));
         assert_eq!(metric_sum(text, "x"), None);
+        let s = series(text);
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s["x_total"].iter().map(String::as_str).collect::<Vec<_>>(),
+            ["partition", "topic"]
+        );
+        assert!(s["y"].is_empty());
     }
 }

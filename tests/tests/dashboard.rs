@@ -3,7 +3,7 @@
 //! remote child, then every metric the dashboard names must be among the series of its
 //! `/metrics`, and every label a query groups by must be on the metric it groups.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use narad_tests::*;
@@ -12,27 +12,6 @@ const DASHBOARD: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../charts/narad/dashboards/narad.json"
 );
-
-/// Series names of an exposition and the label names seen on each.
-fn exported(text: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let end = line.find(['{', ' ']).unwrap_or(line.len());
-        let labels = out.entry(line[..end].to_string()).or_default();
-        if line[end..].starts_with('{') {
-            let inner = &line[end + 1..line.rfind('}').unwrap()];
-            for pair in inner.split("\",") {
-                if let Some((k, _)) = pair.split_once('=') {
-                    labels.insert(k.trim_matches(',').to_string());
-                }
-            }
-        }
-    }
-    out
-}
 
 /// The metric names in a PromQL expression.
 fn metrics_in(expr: &str) -> Vec<String> {
@@ -173,8 +152,8 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         let http = &http;
         let wanted = &wanted;
         async move {
-            let text = http.get("/metrics").await.text();
-            let have = exported(&text);
+            let text = http.metrics_text().await;
+            let have = series(&text);
             let missing: Vec<&String> = wanted.iter().filter(|m| !have.contains_key(*m)).collect();
             if missing.is_empty() {
                 Ok(text)
@@ -184,7 +163,7 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         }
     })
     .await;
-    let have = exported(&text);
+    let have = series(&text);
     for (title, q) in queries(&d) {
         let labels: BTreeSet<String> = metrics_in(&q)
             .iter()
