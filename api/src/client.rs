@@ -470,6 +470,39 @@ impl Client {
         self.post_topic_action(topic, "purge").await
     }
 
+    /// `POST /v1/topics/{topic}/redrive?to=T&max=N` → `200`: moves up to `max` messages of a
+    /// dead-letter topic to `to`, or each back to the topic it was dead-lettered from.
+    pub async fn redrive_topic(
+        &self,
+        topic: &str,
+        to: Option<&str>,
+        max: Option<u64>,
+    ) -> Result<Redriven, Error> {
+        let mut query = Vec::new();
+        if let Some(t) = to {
+            query.push(format!("to={}", escape(t)));
+        }
+        if let Some(m) = max {
+            query.push(format!("max={m}"));
+        }
+        let mut path = format!("{}/redrive", Self::topic_path(topic));
+        if !query.is_empty() {
+            path = format!("{path}?{}", query.join("&"));
+        }
+        // A long move (up to 100,000 messages) takes its time.
+        let timeout = self.control_timeout().max(Duration::from_secs(600));
+        let (_, b) = self
+            .send(
+                Method::POST,
+                &path,
+                Some((Bytes::new(), "application/json")),
+                timeout,
+                &[200],
+            )
+            .await?;
+        Self::decode(&b)
+    }
+
     /// `POST /v1/topics/{topic}/seek` → `200`: moves the frontier of one partition to an
     /// offset, or of one or every partition to a time.
     pub async fn seek_topic(&self, topic: &str, req: &SeekRequest) -> Result<Repositioned, Error> {

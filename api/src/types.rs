@@ -47,6 +47,34 @@ pub struct CreateTopicRequest {
     pub owner: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<RetryBackoff>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+}
+
+/// (ext) A topic's dead-letter setting: a message delivered `max_deliveries` times (1 to
+/// 1000) without being acknowledged is committed to topic `topic` instead of being delivered
+/// again, then settled here. `"max_deliveries": 0` turns it off (on alter).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    #[serde(default)]
+    pub topic: String,
+    pub max_deliveries: u32,
+}
+
+/// (ext) The answer of `POST /v1/topics/{t}/redrive`: how many messages were moved, and to
+/// which topics.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Redriven {
+    pub moved: u64,
+    /// Messages per target topic.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub to: std::collections::BTreeMap<String, u64>,
+    /// Messages left where they were, with why (no target known, the target refused them).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub skipped: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
 }
 
 /// (ext) Exponential backoff of redeliveries after an expired lease or a plain nack: the
@@ -79,6 +107,8 @@ pub struct AlterTopicRequest {
     pub schema_base_version: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<RetryBackoff>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
 }
 
 /// The topic record (SPEC §3.2), with stats when read by `GET /v1/topics/{topic}`.
@@ -122,6 +152,8 @@ pub struct TopicRecord {
     pub paused: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<RetryBackoff>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
 }
 
 /// (ext) The body of `POST /v1/topics/{t}/seek`: a partition and an offset, or a time

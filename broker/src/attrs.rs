@@ -7,7 +7,10 @@
 //! - names `[A-Za-z0-9-_.]{1,64}`, case-insensitive (HTTP header names are), stored
 //!   lowercased; a name given twice (in any case) is refused;
 //! - values are UTF-8 text (empty allowed);
-//! - names and values together at most [`MAX_TOTAL_BYTES`].
+//! - names and values together at most [`MAX_TOTAL_BYTES`];
+//! - names starting with [`RESERVED_PREFIX`] (`narad-`) are the broker's own (a dead-lettered
+//!   copy's source, say): a producer cannot send them, and they are counted apart, at most
+//!   [`MAX_RESERVED`] of at most [`MAX_RESERVED_BYTES`] together.
 //!
 //! # Block
 //! The attributes of one record travel and are stored as one opaque block (the partition
@@ -25,13 +28,26 @@ pub const MAX_NAME_LEN: usize = 64;
 pub const MAX_TOTAL_BYTES: usize = 8 * 1024;
 /// The request-header prefix of an attribute (matched case-insensitively).
 pub const HEADER_PREFIX: &str = "narad-attr-";
+/// The prefix of the attribute names the broker sets (case-insensitive).
+pub const RESERVED_PREFIX: &str = "narad-";
+/// Most broker attributes of one message.
+pub const MAX_RESERVED: usize = 8;
+/// Most bytes of the broker attributes' names and values of one message.
+pub const MAX_RESERVED_BYTES: usize = 1024;
 /// Largest valid block: every byte of names and values plus 3 bytes of lengths each.
-pub const MAX_BLOCK_BYTES: usize = MAX_TOTAL_BYTES + 3 * MAX_ATTRIBUTES;
+pub const MAX_BLOCK_BYTES: usize =
+    MAX_TOTAL_BYTES + 3 * MAX_ATTRIBUTES + MAX_RESERVED_BYTES + 3 * MAX_RESERVED;
 
 const _: () = assert!(MAX_BLOCK_BYTES <= narad_storage::MAX_ATTRS_BYTES);
 
 fn valid_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.')
+}
+
+/// Whether `name` is one of the broker's attribute names.
+pub fn is_reserved(name: &str) -> bool {
+    name.len() >= RESERVED_PREFIX.len()
+        && name.as_bytes()[..RESERVED_PREFIX.len()].eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes())
 }
 
 /// Builds one record's block, checking every rule as pairs are added.
@@ -40,14 +56,17 @@ pub struct Builder {
     buf: Vec<u8>,
     count: usize,
     total: usize,
+    reserved: usize,
+    reserved_total: usize,
 }
 
 impl Builder {
-    /// Adds `name: value`; the error says which rule it breaks.
+    /// Adds a producer's `name: value`; the error says which rule it breaks.
     pub fn push(&mut self, name: &str, value: &str) -> Result<(), String> {
-        if name.is_empty() || name.len() > MAX_NAME_LEN || !name.bytes().all(valid_name_byte) {
+        check_name(name)?;
+        if is_reserved(name) {
             return Err(format!(
-                "attribute name {:?} must be 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 - _ .",
+                "attribute name {:?}: names starting with {RESERVED_PREFIX} are the broker's",
                 truncate(name)
             ));
         }
@@ -62,6 +81,35 @@ impl Builder {
                 "attribute names and values exceed {MAX_TOTAL_BYTES} bytes"
             ));
         }
+        self.count += 1;
+        self.append(name, value)
+    }
+
+    /// Adds one of the broker's attributes (its name starts with [`RESERVED_PREFIX`]).
+    pub fn push_reserved(&mut self, name: &str, value: &str) -> Result<(), String> {
+        check_name(name)?;
+        if !is_reserved(name) {
+            return Err(format!(
+                "attribute name {:?} does not start with {RESERVED_PREFIX}",
+                truncate(name)
+            ));
+        }
+        if self.reserved == MAX_RESERVED {
+            return Err(format!(
+                "a message carries at most {MAX_RESERVED} broker attributes"
+            ));
+        }
+        self.reserved_total += name.len() + value.len();
+        if self.reserved_total > MAX_RESERVED_BYTES {
+            return Err(format!(
+                "broker attribute names and values exceed {MAX_RESERVED_BYTES} bytes"
+            ));
+        }
+        self.reserved += 1;
+        self.append(name, value)
+    }
+
+    fn append(&mut self, name: &str, value: &str) -> Result<(), String> {
         let lower = name.to_ascii_lowercase();
         if Iter(&self.buf).any(|(n, _)| n == lower) {
             return Err(format!("attribute {lower:?} given twice"));
@@ -71,13 +119,50 @@ impl Builder {
         self.buf
             .extend_from_slice(&(value.len() as u16).to_le_bytes());
         self.buf.extend_from_slice(value.as_bytes());
-        self.count += 1;
         Ok(())
     }
 
     /// The block, or `None` when no attribute was added.
     pub fn finish(self) -> Option<Bytes> {
-        (self.count > 0).then(|| Bytes::from(self.buf))
+        (!self.buf.is_empty()).then(|| Bytes::from(self.buf))
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN || !name.bytes().all(valid_name_byte) {
+        return Err(format!(
+            "attribute name {:?} must be 1 to {MAX_NAME_LEN} of A-Z a-z 0-9 - _ .",
+            truncate(name)
+        ));
+    }
+    Ok(())
+}
+
+/// A block with the producer's attributes of `block` (those not [`is_reserved`]) followed by
+/// the broker attributes `reserved`; `None` when there are none at all.
+pub fn with_reserved(block: Option<&[u8]>, reserved: &[(&str, &str)]) -> Option<Bytes> {
+    let mut b = Builder::default();
+    for (n, v) in block.map(Iter).into_iter().flatten() {
+        if !is_reserved(n) {
+            // Checked when stored: within every rule.
+            let _ = b.push(n, v);
+        }
+    }
+    for (n, v) in reserved {
+        if let Err(e) = b.push_reserved(n, v) {
+            debug_assert!(false, "broker attribute {n}: {e}");
+        }
+    }
+    b.finish()
+}
+
+/// The producer's attributes of `block`, without the broker's (a copy that leaves the
+/// broker's reach, or goes back to be delivered again).
+pub fn without_reserved(block: Option<&Bytes>) -> Option<Bytes> {
+    match block {
+        Some(b) if Iter(b).any(|(n, _)| is_reserved(n)) => with_reserved(Some(b), &[]),
+        Some(b) => Some(b.clone()),
+        None => None,
     }
 }
 
@@ -151,9 +236,13 @@ pub fn check(block: &[u8]) -> Result<(), String> {
         if n.bytes().any(|c| c.is_ascii_uppercase()) {
             return Err("attribute name not lowercased".into());
         }
-        b.push(n, v)?;
+        if is_reserved(n) {
+            b.push_reserved(n, v)?;
+        } else {
+            b.push(n, v)?;
+        }
     }
-    if !it.0.is_empty() || b.count == 0 {
+    if !it.0.is_empty() || b.buf.is_empty() {
         return Err("malformed attribute block".into());
     }
     Ok(())
@@ -236,6 +325,52 @@ mod tests {
         assert!(block(&[("a", &big)]).is_ok());
         let over = "v".repeat(MAX_TOTAL_BYTES);
         assert!(block(&[("a", &over)]).unwrap_err().contains("8192"));
+    }
+
+    #[test]
+    fn broker_attributes_are_reserved_counted_apart_and_strippable() {
+        let e = block(&[("Narad-Dead-Letter-Source-Topic", "x")]).unwrap_err();
+        assert!(e.contains("are the broker's"), "{e}");
+        // A full producer block still takes the broker's own.
+        let names: Vec<String> = (0..16).map(|i| format!("a{i}")).collect();
+        let full: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        let user = block(&full).unwrap().unwrap();
+        let dead = with_reserved(
+            Some(&user),
+            &[
+                ("narad-dead-letter-source-topic", "orders"),
+                ("narad-x", "1"),
+            ],
+        )
+        .unwrap();
+        check(&dead).unwrap();
+        assert_eq!(Iter(&dead).count(), 18);
+        assert_eq!(get(&dead, "narad-dead-letter-source-topic"), Some("orders"));
+        // Replaced, not added up, when set again.
+        let again = with_reserved(Some(&dead), &[("narad-x", "2")]).unwrap();
+        assert_eq!(Iter(&again).count(), 17);
+        assert_eq!(get(&again, "narad-x"), Some("2"));
+        assert_eq!(without_reserved(Some(&again)).unwrap(), user);
+        assert_eq!(without_reserved(Some(&user)).unwrap(), user);
+        assert_eq!(with_reserved(None, &[]), None);
+        let only = with_reserved(None, &[("narad-x", "1")]).unwrap();
+        assert_eq!(without_reserved(Some(&only)), None);
+        // Their own limits.
+        let mut b = Builder::default();
+        for i in 0..MAX_RESERVED {
+            b.push_reserved(&format!("narad-{i}"), "v").unwrap();
+        }
+        assert!(b
+            .push_reserved("narad-9", "v")
+            .unwrap_err()
+            .contains("at most 8"));
+        let mut b = Builder::default();
+        let big = "v".repeat(MAX_RESERVED_BYTES);
+        assert!(b
+            .push_reserved("narad-big", &big)
+            .unwrap_err()
+            .contains("1024"));
+        assert!(Builder::default().push_reserved("plain", "v").is_err());
     }
 
     #[test]

@@ -308,6 +308,25 @@ impl Ingest {
     }
 }
 
+/// Dead-lettered and redriven messages are stored as a produce received here is.
+impl crate::delivery::dead_letter::Store for Ingest {
+    fn store<'a>(
+        &'a self,
+        topic: &'a Topic,
+        records: Vec<WalRecord>,
+    ) -> crate::rpc::BoxFuture<'a, ApiResult<()>> {
+        Box::pin(Ingest::store(self, topic, records))
+    }
+
+    fn partition_for(&self, topic: &Topic, key: Option<&[u8]>) -> u32 {
+        match self.registry.runtime_of(&self.meta, &self.node_id, topic) {
+            Ok(rt) => self.choose_partition(topic, &rt, key, None),
+            // No runtime (the topic went meanwhile): its store fails anyway.
+            Err(_) => 0,
+        }
+    }
+}
+
 /// Commits records of one local partition; returns them if the commit did not happen.
 async fn commit_direct(
     part: &std::sync::Arc<crate::partition::Partition>,

@@ -156,6 +156,11 @@ pub struct Metrics {
     pub ack_rejected: Family<AckReasonLabels, Counter>,
     pub ack_extended: Family<TopicLabels, Counter>,
     pub nack: Family<TopicLabels, Counter>,
+    /// (ext) Messages of a topic committed to its dead-letter topic.
+    pub dead_lettered: Family<TopicLabels, Counter>,
+    /// (ext) Dead-letter commits of a topic's messages that did not happen (retried when
+    /// their lease lapses).
+    pub dead_letter_failures: Family<TopicLabels, Counter>,
     pub fsync_duration: HistogramFamily<PartitionLabels>,
     pub flush_duration: HistogramFamily<PartitionLabels>,
     pub flush_bytes: Family<PartitionLabels, Counter>,
@@ -345,6 +350,18 @@ impl Metrics {
             ),
             ack_extended: reg!(r, "ack_extended", "Leases extended", Family::default()),
             nack: reg!(r, "nack", "Deliveries handed back", Family::default()),
+            dead_lettered: reg!(
+                r,
+                "dead_lettered_messages",
+                "Messages committed to the topic's dead-letter topic after their last allowed delivery",
+                Family::default()
+            ),
+            dead_letter_failures: reg!(
+                r,
+                "dead_letter_failures",
+                "Dead-letter commits that did not happen (tried again when the lease lapses)",
+                Family::default()
+            ),
             flush_duration: reg!(
                 r,
                 "storage_flush_duration_seconds",
@@ -594,6 +611,8 @@ impl Metrics {
         self.consume_empty.remove(&t);
         self.ack_extended.remove(&t);
         self.nack.remove(&t);
+        self.dead_lettered.remove(&t);
+        self.dead_letter_failures.remove(&t);
         self.topic_bytes.remove(&t);
         self.topic_backlog.remove(&t);
         for outcome in CONSUME_OUTCOMES {

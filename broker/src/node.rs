@@ -416,15 +416,25 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         config.security.enabled,
     ));
     let (visibility, demands) = crate::wal::dispatcher::Visibility::new(opened.wal.clone());
-    let delivery = Arc::new(crate::delivery::Delivery::new(
+    let ingest = Arc::new(Ingest::new(
+        node_id.clone(),
         meta.clone(),
-        registry.clone(),
         cluster.clone(),
+        registry.clone(),
+        opened.wal.clone(),
         metrics.clone(),
-        config.http.max_consume_wait,
-        visibility,
-        health.shutdown_token(),
+        config.tuning.wal_skip_local,
     ));
+    let delivery = Arc::new(crate::delivery::Delivery::new(crate::delivery::Parts {
+        meta: meta.clone(),
+        registry: registry.clone(),
+        cluster: cluster.clone(),
+        metrics: metrics.clone(),
+        max_wait: config.http.max_consume_wait,
+        visibility,
+        store: ingest.clone(),
+        shutdown: health.shutdown_token(),
+    }));
     let tasks = TaskTracker::new();
     let moves = Arc::new(Moves::new(
         node_id.clone(),
@@ -461,15 +471,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         wal: opened.wal.clone(),
         registry: registry.clone(),
         metrics: metrics.clone(),
-        ingest: Arc::new(Ingest::new(
-            node_id.clone(),
-            meta.clone(),
-            cluster.clone(),
-            registry.clone(),
-            opened.wal.clone(),
-            metrics.clone(),
-            config.tuning.wal_skip_local,
-        )),
+        ingest,
         auth: Authenticator::default(),
         children,
         cluster: cluster.clone(),

@@ -455,16 +455,26 @@ mod tests {
         )
         .unwrap()
         .wal;
-        let (visibility, _demands) = crate::wal::dispatcher::Visibility::new(wal);
-        let delivery = Arc::new(Delivery::new(
+        let (visibility, _demands) = crate::wal::dispatcher::Visibility::new(wal.clone());
+        let ingest = Arc::new(crate::ingest::Ingest::new(
+            "n1".into(),
             meta.clone(),
-            registry.clone(),
             cluster.clone(),
+            registry.clone(),
+            wal,
             metrics.clone(),
-            Duration::from_secs(1),
-            visibility,
-            CancellationToken::new(),
+            false,
         ));
+        let delivery = Arc::new(Delivery::new(crate::delivery::Parts {
+            meta: meta.clone(),
+            registry: registry.clone(),
+            cluster: cluster.clone(),
+            metrics: metrics.clone(),
+            max_wait: Duration::from_secs(1),
+            visibility,
+            store: ingest,
+            shutdown: CancellationToken::new(),
+        }));
         let children = Children::new(
             meta.clone(),
             registry.clone(),

@@ -334,6 +334,28 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .map(drop)
     })
     .await;
+    // A dead-letter topic, then the setting that names it.
+    apply(
+        &topics,
+        "orders-dlq",
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders-dlq"}, "spec": {"clusterRef": {"name": "prod"}}}),
+    )
+    .await;
+    eventually("orders-dlq on the broker", || async {
+        admin.get_topic("orders-dlq", None).await.ok().map(drop)
+    })
+    .await;
+    apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 6, "retention": "2h",
+            "retryBackoff": {"min": "1s", "max": "1m"},
+            "deadLetter": {"topic": "orders-dlq", "maxDeliveries": 3}}})).await;
+    eventually("the dead-letter setting on the broker", || async {
+        let rec = admin.get_topic("orders", None).await.ok()?;
+        let d = rec.dead_letter?;
+        (d.topic == "orders-dlq" && d.max_deliveries == 3).then_some(())
+    })
+    .await;
 
     // A child attaches to its parent; a child of a missing parent waits.
     apply(&topics, "orders-audit", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",

@@ -1,7 +1,8 @@
 //! Message attributes (ext): `Narad-Attr-<name>` request headers on a produce and
 //! `"attributes"` per message of a batch are stored beside the key and returned as
 //! `"attributes"` on consume and replay, through a crash, compressed logs and child topics;
-//! every rule (count, name, size, duplicates, UTF-8) is a `400` that stores nothing.
+//! every rule (count, name, size, duplicates, UTF-8, the broker's `narad-` names) is a `400`
+//! that stores nothing.
 
 use narad_tests::*;
 
@@ -137,6 +138,7 @@ async fn every_attribute_rule_is_a_400_that_stores_nothing() {
         (vec![(long_name.as_str(), "v")], "1 to 64"),
         (vec![("Narad-Attr-a+b", "v")], "1 to 64"),
         (vec![("Narad-Attr-big", big.as_str())], "8192"),
+        (vec![("Narad-Attr-NARAD-x", "v")], "are the broker's"),
     ];
     for (headers, want) in &cases {
         let r = produce_with(&http, "ar", headers, "x").await;
@@ -148,6 +150,10 @@ async fn every_attribute_rule_is_a_400_that_stores_nothing() {
         (json!({"a": "1", "A": "2"}), "given twice"),
         (json!({"a": 1}), "message 1"),
         (json!({"": "v"}), "1 to 64"),
+        (
+            json!({"narad-dead-letter-source-topic": "ar"}),
+            "are the broker's",
+        ),
         (json!(["a"]), "message 1"),
     ] {
         let r = http

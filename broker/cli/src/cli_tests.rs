@@ -21,7 +21,7 @@ enum Top {
     Serve,
     Version,
     #[command(flatten)]
-    Client(Command),
+    Client(Box<Command>),
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -34,7 +34,7 @@ fn parse(args: &[&str]) -> Result<Command, clap::Error> {
     let mut v = vec!["narad"];
     v.extend_from_slice(args);
     match Cli::try_parse_from(v)?.cmd {
-        Top::Client(c) => Ok(c),
+        Top::Client(c) => Ok(*c),
         other => panic!("not a client command: {other:?}"),
     }
 }

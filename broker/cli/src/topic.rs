@@ -1,12 +1,12 @@
-//! `narad topic add|ls|info|edit|rm|attach|detach|children|pause|resume|purge|seek`.
+//! `narad topic add|ls|info|edit|rm|attach|detach|children|pause|resume|purge|seek|redrive`.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
 
 use anyhow::{bail, Context as _};
 use narad_api::{
-    AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, RemoteTarget, Repositioned,
-    SeekRequest, TopicRecord,
+    AlterTopicRequest, AttachChildRequest, Client, CreateTopicRequest, DeadLetter, Redriven,
+    RemoteTarget, Repositioned, SeekRequest, TopicRecord,
 };
 use serde_json::value::RawValue;
 
@@ -77,6 +77,20 @@ pub enum TopicCmd {
     },
     /// Move where delivery resumes: back to redeliver, forward to skip
     Seek(SeekArgs),
+    /// Move messages of a dead-letter topic back to the topics they came from (or to --to)
+    Redrive {
+        /// The dead-letter topic
+        name: String,
+        /// Move every message here instead of to its source topic
+        #[arg(long, value_name = "TOPIC")]
+        to: Option<String>,
+        /// Move at most this many (default 1000, at most 100000)
+        #[arg(long, value_name = "N")]
+        max: Option<u64>,
+        /// Print the result as JSON
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -137,6 +151,9 @@ pub struct AddArgs {
     /// Backoff of redeliveries after an expired lease or a nack: MIN,MAX (e.g. 1s,5m), or off
     #[arg(long, value_name = "MIN,MAX")]
     pub retry_backoff: Option<String>,
+    /// Dead-letter topic and deliveries before a message goes there: TOPIC:N (N 1-1000), or off
+    #[arg(long, value_name = "TOPIC:N|off")]
+    pub dead_letter: Option<String>,
     /// Leased messages per partition
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<u64>,
@@ -167,6 +184,9 @@ pub struct EditArgs {
     /// Backoff of redeliveries after an expired lease or a nack: MIN,MAX (e.g. 1s,5m), or off
     #[arg(long, value_name = "MIN,MAX")]
     pub retry_backoff: Option<String>,
+    /// Dead-letter topic and deliveries before a message goes there: TOPIC:N (N 1-1000), or off
+    #[arg(long, value_name = "TOPIC:N|off")]
+    pub dead_letter: Option<String>,
     /// New partition count (grow only)
     #[arg(long)]
     pub partitions: Option<u32>,
@@ -263,6 +283,25 @@ pub fn create_request(a: &AddArgs) -> anyhow::Result<CreateTopicRequest> {
             .transpose()?,
         owner: None,
         retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
+        dead_letter: a.dead_letter.as_deref().map(dead_letter).transpose()?,
+    })
+}
+
+/// `--dead-letter TOPIC:N`, or `off`.
+fn dead_letter(v: &str) -> anyhow::Result<DeadLetter> {
+    if v == "off" {
+        return Ok(DeadLetter::default());
+    }
+    let parsed = v
+        .rsplit_once(':')
+        .and_then(|(t, n)| Some((t, n.parse::<u32>().ok()?)))
+        .filter(|(t, n)| !t.is_empty() && *n > 0);
+    let Some((topic, max_deliveries)) = parsed else {
+        bail!("--dead-letter takes TOPIC:N (e.g. orders-dlq:5) or off, got {v:?}");
+    };
+    Ok(DeadLetter {
+        topic: topic.into(),
+        max_deliveries,
     })
 }
 
@@ -299,6 +338,7 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         schema: a.schema.as_deref().map(schema_arg).transpose()?,
         schema_base_version: None,
         retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
+        dead_letter: a.dead_letter.as_deref().map(dead_letter).transpose()?,
     };
     if r.partitions.is_none()
         && r.retention_ms.is_none()
@@ -307,6 +347,7 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         && r.max_acked_ahead_per_partition.is_none()
         && r.schema.is_none()
         && r.retry_backoff.is_none()
+        && r.dead_letter.is_none()
     {
         bail!("nothing to change: give at least one of --retention, --visibility, --partitions, --max-in-flight, --max-acked-ahead, --schema, --retry-backoff");
     }
@@ -398,6 +439,23 @@ pub fn list_table(topics: &[TopicRecord]) -> Table {
     t
 }
 
+/// The `topic redrive` text: what moved where, and what stayed.
+pub fn write_redriven(out: &mut dyn Write, from: &str, r: &Redriven) -> std::io::Result<()> {
+    writeln!(out, "moved {} message(s) from {from}", r.moved)?;
+    for (to, n) in &r.to {
+        writeln!(out, "  {n} to {to}")?;
+    }
+    if r.skipped > 0 {
+        writeln!(
+            out,
+            "left {} message(s) in {from}: {}",
+            r.skipped,
+            r.last_error.as_deref().unwrap_or("")
+        )?;
+    }
+    Ok(())
+}
+
 /// The `topic info` text.
 pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
     let mut kv: Vec<(&str, String)> = vec![("name", t.name.clone())];
@@ -423,6 +481,12 @@ pub fn write_info(out: &mut dyn Write, t: &TopicRecord) -> std::io::Result<()> {
     ]);
     if let Some(b) = &t.retry_backoff {
         kv.push(("retry backoff", format!("{} doubling to {}", b.min, b.max)));
+    }
+    if let Some(d) = &t.dead_letter {
+        kv.push((
+            "dead letter",
+            format!("{} after {} deliveries", d.topic, d.max_deliveries),
+        ));
     }
     if let Some(b) = &t.backlog {
         kv.push((
@@ -631,6 +695,20 @@ async fn run_with(cmd: TopicCmd, client: &Client) -> anyhow::Result<()> {
             let r = client.seek_topic(&a.name, &seek_request(&a)).await?;
             write_repositioned(&mut out, "repositioned", &r, a.json)?;
         }
+        TopicCmd::Redrive {
+            name,
+            to,
+            max,
+            json,
+        } => {
+            let r = client.redrive_topic(&name, to.as_deref(), max).await?;
+            if json {
+                serde_json::to_writer_pretty(&mut out, &r)?;
+                writeln!(out)?;
+            } else {
+                write_redriven(&mut out, &name, &r)?;
+            }
+        }
         TopicCmd::Attach(a) => {
             let req = attach_request(&a)?;
             let parent = client.attach_child(&a.parent, &req).await?;
@@ -759,6 +837,7 @@ mod tests {
             delay: None,
             schema: None,
             retry_backoff: None,
+            dead_letter: None,
         }
     }
 
@@ -806,6 +885,7 @@ mod tests {
             max_acked_ahead: None,
             schema: None,
             retry_backoff: None,
+            dead_letter: None,
         };
         assert_eq!(
             serde_json::to_string(&alter_request(&e).unwrap()).unwrap(),
@@ -836,6 +916,43 @@ mod tests {
             };
             assert!(alter_request(&b).is_err(), "{bad}");
         }
+        let dead = EditArgs {
+            retry_backoff: None,
+            dead_letter: Some("orders-dlq:5".into()),
+            ..backoff.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&alter_request(&dead).unwrap()).unwrap(),
+            r#"{"dead_letter":{"topic":"orders-dlq","max_deliveries":5}}"#
+        );
+        let off = EditArgs {
+            dead_letter: Some("off".into()),
+            ..dead.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&alter_request(&off).unwrap()).unwrap(),
+            r#"{"dead_letter":{"topic":"","max_deliveries":0}}"#
+        );
+        for bad in [
+            "orders-dlq",
+            "orders-dlq:",
+            ":5",
+            "dlq:0",
+            "dlq:-1",
+            "dlq:many",
+        ] {
+            let b = EditArgs {
+                dead_letter: Some(bad.into()),
+                ..dead.clone()
+            };
+            assert!(
+                alter_request(&b)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("TOPIC:N"),
+                "{bad}"
+            );
+        }
         let none = EditArgs {
             name: "t".into(),
             retention: None,
@@ -845,6 +962,7 @@ mod tests {
             max_acked_ahead: None,
             schema: None,
             retry_backoff: None,
+            dead_letter: None,
         };
         assert!(alter_request(&none)
             .unwrap_err()
@@ -854,6 +972,26 @@ mod tests {
 
     fn record(json: &str) -> TopicRecord {
         serde_json::from_str(json).unwrap()
+    }
+
+    #[test]
+    fn redrive_output_says_what_moved_where_and_what_stayed() {
+        let r: Redriven = serde_json::from_str(
+            r#"{"moved":5,"to":{"a":3,"b":2},"skipped":1,"last_error":"topic c not found"}"#,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        write_redriven(&mut out, "dlq", &r).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "moved 5 message(s) from dlq\n  3 to a\n  2 to b\nleft 1 message(s) in dlq: topic c not found\n"
+        );
+        let mut out = Vec::new();
+        write_redriven(&mut out, "dlq", &Redriven::default()).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "moved 0 message(s) from dlq\n"
+        );
     }
 
     #[test]
@@ -902,6 +1040,7 @@ mod tests {
             r#"{"name":"orders","partitions":3,"retention_ms":0,"visibility_timeout_ms":30000,
             "max_in_flight_per_partition":1024,"max_acked_ahead_per_partition":1024,"created_at":0,
             "role":"standalone","retry_backoff":{"min":"1s","max":"5m0s"},
+            "dead_letter":{"topic":"orders-dlq","max_deliveries":5},
             "backlog":{"messages":7,"in_flight":2,"oldest_unacked_age_seconds":90}}"#,
         );
         let mut out = Vec::new();
@@ -909,6 +1048,10 @@ mod tests {
         let s = String::from_utf8(out).unwrap();
         assert!(
             s.contains("retry backoff:      1s doubling to 5m0s\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("dead letter:        orders-dlq after 5 deliveries\n"),
             "{s}"
         );
         assert!(

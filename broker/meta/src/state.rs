@@ -218,6 +218,9 @@ impl MetaState {
         if let Some(b) = patch.retry_backoff {
             topic.config.retry_backoff = (b.min_ms > 0).then_some(b);
         }
+        if let Some(d) = &patch.dead_letter {
+            topic.config.dead_letter = (d.max_deliveries > 0).then(|| d.clone());
+        }
         if let Some(schema) = &patch.schema {
             topic.schemas.push(SchemaVersion {
                 version: current_version + 1,
@@ -666,6 +669,7 @@ mod tests {
             max_in_flight_per_partition: 1024,
             max_acked_ahead_per_partition: 1024,
             retry_backoff: None,
+            dead_letter: None,
         }
     }
 
@@ -1308,6 +1312,7 @@ mod user_tests {
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
+                dead_letter: None,
             },
             owner: owner.map(String::from),
             schema: None,
@@ -1477,6 +1482,7 @@ mod user_tests {
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
+                dead_letter: None,
             },
             owner: None,
             schema: None,
@@ -1531,6 +1537,7 @@ mod move_tests {
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
+                dead_letter: None,
             },
             owner: None,
             schema: None,

@@ -20,6 +20,17 @@ pub struct TopicConfig {
     /// (ext) Exponential backoff of redeliveries after an expired lease or a plain nack.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<Backoff>,
+    /// (ext) Where a message goes once it was delivered `max_deliveries` times unsettled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+}
+
+/// (ext) A topic's dead-letter setting: the delivery that would be number
+/// `max_deliveries + 1` commits the message to topic `topic` instead, then settles it here.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    pub topic: String,
+    pub max_deliveries: u32,
 }
 
 /// (ext) A redelivery waits `min_ms` after the first delivery, twice that after the second,
@@ -126,6 +137,10 @@ pub struct TopicPatch {
     /// older build ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<Backoff>,
+    /// (ext) Set (`max_deliveries` > 0) or clear (`max_deliveries` = 0) the dead-letter
+    /// setting. A member of an older build ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
     /// (ext) Pause or resume consumes. A member of an older build ignores it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,

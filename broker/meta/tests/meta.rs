@@ -27,6 +27,7 @@ fn config(partitions: u32) -> TopicConfig {
         max_in_flight_per_partition: 1024,
         max_acked_ahead_per_partition: 1024,
         retry_backoff: None,
+        dead_letter: None,
     }
 }
 

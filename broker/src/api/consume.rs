@@ -19,7 +19,11 @@ use crate::security::{authz, Caller};
 
 /// The topic of a consume, replay, ack, extend or nack: the `consume` grant (`403`, whether
 /// or not it exists), then existence (`404`).
-async fn consume_target(app: &App, caller: &Caller, name: &str) -> ApiResult<Arc<Topic>> {
+pub(super) async fn consume_target(
+    app: &App,
+    caller: &Caller,
+    name: &str,
+) -> ApiResult<Arc<Topic>> {
     let topic = find_topic(app, name).await;
     authz::consume(caller, name, topic.as_deref())?;
     topic.ok_or_else(|| ApiError::topic_not_found(name))

@@ -70,6 +70,7 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
         .route("/v1/topics/{topic}/resume", post(queue::resume))
         .route("/v1/topics/{topic}/purge", post(queue::purge))
         .route("/v1/topics/{topic}/seek", post(queue::seek))
+        .route("/v1/topics/{topic}/redrive", post(queue::redrive))
         .route(
             "/v1/topics/{topic}/children",
             post(children::attach).get(children::list),

@@ -1,15 +1,18 @@
 //! Queue administration routes (SPEC (ext) §3.8): pause and resume consumes, purge a topic's
 //! backlog, seek its frontier. Each needs the topic's owner or an admin (`manage`).
 
+use std::sync::Arc;
+
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use narad_api::{Repositioned, SeekRequest};
 use narad_meta::{MetaCommand, TopicPatch};
 
 use super::topics::record;
-use super::{find_topic, json, managed_topic, read_json, AppState, Name};
+use super::{find_topic, json, managed_topic, read_json, AppState, Name, Query};
+use crate::delivery::dead_letter::{DEFAULT_REDRIVE, MAX_REDRIVE};
 use crate::error::{ApiError, ApiResult};
 use crate::partition::Position;
 use crate::security::{audit, authz, Caller};
@@ -99,6 +102,46 @@ pub async fn seek(
             partitions,
         },
     ))
+}
+
+/// `POST /v1/topics/{t}/redrive?to=<topic>&max=N` (SPEC (ext) §3.9): moves up to `max`
+/// (default 1000, at most 100000) messages of dead-letter topic `t` to `to`, or each back to
+/// the topic it was dead-lettered from. Needs `consume` on `t` and `produce` on each target.
+pub async fn redrive(
+    State(app): State<AppState>,
+    caller: Caller,
+    Name(name): Name,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let from = super::consume::consume_target(&app, &caller, &name).await?;
+    let q = Query::parse(q.as_deref());
+    let max = match q.uint("max")? {
+        None => DEFAULT_REDRIVE,
+        Some(m) if (1..=MAX_REDRIVE).contains(&m) => m,
+        Some(m) => {
+            return Err(ApiError::bad_request(format!(
+                "max must be 1 to {MAX_REDRIVE}, got {m}"
+            )))
+        }
+    };
+    let view = app.meta.view();
+    let target = |t: &str| -> ApiResult<Arc<narad_meta::Topic>> {
+        let topic = view.topics.get(t).cloned();
+        authz::produce(&caller, t, topic.as_deref())?;
+        if t == name {
+            return Err(ApiError::bad_request(format!(
+                "cannot redrive topic {t} into itself"
+            )));
+        }
+        topic.ok_or_else(|| ApiError::topic_not_found(t))
+    };
+    let to = q.text("to")?.map(&target).transpose()?;
+    let done = app
+        .delivery
+        .redrive(&from, to.as_ref(), max, target)
+        .await?;
+    audit::event("topic.redrive", caller.actor(), &name);
+    Ok(json(StatusCode::OK, &done))
 }
 
 /// The partitions and the position a seek asks for (`400` for a malformed one).

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use narad_api::{AlterTopicRequest, CreateTopicRequest, RetryBackoff, TopicList, TopicRecord};
 use narad_meta::{
-    Backoff, MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch,
+    Backoff, DeadLetter, MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch,
     MAX_FANOUT_DELAY_MS,
 };
 use serde_json::value::RawValue;
@@ -121,6 +121,65 @@ fn check_backoff(b: &RetryBackoff) -> ApiResult<Backoff> {
     })
 }
 
+/// Most deliveries a `dead_letter` setting allows before the message is dead-lettered.
+pub const MAX_DEAD_LETTER_DELIVERIES: u32 = 1000;
+
+/// `dead_letter` of topic `name`: `max_deliveries` 1 to 1000 and a target that exists, is not
+/// the topic itself, and the caller may produce to (`403` before `404`, as a produce);
+/// `max_deliveries` 0 turns it off (returned as is).
+fn check_dead_letter(
+    view: &MetaState,
+    caller: &Caller,
+    name: &str,
+    d: &narad_api::DeadLetter,
+) -> ApiResult<DeadLetter> {
+    if d.max_deliveries == 0 {
+        return Ok(DeadLetter {
+            topic: String::new(),
+            max_deliveries: 0,
+        });
+    }
+    if d.max_deliveries > MAX_DEAD_LETTER_DELIVERIES {
+        return Err(ApiError::bad_request(format!(
+            "dead_letter.max_deliveries must be 1 to {MAX_DEAD_LETTER_DELIVERIES} (0 turns it off), got {}",
+            d.max_deliveries
+        )));
+    }
+    if d.topic.is_empty() {
+        return Err(ApiError::bad_request("dead_letter.topic is missing"));
+    }
+    if d.topic == name {
+        return Err(ApiError::bad_request(
+            "a topic cannot be its own dead-letter topic",
+        ));
+    }
+    let target = view.topics.get(&d.topic).map(|t| &**t);
+    authz::produce(caller, &d.topic, target).map_err(|denied| match denied {
+        authz::Denied::NotFound(_) => {
+            ApiError::not_found(format!("dead-letter topic {} not found", d.topic))
+        }
+        other => other.into(),
+    })?;
+    Ok(DeadLetter {
+        topic: d.topic.clone(),
+        max_deliveries: d.max_deliveries,
+    })
+}
+
+/// The topics whose dead-letter topic is `name` (a topic they name cannot be deleted).
+fn dead_letter_sources<'a>(view: &'a MetaState, name: &str) -> Vec<&'a str> {
+    view.topics
+        .values()
+        .filter(|t| {
+            t.config
+                .dead_letter
+                .as_ref()
+                .is_some_and(|d| d.topic == name)
+        })
+        .map(|t| t.name.as_str())
+        .collect()
+}
+
 fn check_partitions(app: &App, p: u64) -> ApiResult<u32> {
     let max = app.config.topic.max_partitions as u64;
     if !(3..=max).contains(&p) {
@@ -171,6 +230,14 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
             .config
             .retry_backoff
             .map(|b| RetryBackoff::from_ms(b.min_ms, b.max_ms)),
+        dead_letter: t
+            .config
+            .dead_letter
+            .as_ref()
+            .map(|d| narad_api::DeadLetter {
+                topic: d.topic.clone(),
+                max_deliveries: d.max_deliveries,
+            }),
         ..Default::default()
     }
 }
@@ -242,6 +309,12 @@ pub async fn create(
             .map(check_backoff)
             .transpose()?
             .filter(|b| b.min_ms > 0),
+        dead_letter: req
+            .dead_letter
+            .as_ref()
+            .map(|d| check_dead_letter(&app.meta.view(), &caller, &req.name, d))
+            .transpose()?
+            .filter(|d| d.max_deliveries > 0),
     };
     let cmd = match &req.parent {
         Some(parent) => {
@@ -423,6 +496,9 @@ pub async fn alter(
     if let Some(b) = &req.retry_backoff {
         patch.retry_backoff = Some(check_backoff(b)?);
     }
+    if let Some(d) = &req.dead_letter {
+        patch.dead_letter = Some(check_dead_letter(&app.meta.view(), &caller, &name, d)?);
+    }
     if let Some(v) = non_negative("schema_base_version", req.schema_base_version)? {
         patch.schema_base_version = Some(v as u32);
     }
@@ -431,7 +507,7 @@ pub async fn alter(
         ..patch.clone()
     };
     if changes == TopicPatch::default() {
-        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff"));
+        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff, dead_letter"));
     }
     let updated = app
         .propose_topic(MetaCommand::AlterTopic {
@@ -450,6 +526,16 @@ pub async fn delete(
     Name(name): Name,
 ) -> ApiResult<Response> {
     authz::manage(&caller, &name, find_topic(&app, &name).await.as_deref())?;
+    {
+        let view = app.meta.view();
+        let sources = dead_letter_sources(&view, &name);
+        if !sources.is_empty() {
+            return Err(ApiError::conflict(format!(
+                "topic {name} is the dead-letter topic of {}: change their dead_letter first",
+                sources.join(", ")
+            )));
+        }
+    }
     let deleted: Arc<Topic> = match app
         .propose(MetaCommand::DeleteTopic { name: name.clone() })
         .await?

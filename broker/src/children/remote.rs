@@ -635,8 +635,10 @@ fn encode_message(out: &mut Vec<u8>, r: &StoredRecord) {
         }
         _ => {}
     }
-    if let Some(a) = &r.attrs {
-        crate::attrs::write_json(out, a);
+    // The broker's own attributes (a dead-lettered copy's source) stay here: a remote refuses
+    // them from a producer.
+    if let Some(a) = crate::attrs::without_reserved(r.attrs.as_ref()) {
+        crate::attrs::write_json(out, &a);
     }
     out.push(b'}');
 }
@@ -708,6 +710,19 @@ mod tests {
         let attrs = m.attributes.unwrap();
         assert_eq!(attrs["traceparent"], "00-1-2-01");
         assert_eq!(m.key.as_deref(), Some("k"));
+        // The broker's own attributes stay behind; with nothing else, no attributes at all.
+        r.attrs = crate::attrs::with_reserved(
+            r.attrs.as_deref(),
+            &[("narad-dead-letter-source-topic", "t")],
+        );
+        out.clear();
+        encode_message(&mut out, &r);
+        let m: narad_api::BatchMessage = serde_json::from_slice(&out).unwrap();
+        assert_eq!(m.attributes.unwrap().len(), 1);
+        r.attrs = crate::attrs::with_reserved(None, &[("narad-dead-letter-source-topic", "t")]);
+        out.clear();
+        encode_message(&mut out, &r);
+        assert_eq!(out, br#"{"payload":{"a":1},"key":"k"}"#);
         // Without attributes the element is as before.
         r.attrs = None;
         out.clear();

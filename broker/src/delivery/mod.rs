@@ -15,6 +15,7 @@
 //! the metrics.
 
 pub mod coalesce;
+pub mod dead_letter;
 mod handle;
 mod position;
 pub mod prefetch;
@@ -87,30 +88,39 @@ pub struct Delivery {
     max_wait: Duration,
     /// Acknowledged records the dispatcher still holds become visible on demand.
     visibility: Visibility,
+    /// Where dead-lettered and redriven messages are stored.
+    store: Arc<dyn dead_letter::Store>,
     shutdown: CancellationToken,
 }
 
+/// What a [`Delivery`] is built from.
+pub struct Parts {
+    pub meta: Meta,
+    pub registry: Arc<Registry>,
+    pub cluster: Arc<Cluster>,
+    pub metrics: Arc<Metrics>,
+    /// `http.max_consume_wait`.
+    pub max_wait: Duration,
+    pub visibility: Visibility,
+    /// Where dead-lettered and redriven messages are stored (the node's `Ingest`).
+    pub store: Arc<dyn dead_letter::Store>,
+    pub shutdown: CancellationToken,
+}
+
 impl Delivery {
-    pub fn new(
-        meta: Meta,
-        registry: Arc<Registry>,
-        cluster: Arc<Cluster>,
-        metrics: Arc<Metrics>,
-        max_wait: Duration,
-        visibility: Visibility,
-        shutdown: CancellationToken,
-    ) -> Delivery {
+    pub fn new(p: Parts) -> Delivery {
         Delivery {
-            visibility,
-            node_id: cluster.node_id.clone(),
-            meta,
-            registry,
-            cluster,
-            metrics,
+            node_id: p.cluster.node_id.clone(),
+            meta: p.meta,
+            registry: p.registry,
+            cluster: p.cluster,
+            metrics: p.metrics,
             prefetch: Default::default(),
             settles: coalesce::Coalescer::new(MAX_BATCH as usize, SETTLE_CALLS_IN_FLIGHT),
-            max_wait,
-            shutdown,
+            max_wait: p.max_wait,
+            visibility: p.visibility,
+            store: p.store,
+            shutdown: p.shutdown,
         }
     }
 
@@ -488,6 +498,8 @@ impl Delivery {
         let mut next_probe = Instant::now();
         let mut flushed = false;
         let mut parked = None;
+        let dead_letter = self.dead_letter_of(topic);
+        let mut doomed = Vec::new();
         loop {
             let notified = rt.notify.notified();
             tokio::pin!(notified);
@@ -498,7 +510,16 @@ impl Delivery {
                     return Ok(Some(prefetch::render(&kept, ask.max.is_some())));
                 }
             }
-            lease_local(topic, rt, ask.partition, want, &mut got)?;
+            let limit = dead_letter.as_ref().map(|(_, n)| *n);
+            lease_local(topic, rt, ask.partition, want, &mut got, limit, &mut doomed)?;
+            if let Some((target, _)) = dead_letter.as_ref().filter(|_| !doomed.is_empty()) {
+                self.dead_letter(topic, rt, target, std::mem::take(&mut doomed))
+                    .await;
+                if got.count < want {
+                    // What the dead-lettered messages held back may be deliverable now.
+                    continue;
+                }
+            }
             // Before answering with less than asked: messages acknowledged before this
             // consume may still wait in the dispatcher; they become visible, once.
             if got.count < want
@@ -616,21 +637,17 @@ impl Delivery {
     }
 
     /// Counts one event of `topic` in the per-topic counter `which` picks.
-    fn count(
-        &self,
-        topic: &Topic,
-        which: impl FnOnce(
-            &Metrics,
-        ) -> &prometheus_client::metrics::family::Family<
-            TopicLabels,
-            prometheus_client::metrics::counter::Counter,
-        >,
-    ) {
+    fn count(&self, topic: &Topic, which: impl FnOnce(&Metrics) -> &TopicCounter) {
+        self.count_n(topic, 1, which)
+    }
+
+    /// Counts `n` events of `topic` in the per-topic counter `which` picks.
+    fn count_n(&self, topic: &Topic, n: u64, which: impl FnOnce(&Metrics) -> &TopicCounter) {
         which(&self.metrics)
             .get_or_create(&TopicLabels {
                 topic: topic.name.clone(),
             })
-            .inc();
+            .inc_by(n);
         self.metrics.forget_if_deleted(&self.meta.view(), topic);
     }
 
@@ -641,6 +658,11 @@ impl Delivery {
             .inc();
     }
 }
+
+type TopicCounter = prometheus_client::metrics::family::Family<
+    TopicLabels,
+    prometheus_client::metrics::counter::Counter,
+>;
 
 /// An [`AckResult`] of a settle's outcome.
 fn ack_result(r: ApiResult<()>) -> AckResult {
@@ -670,13 +692,17 @@ fn log_trace_context(topic: &Topic, partition: u32, rec: &StoredRecord, attrs: &
 
 /// Leases messages from the topic's local partitions (or only `only`) into `out`, up to `max`
 /// and as many as its byte budget holds. A message that does not fit is handed back at once,
-/// so nothing is leased that the answer does not carry.
+/// so nothing is leased that the answer does not carry. With a dead-letter `limit`, a message
+/// leased for a delivery past it goes into `doomed` instead (at most
+/// [`dead_letter::DOOMED_PER_PASS`] of them), still leased, for the caller to dead-letter.
 fn lease_local(
     topic: &Topic,
     rt: &TopicRuntime,
     only: Option<u32>,
     max: usize,
     out: &mut Answer,
+    limit: Option<u32>,
+    doomed: &mut Vec<dead_letter::Doomed>,
 ) -> ApiResult<()> {
     let policy = QueuePolicy::of(topic);
     let parts = rt.partitions();
@@ -692,6 +718,17 @@ fn lease_local(
         }
         while out.count < max {
             match part.lease(policy) {
+                Leased::Message(rec, d) if limit.is_some_and(|n| d.delivery_count > n) => {
+                    doomed.push(dead_letter::Doomed {
+                        partition: part.index,
+                        rec,
+                        nonce: d.nonce,
+                        delivery_count: d.delivery_count,
+                    });
+                    if doomed.len() >= dead_letter::DOOMED_PER_PASS {
+                        return Ok(());
+                    }
+                }
                 Leased::Message(rec, d) => {
                     if !out.push(&topic.name, &rec, part.index, d.nonce, d.delivery_count) {
                         let _ = part.hand_back(d.offset, d.nonce);

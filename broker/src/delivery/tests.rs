@@ -58,7 +58,7 @@ fn handle(m: &serde_json::Value) -> ReceiptHandle {
 fn a_batch_takes_up_to_max_from_every_local_partition_and_no_more() {
     let (_d, topic, rt) = setup(&["me", "other", "me"], 2);
     let mut a = Answer::new(true);
-    lease_local(&topic, &rt, None, 3, &mut a).unwrap();
+    lease_local(&topic, &rt, None, 3, &mut a, None, &mut Vec::new()).unwrap();
     let got = messages(&a.finish());
     assert_eq!(got.len(), 3);
     // Only partitions 0 and 2 are here.
@@ -71,10 +71,10 @@ fn a_batch_takes_up_to_max_from_every_local_partition_and_no_more() {
     }
     // One of the four is left, and then nothing.
     let mut rest = Answer::new(true);
-    lease_local(&topic, &rt, None, 100, &mut rest).unwrap();
+    lease_local(&topic, &rt, None, 100, &mut rest, None, &mut Vec::new()).unwrap();
     assert_eq!(messages(&rest.finish()).len(), 1);
     let mut none = Answer::new(true);
-    lease_local(&topic, &rt, None, 100, &mut none).unwrap();
+    lease_local(&topic, &rt, None, 100, &mut none, None, &mut Vec::new()).unwrap();
     assert!(none.is_empty());
 }
 
@@ -82,7 +82,7 @@ fn a_batch_takes_up_to_max_from_every_local_partition_and_no_more() {
 fn a_pinned_lease_reads_only_its_partition() {
     let (_d, topic, rt) = setup(&["me", "me"], 3);
     let mut a = Answer::new(true);
-    lease_local(&topic, &rt, Some(1), 100, &mut a).unwrap();
+    lease_local(&topic, &rt, Some(1), 100, &mut a, None, &mut Vec::new()).unwrap();
     let got = messages(&a.finish());
     assert_eq!(got.len(), 3);
     assert!(got.iter().all(|m| m["partition"] == 1), "{got:?}");
@@ -93,7 +93,7 @@ fn a_message_that_does_not_fit_the_answer_is_handed_back_at_once() {
     let (_d, topic, rt) = setup(&["me"], 3);
     // A budget that holds one message: the second is leased, does not fit, and goes back.
     let mut a = Answer::with_budget(true, 10);
-    lease_local(&topic, &rt, None, 100, &mut a).unwrap();
+    lease_local(&topic, &rt, None, 100, &mut a, None, &mut Vec::new()).unwrap();
     assert_eq!(messages(&a.finish()).len(), 1);
     let part = rt.partition(0).unwrap();
     assert_eq!(
@@ -102,7 +102,7 @@ fn a_message_that_does_not_fit_the_answer_is_handed_back_at_once() {
         "only the carried message is leased"
     );
     let mut b = Answer::new(true);
-    lease_local(&topic, &rt, None, 100, &mut b).unwrap();
+    lease_local(&topic, &rt, None, 100, &mut b, None, &mut Vec::new()).unwrap();
     let got = messages(&b.finish());
     assert_eq!(
         got.iter()
@@ -116,7 +116,7 @@ fn a_message_that_does_not_fit_the_answer_is_handed_back_at_once() {
 fn settling_by_handle_acks_once_extends_and_nacks_back_to_the_queue() {
     let (_d, topic, rt) = setup(&["me"], 2);
     let mut a = Answer::new(true);
-    lease_local(&topic, &rt, None, 2, &mut a).unwrap();
+    lease_local(&topic, &rt, None, 2, &mut a, None, &mut Vec::new()).unwrap();
     let got = messages(&a.finish());
     let (first, second) = (handle(&got[0]), handle(&got[1]));
 
@@ -129,7 +129,7 @@ fn settling_by_handle_acks_once_extends_and_nacks_back_to_the_queue() {
     // A nacked message is leased again, under a new handle; the old one is stale.
     assert_eq!(settle_local(&topic, &rt, second, SettleKind::Nack), Ok(()));
     let mut again = Answer::new(false);
-    lease_local(&topic, &rt, None, 1, &mut again).unwrap();
+    lease_local(&topic, &rt, None, 1, &mut again, None, &mut Vec::new()).unwrap();
     let redelivered = handle(&messages(&again.finish())[0]);
     assert_eq!(redelivered.offset, second.offset);
     assert_ne!(redelivered.nonce, second.nonce);
@@ -178,7 +178,7 @@ fn a_nack_counts_the_redelivery_and_a_release_of_an_unused_lease_does_not() {
     let (_d, topic, rt) = setup(&["me"], 1);
     let lease_one = || {
         let mut a = Answer::new(false);
-        lease_local(&topic, &rt, None, 1, &mut a).unwrap();
+        lease_local(&topic, &rt, None, 1, &mut a, None, &mut Vec::new()).unwrap();
         messages(&a.finish()).remove(0)
     };
     let m = lease_one();

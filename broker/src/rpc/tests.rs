@@ -978,6 +978,7 @@ fn create(name: &str) -> MetaCommand {
             max_in_flight_per_partition: 1024,
             max_acked_ahead_per_partition: 1024,
             retry_backoff: None,
+            dead_letter: None,
         },
         owner: None,
         schema: None,

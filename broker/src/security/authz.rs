@@ -496,6 +496,7 @@ mod tests {
                 max_in_flight_per_partition: 1024,
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
+                dead_letter: None,
             },
             created_at_ms: 1,
             owner: owner.map(str::to_string),

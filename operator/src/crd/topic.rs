@@ -87,6 +87,10 @@ pub struct TopicSpec {
     /// it off); default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_backoff: Option<RetryBackoffSpec>,
+    /// Dead-letter topic: a message delivered `maxDeliveries` times without being
+    /// acknowledged goes there instead of being delivered again; default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetterSpec>,
     /// Broker name of the parent topic: this topic is its child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
@@ -103,6 +107,19 @@ pub struct TopicSpec {
     /// Delete (default) or Retain the broker topic when the resource is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+}
+
+/// `deadLetter`: where messages go after their last allowed delivery.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterSpec {
+    /// Broker name of the dead-letter topic (it must exist, and is not this topic). Unused
+    /// when maxDeliveries is 0.
+    #[serde(default)]
+    pub topic: String,
+    /// Deliveries before a message is dead-lettered (1-1000; 0 turns dead-lettering off).
+    #[schemars(range(min = 0, max = 1000))]
+    pub max_deliveries: u32,
 }
 
 /// `retryBackoff`: the first and the longest wait before a redelivery.

@@ -121,6 +121,9 @@ pub fn check_topic(
     if let Some(b) = &spec.retry_backoff {
         check_retry_backoff(b)?;
     }
+    if let Some(d) = &spec.dead_letter {
+        check_dead_letter(d, topic_name)?;
+    }
     let replica = spec.replica.unwrap_or(false);
     let delay = spec.delay.as_deref().map(parse_duration_ms).transpose()?;
     if spec.parent.is_none() && (replica || delay.is_some()) {
@@ -148,7 +151,24 @@ pub fn check_topic(
     Ok(())
 }
 
-/// Topic names: 1-200 of `[A-Za-z0-9._-]`, not `.` or `..`.
+/// `deadLetter`: maxDeliveries 0 (off), or 1-1000 with a valid topic name other than this
+/// topic's; returns (topic, maxDeliveries), `("", 0)` when off.
+pub fn check_dead_letter(d: &DeadLetterSpec, topic_name: &str) -> Result<(String, u32), String> {
+    match d.max_deliveries {
+        0 => Ok((String::new(), 0)),
+        n if n > 1000 => Err(format!(
+            "deadLetter.maxDeliveries must be 1-1000 (0 turns it off), got {n}"
+        )),
+        n => {
+            check_topic_name(&d.topic).map_err(|e| format!("deadLetter.topic: {e}"))?;
+            if d.topic == topic_name {
+                return Err("a topic cannot be its own dead-letter topic".into());
+            }
+            Ok((d.topic.clone(), n))
+        }
+    }
+}
+
 /// Longest retry backoff the broker takes: 12 hours.
 const TWELVE_HOURS_MS: u64 = 12 * 3_600_000;
 
@@ -164,6 +184,7 @@ pub fn check_retry_backoff(b: &RetryBackoffSpec) -> Result<(u64, u64), String> {
     Ok((min, max))
 }
 
+/// Topic names: 1-200 of `[A-Za-z0-9._-]`, not `.` or `..`.
 pub fn check_topic_name(n: &str) -> Result<(), String> {
     if n.is_empty()
         || n.len() > 200

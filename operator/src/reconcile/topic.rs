@@ -8,12 +8,13 @@ use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{finalizer, Event};
 use kube::{Api, ResourceExt};
 use narad_api::{
-    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, RetryBackoff, TopicRecord,
+    AlterTopicRequest, AttachChildRequest, CreateTopicRequest, DeadLetter, RetryBackoff,
+    TopicRecord,
 };
 use serde_json::value::RawValue;
 
 use super::*;
-use crate::crd::validate::{check_retry_backoff, check_topic};
+use crate::crd::validate::{check_dead_letter, check_retry_backoff, check_topic};
 use crate::crd::{
     parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
     TopicDefaults, TopicStatus, FINALIZER,
@@ -38,6 +39,8 @@ pub struct DesiredTopic {
     pub delay_ms: Option<u64>,
     /// `(min, max)` in ms when the spec sets a retry backoff; `min` 0 means none.
     pub retry_backoff_ms: Option<(u64, u64)>,
+    /// `(topic, max_deliveries)` when the spec sets a dead-letter topic; `("", 0)` means none.
+    pub dead_letter: Option<(String, u32)>,
 }
 
 /// One broker call.
@@ -64,6 +67,8 @@ pub struct AlterFields {
     pub schema: Option<(serde_json::Value, u32)>,
     /// `(min, max)` in ms; `(0, 0)` turns the backoff off.
     pub retry_backoff_ms: Option<(u64, u64)>,
+    /// `(topic, max_deliveries)`; `("", 0)` turns dead-lettering off.
+    pub dead_letter: Option<(String, u32)>,
 }
 
 impl AlterFields {
@@ -86,7 +91,16 @@ impl AlterFields {
             schema,
             schema_base_version: base,
             retry_backoff: self.retry_backoff_ms.map(wire_backoff),
+            dead_letter: self.dead_letter.clone().map(wire_dead_letter),
         }
+    }
+}
+
+/// A dead-letter setting as the broker takes it.
+fn wire_dead_letter((topic, max_deliveries): (String, u32)) -> DeadLetter {
+    DeadLetter {
+        topic,
+        max_deliveries,
     }
 }
 
@@ -131,6 +145,11 @@ pub fn desired_topic(topic: &Topic, defaults: &TopicDefaults) -> Result<DesiredT
             .map(check_retry_backoff)
             .transpose()?
             .map(|(min, max)| if min == 0 { (0, 0) } else { (min, max) }),
+        dead_letter: s
+            .dead_letter
+            .as_ref()
+            .map(|d| check_dead_letter(d, &topic.topic_name()))
+            .transpose()?,
     })
 }
 
@@ -155,6 +174,11 @@ pub fn create_request(d: &DesiredTopic) -> CreateTopicRequest {
             .retry_backoff_ms
             .filter(|(min, _)| *min != 0)
             .map(wire_backoff),
+        dead_letter: d
+            .dead_letter
+            .clone()
+            .filter(|(_, n)| *n != 0)
+            .map(wire_dead_letter),
     }
 }
 
@@ -231,6 +255,15 @@ pub fn plan_topic(
             .unwrap_or((0, 0));
         if have != want {
             alter.retry_backoff_ms = Some(want);
+        }
+    }
+    if let Some(want) = &d.dead_letter {
+        let have = o
+            .dead_letter
+            .as_ref()
+            .map_or((String::new(), 0), |d| (d.topic.clone(), d.max_deliveries));
+        if have != *want {
+            alter.dead_letter = Some(want.clone());
         }
     }
     if let Some(want) = &d.schema {
@@ -915,6 +948,64 @@ mod tests {
         let mut partial = empty;
         partial["partial"] = json!(true);
         assert!(deletion_blocked(&record(partial)).is_some());
+    }
+
+    #[test]
+    fn dead_letter_converges_only_when_declared() {
+        let d = desired(json!({"deadLetter": {"topic": "orders-dlq", "maxDeliveries": 5}}));
+        assert_eq!(d.dead_letter, Some(("orders-dlq".into(), 5)));
+        assert_eq!(
+            serde_json::to_value(create_request(&d)).unwrap()["dead_letter"],
+            json!({"topic": "orders-dlq", "max_deliveries": 5})
+        );
+        let same = record(json!({"dead_letter": {"topic": "orders-dlq", "max_deliveries": 5}}));
+        assert!(plan_topic(&d, Some(&same)).unwrap().is_empty());
+        for other in [
+            json!({}),
+            json!({"dead_letter": {"topic": "orders-dlq", "max_deliveries": 4}}),
+            json!({"dead_letter": {"topic": "elsewhere", "max_deliveries": 5}}),
+        ] {
+            let plan = plan_topic(&d, Some(&record(other))).unwrap();
+            let [TopicAction::Alter(f)] = plan.as_slice() else {
+                panic!("{plan:?}")
+            };
+            assert_eq!(
+                serde_json::to_value(f.request()).unwrap(),
+                json!({"dead_letter": {"topic": "orders-dlq", "max_deliveries": 5}})
+            );
+        }
+        // maxDeliveries 0 turns it off, and is in sync with none.
+        let off = desired(json!({"deadLetter": {"maxDeliveries": 0}}));
+        assert!(serde_json::to_value(create_request(&off)).unwrap()["dead_letter"].is_null());
+        assert!(plan_topic(&off, Some(&record(json!({}))))
+            .unwrap()
+            .is_empty());
+        let plan = plan_topic(&off, Some(&same)).unwrap();
+        let [TopicAction::Alter(f)] = plan.as_slice() else {
+            panic!("{plan:?}")
+        };
+        assert_eq!(
+            serde_json::to_value(f.request()).unwrap(),
+            json!({"dead_letter": {"topic": "", "max_deliveries": 0}})
+        );
+        // Left out of the spec, the broker's setting is not managed.
+        assert!(plan_topic(&desired(json!({})), Some(&same))
+            .unwrap()
+            .is_empty());
+        // Refused before any call.
+        for bad in [
+            json!({"topic": "orders-dlq", "maxDeliveries": 1001}),
+            json!({"maxDeliveries": 3}),
+            json!({"topic": "bad name", "maxDeliveries": 3}),
+        ] {
+            let t = topic(json!({ "deadLetter": bad }));
+            let err = desired_topic(&t, &TopicDefaults::default()).unwrap_err();
+            assert!(err.contains("deadLetter"), "{err}");
+        }
+        let own =
+            topic(json!({"name": "orders", "deadLetter": {"topic": "orders", "maxDeliveries": 3}}));
+        let err = desired_topic(&own, &TopicDefaults::default()).unwrap_err();
+        assert!(err.contains("own dead-letter"), "{err}");
     }
 
     #[test]
