@@ -115,8 +115,8 @@ pub struct TopicSpec {
 pub struct DeadLetterSpec {
     /// Broker name of the dead-letter topic (it must exist, and is not this topic). Unused
     /// when maxDeliveries is 0.
-    #[serde(default)]
-    pub topic: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<String>,
     /// Deliveries before a message is dead-lettered (1-1000; 0 turns dead-lettering off).
     #[schemars(range(min = 0, max = 1000))]
     pub max_deliveries: u32,

@@ -160,11 +160,12 @@ pub fn check_dead_letter(d: &DeadLetterSpec, topic_name: &str) -> Result<(String
             "deadLetter.maxDeliveries must be 1-1000 (0 turns it off), got {n}"
         )),
         n => {
-            check_topic_name(&d.topic).map_err(|e| format!("deadLetter.topic: {e}"))?;
-            if d.topic == topic_name {
+            let topic = d.topic.as_deref().unwrap_or_default();
+            check_topic_name(topic).map_err(|e| format!("deadLetter.topic: {e}"))?;
+            if topic == topic_name {
                 return Err("a topic cannot be its own dead-letter topic".into());
             }
-            Ok((d.topic.clone(), n))
+            Ok((topic.to_string(), n))
         }
     }
 }
