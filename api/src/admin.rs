@@ -123,6 +123,9 @@ pub struct Quotas {
     pub produce_bytes_per_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_topics: Option<u64>,
+    /// Messages leased and not yet settled at once (each node its even share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consume_in_flight: Option<u64>,
 }
 
 /// `POST /v1/users` body.

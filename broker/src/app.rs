@@ -36,6 +36,8 @@ pub struct App {
     /// Checks Basic credentials (verified-credential cache, throttle); used only with
     /// security on.
     pub auth: Authenticator,
+    /// (ext) Leases users took through this node, for their `consume_in_flight` quotas.
+    pub lease_counts: crate::security::quotas::LeaseCounts,
     /// Child topics: the cursors copying parent records into children (SPEC §5).
     pub children: Arc<crate::children::Children>,
     /// Peers, placement, forwarding (a standalone node has one too).

@@ -473,6 +473,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         metrics: metrics.clone(),
         ingest,
         auth: Authenticator::default(),
+        lease_counts: Default::default(),
         children,
         cluster: cluster.clone(),
         delivery,

@@ -190,3 +190,74 @@ async fn quotas_limit_produce_rates_and_owned_topics_until_lifted() {
         .await
         .expect(201);
 }
+
+/// `consume_in_flight`: a user holds at most that many unsettled messages; one more consume
+/// answers `429` with `Retry-After` until one is acked, nacked or its lease lapses, a batch is
+/// cut to what is left, and other users are not limited by it.
+#[tokio::test]
+async fn consume_in_flight_caps_the_leases_a_user_holds() {
+    let server = Server::start(ServerOpts::secured(ROOT_PW)).await;
+    let anon = Http::new(server.url());
+    let root = anon.as_user("admin", ROOT_PW);
+    add_user(
+        &root,
+        "worker",
+        PW,
+        json!([{"action": "consume", "patterns": ["jobs"]}]),
+    )
+    .await;
+    let worker = anon.as_user("worker", PW);
+    root.create_topic(&json!({"name": "jobs", "partitions": 3, "visibility_timeout_ms": 2000}))
+        .await;
+    for i in 0..20 {
+        root.produce_ok("jobs", "", format!("j{i}")).await;
+    }
+    root.wait_total_visible("jobs", 20).await;
+    put_quotas(&root, "worker", json!({"consume_in_flight": 0}))
+        .await
+        .expect_error(400);
+    let u = put_quotas(&root, "worker", json!({"consume_in_flight": 3}))
+        .await
+        .expect_json(200);
+    assert_eq!(u["quotas"], json!({"consume_in_flight": 3}), "{u}");
+
+    // A batch of 10 is cut to 3; then nothing more until something is settled.
+    let first = worker.consume_batch("jobs", "max=10&wait=0").await;
+    assert_eq!(first.len(), 3);
+    let r = worker.consume("jobs", "wait=0").await;
+    let msg = r.expect_error(429);
+    assert!(msg.contains("consume_in_flight"), "{msg}");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    // Another user is not limited by it.
+    root.consume_batch("jobs", "max=5&wait=0").await;
+
+    // An ack frees one, a nack another; an extend keeps its lease counted.
+    worker.ack_ok("jobs", first[0].handle()).await;
+    worker
+        .ack("jobs", first[1].handle(), Some("0"))
+        .await
+        .expect(204);
+    worker
+        .ack("jobs", first[2].handle(), Some("true"))
+        .await
+        .expect(204);
+    let second = worker.consume_batch("jobs", "max=10&wait=0").await;
+    assert_eq!(second.len(), 2);
+    worker.consume("jobs", "wait=0").await.expect_error(429);
+    // A batch ack frees what it settled.
+    let handles: Vec<&str> = second.iter().map(Msg::handle).collect();
+    worker.ack_batch("jobs", None, &handles).await.expect(200);
+    assert_eq!(worker.consume_batch("jobs", "max=10&wait=0").await.len(), 2);
+
+    // Leases that lapse stop counting: after the visibility timeout, 3 again.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(worker.consume_batch("jobs", "max=10&wait=0").await.len(), 3);
+
+    // Lifted: no limit.
+    put_quotas(&root, "worker", json!({})).await.expect(200);
+    assert_eq!(
+        worker.consume_batch("jobs", "max=10&wait=0").await.len(),
+        10
+    );
+}

@@ -54,9 +54,12 @@ pub enum UserCmd {
         /// Topics the user may own
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         max_topics: Option<u64>,
+        /// Messages leased and not yet settled at once
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        consume_in_flight: Option<u64>,
         /// Lift every quota
-        #[arg(long, conflicts_with_all = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics"],
-              required_unless_present_any = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics"])]
+        #[arg(long, conflicts_with_all = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics", "consume_in_flight"],
+              required_unless_present_any = ["produce_msgs_per_s", "produce_bytes_per_s", "max_topics", "consume_in_flight"])]
         none: bool,
     },
     /// Change a password (your own needs --current)
@@ -128,13 +131,14 @@ pub fn format_grants(grants: &[Grant]) -> String {
         .join(" ")
 }
 
-/// `produce 100 msg/s, 1048576 B/s, 5 topics`, or `-` for none.
+/// `100 msg/s, 1048576 B/s, 5 topics, 50 in flight`, or `-` for none.
 pub fn format_quotas(q: Option<&Quotas>) -> String {
     let Some(q) = q else { return "-".into() };
     let parts: Vec<String> = [
         q.produce_msgs_per_s.map(|v| format!("{v} msg/s")),
         q.produce_bytes_per_s.map(|v| format!("{v} B/s")),
         q.max_topics.map(|v| format!("{v} topics")),
+        q.consume_in_flight.map(|v| format!("{v} in flight")),
     ]
     .into_iter()
     .flatten()
@@ -215,12 +219,14 @@ pub async fn run(cmd: UserCmd, conn: &ConnArgs) -> anyhow::Result<()> {
             produce_msgs_per_s,
             produce_bytes_per_s,
             max_topics,
+            consume_in_flight,
             none: _,
         } => {
             let q = Quotas {
                 produce_msgs_per_s,
                 produce_bytes_per_s,
                 max_topics,
+                consume_in_flight,
             };
             let u = client.put_quotas(&name, &q).await?;
             writeln!(

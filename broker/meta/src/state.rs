@@ -1294,6 +1294,7 @@ mod user_tests {
             produce_msgs_per_s: Some(100),
             produce_bytes_per_s: None,
             max_topics: Some(2),
+            consume_in_flight: Some(10),
         };
         let set = |q| MetaCommand::SetQuotas {
             username: "billing".into(),

@@ -497,6 +497,9 @@ pub struct Quotas {
     /// Topics the user may own (topics it created and not deleted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_topics: Option<u64>,
+    /// Messages the user may hold leased at once (each node its even share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consume_in_flight: Option<u64>,
 }
 
 impl Quotas {

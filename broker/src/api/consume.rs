@@ -1,7 +1,7 @@
 //! Consume, replay and settle routes (SPEC §3.5, §3.6): parameters in, answers out; the
 //! work is `delivery`'s.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
@@ -61,12 +61,83 @@ pub async fn consume(
             app.delivery.replay(&topic, partition, offset).await?,
         ));
     }
+    let quota = in_flight_quota(&caller);
+    let max = match quota {
+        Some((user, limit)) => {
+            let room = lease_room(&app, user, limit)?;
+            max.map(|m| m.min(room.min(MAX_BATCH) as u32))
+        }
+        None => max,
+    };
     let ask = ConsumeAsk {
         partition,
         max,
         wait,
     };
-    Ok(answer(app.delivery.consume(&topic, ask).await?))
+    let found = app.delivery.consume(&topic, ask).await?;
+    if let (Some((user, _)), Some(body)) = (quota, &found) {
+        let deadline = Instant::now() + Duration::from_millis(topic.config.visibility_timeout_ms);
+        app.lease_counts
+            .took(user, receipt_handles(body).map(|h| (h, deadline)));
+    }
+    Ok(answer(found))
+}
+
+/// (ext) The caller's `consume_in_flight` quota: its name and the cluster-wide limit.
+fn in_flight_quota(caller: &Caller) -> Option<(&str, u64)> {
+    let p = caller.principal()?;
+    Some((p.username.as_str(), p.quotas.consume_in_flight?))
+}
+
+/// How many more leases `user` may take through this node under `limit`; `429` with
+/// `Retry-After` (until its first lease ends) when none.
+fn lease_room(app: &App, user: &str, limit: u64) -> ApiResult<u64> {
+    let live = app.meta.view().live_members().len();
+    app.lease_counts
+        .room(user, limit, live, Instant::now())
+        .map_err(|wait| {
+            ApiError::throttled(
+                format!(
+                    "user {user} holds as many unsettled messages as its consume_in_flight quota \
+                     allows (this node's share of {limit} over {live} live members); settle some, \
+                     or retry in {} ms",
+                    wait.as_millis().max(1)
+                ),
+                wait.as_secs_f64().ceil().max(1.0) as u64,
+            )
+        })
+}
+
+/// The receipt handles of a rendered consume answer (one message or a batch).
+fn receipt_handles(body: &[u8]) -> impl Iterator<Item = String> {
+    #[derive(serde::Deserialize)]
+    struct Leased {
+        receipt_handle: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Answer {
+        Batch { messages: Vec<Leased> },
+        One(Leased),
+    }
+    let leased = match serde_json::from_slice::<Answer>(body) {
+        Ok(Answer::Batch { messages }) => messages,
+        Ok(Answer::One(m)) => vec![m],
+        Err(_) => Vec::new(),
+    };
+    leased.into_iter().filter_map(|m| m.receipt_handle)
+}
+
+/// (ext) What a settle by `user` of `handle` through this node does to its lease count.
+fn count_settle(app: &App, user: &str, topic: &Topic, handle: &str, how: SettleKind) {
+    let deadline = match how {
+        SettleKind::Extend => {
+            Some(Instant::now() + Duration::from_millis(topic.config.visibility_timeout_ms))
+        }
+        SettleKind::ExtendFor(ms) => Some(Instant::now() + Duration::from_millis(ms)),
+        SettleKind::Ack | SettleKind::Nack | SettleKind::Delay(_) | SettleKind::Release => None,
+    };
+    app.lease_counts.settled(user, handle, deadline);
 }
 
 /// `max`: a batch of 1 to [`MAX_BATCH`] messages; absent, one message (unbatched body).
@@ -171,8 +242,12 @@ pub async fn ack(
     let topic = consume_target(&app, &caller, &name).await?;
     let q = Query::parse(q.as_deref());
     let how = parse_settle(q.text("extend")?, q.text("delay")?, q.text("visibility")?)?;
+    let quota = in_flight_quota(&caller);
     if let Some(handle) = q.text("receipt_handle")? {
         app.delivery.settle(&topic, handle, how).await?;
+        if let Some((user, _)) = quota {
+            count_settle(&app, user, &topic, handle, how);
+        }
         return Ok(StatusCode::NO_CONTENT.into_response());
     }
     let body = read_body(&headers, body).await?;
@@ -190,6 +265,13 @@ pub async fn ack(
         .delivery
         .settle_batch(&topic, &req.receipt_handles, how)
         .await;
+    if let Some((user, _)) = quota {
+        for (h, r) in req.receipt_handles.iter().zip(&results) {
+            if r.status == 204 {
+                count_settle(&app, user, &topic, h, how);
+            }
+        }
+    }
     Ok(json(StatusCode::OK, &BatchAckResponse { results }))
 }
 

@@ -1,4 +1,5 @@
-//! (ext) Per-user produce quotas: token buckets of messages and bytes per second.
+//! (ext) Per-user quotas: produce token buckets of messages and bytes per second, and the
+//! count of leases a user holds ([`LeaseCounts`]).
 //!
 //! A quota is a cluster-wide rate; every node enforces its even share among the live
 //! members (`rate / live`, at least 1 per second), so a client spread over the nodes gets
@@ -118,6 +119,75 @@ impl QuotaTable {
     }
 }
 
+/// (ext) The leases each user took through this node and has not settled through it: each
+/// counts until it is acknowledged or nacked here, or its lease deadline passes (a lease
+/// settled through another node counts here until then; one extended there may stop
+/// counting early). A user's `consume_in_flight` quota is a cluster-wide count of which
+/// every node enforces its even share among the live members.
+#[derive(Debug, Default)]
+pub struct LeaseCounts {
+    users: Mutex<HashMap<String, HashMap<String, Instant>>>,
+}
+
+impl LeaseCounts {
+    /// How many more leases `username` may take now under `limit` (its share with `live`
+    /// members), or how long until one of its leases ends when it may take none.
+    pub fn room(
+        &self,
+        username: &str,
+        limit: u64,
+        live: usize,
+        now: Instant,
+    ) -> Result<u64, Duration> {
+        let share = share(limit, live);
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = users.get_mut(username) else {
+            return Ok(share);
+        };
+        held.retain(|_, deadline| *deadline > now);
+        if held.is_empty() {
+            users.remove(username);
+            return Ok(share);
+        }
+        let n = held.len() as u64;
+        if n < share {
+            return Ok(share - n);
+        }
+        let first = held.values().min().copied().unwrap_or(now);
+        Err(first.saturating_duration_since(now))
+    }
+
+    /// `username` took these leases (receipt handle, deadline).
+    pub fn took(&self, username: &str, leases: impl IntoIterator<Item = (String, Instant)>) {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        users
+            .entry(username.to_string())
+            .or_default()
+            .extend(leases);
+    }
+
+    /// `username` settled lease `handle` here: gone (`None`), or extended to `deadline`.
+    pub fn settled(&self, username: &str, handle: &str, deadline: Option<Instant>) {
+        let mut users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = users.get_mut(username) else {
+            return;
+        };
+        match deadline {
+            None => {
+                held.remove(handle);
+            }
+            Some(d) => {
+                if let Some(at) = held.get_mut(handle) {
+                    *at = d;
+                }
+            }
+        }
+        if held.is_empty() {
+            users.remove(username);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +197,41 @@ mod tests {
             produce_msgs_per_s: msgs,
             produce_bytes_per_s: bytes,
             max_topics: None,
+            consume_in_flight: None,
         }
+    }
+
+    #[test]
+    fn leases_count_until_settled_or_past_their_deadline() {
+        let t = LeaseCounts::default();
+        let now = Instant::now();
+        let s = Duration::from_secs(1);
+        assert_eq!(t.room("u", 3, 1, now), Ok(3));
+        t.took(
+            "u",
+            [("a".to_string(), now + s), ("b".to_string(), now + 2 * s)],
+        );
+        assert_eq!(t.room("u", 3, 1, now), Ok(1));
+        assert_eq!(t.room("other", 3, 1, now), Ok(3));
+        t.took("u", [("c".to_string(), now + 3 * s)]);
+        // Full: the wait is until the first deadline.
+        assert_eq!(t.room("u", 3, 1, now), Err(s));
+        // Two nodes share it: each enforces 2 (rounded up).
+        assert_eq!(t.room("u", 3, 2, now), Err(s));
+        // An ack frees one; an extend moves its deadline; a deadline passing frees one.
+        t.settled("u", "a", None);
+        assert_eq!(t.room("u", 3, 1, now), Ok(1));
+        t.settled("u", "b", Some(now + 10 * s));
+        t.took("u", [("d".to_string(), now + s)]);
+        assert_eq!(t.room("u", 3, 1, now), Err(s));
+        assert_eq!(t.room("u", 3, 1, now + s), Ok(1));
+        assert_eq!(t.room("u", 3, 1, now + 3 * s), Ok(2));
+        // Settling what it never took here changes nothing.
+        t.settled("u", "zzz", None);
+        t.settled("nobody", "a", None);
+        t.settled("u", "b", None);
+        assert_eq!(t.room("u", 3, 1, now + 3 * s), Ok(3));
+        assert!(t.users.lock().unwrap().is_empty(), "an empty user goes");
     }
 
     #[test]

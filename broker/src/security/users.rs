@@ -22,6 +22,7 @@ pub fn to_wire(u: &User) -> narad_api::User {
             produce_msgs_per_s: u.quotas.produce_msgs_per_s,
             produce_bytes_per_s: u.quotas.produce_bytes_per_s,
             max_topics: u.quotas.max_topics,
+            consume_in_flight: u.quotas.consume_in_flight,
         }),
     }
 }
@@ -35,6 +36,7 @@ pub fn quotas_from_wire(q: &narad_api::Quotas) -> Result<narad_meta::Quotas, Str
         ("produce_msgs_per_s", q.produce_msgs_per_s),
         ("produce_bytes_per_s", q.produce_bytes_per_s),
         ("max_topics", q.max_topics),
+        ("consume_in_flight", q.consume_in_flight),
     ] {
         if let Some(v) = v.filter(|v| !(1..=MAX_QUOTA).contains(v)) {
             return Err(format!(
@@ -46,6 +48,7 @@ pub fn quotas_from_wire(q: &narad_api::Quotas) -> Result<narad_meta::Quotas, Str
         produce_msgs_per_s: q.produce_msgs_per_s,
         produce_bytes_per_s: q.produce_bytes_per_s,
         max_topics: q.max_topics,
+        consume_in_flight: q.consume_in_flight,
     })
 }
 

@@ -65,6 +65,10 @@ pub struct UserQuotas {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1099511627776u64))]
     pub max_topics: Option<u64>,
+    /// Messages the user may hold leased and unsettled at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1099511627776u64))]
+    pub consume_in_flight: Option<u64>,
 }
 
 impl UserQuotas {
@@ -74,6 +78,7 @@ impl UserQuotas {
             produce_msgs_per_s: self.produce_msgs_per_s,
             produce_bytes_per_s: self.produce_bytes_per_s,
             max_topics: self.max_topics,
+            consume_in_flight: self.consume_in_flight,
         }
     }
 }
