@@ -59,6 +59,17 @@ impl Http {
             .expect_json(200)
     }
 
+    /// The topic's `backlog`: (messages waiting, messages in flight).
+    pub async fn backlog(&self, topic: &str) -> (u64, u64) {
+        let rec = self.get_topic(topic, "").await;
+        let count = |field: &str| {
+            rec["backlog"][field]
+                .as_u64()
+                .unwrap_or_else(|| panic!("GET {topic}: no backlog.{field}: {rec}"))
+        };
+        (count("messages"), count("in_flight"))
+    }
+
     /// The topic's `partition_stats`, indexed by partition.
     pub async fn partition_stats(&self, topic: &str) -> Vec<Value> {
         let rec = self.get_topic(topic, "").await;

@@ -38,14 +38,6 @@ async fn dead_lettered(http: &Http, topic: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-async fn backlog(http: &Http, topic: &str) -> (u64, u64) {
-    let b = &http.get_topic(topic, "").await["backlog"];
-    (
-        b["messages"].as_u64().unwrap(),
-        b["in_flight"].as_u64().unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn a_message_past_its_deliveries_moves_to_the_dead_letter_topic_and_redrive_brings_it_back() {
     let server = Server::start_default().await;
@@ -113,7 +105,7 @@ async fn a_message_past_its_deliveries_moves_to_the_dead_letter_topic_and_redriv
         http.ack("src", m.handle(), Some("0")).await.expect(204);
     }
     http.consume_none("src", "wait=0").await;
-    assert_eq!(backlog(&http, "src").await, (0, 0));
+    assert_eq!(http.backlog("src").await, (0, 0));
     assert_eq!(dead_lettered(&http, "src").await, 1.0);
 
     let d = http.consume_msg("dlq", "wait=5s").await;
@@ -168,7 +160,7 @@ async fn a_message_past_its_deliveries_moves_to_the_dead_letter_topic_and_redriv
     redrive(&http, "missing", "").await.expect_error(404);
     let moved = redrive(&http, "dlq", "").await.expect_json(200);
     assert_eq!(moved, json!({"moved": 2, "to": {"src": 2}}));
-    assert_eq!(backlog(&http, "dlq").await, (0, 0));
+    assert_eq!(http.backlog("dlq").await, (0, 0));
     http.wait_total_visible("src", 4).await;
     let mut back = Vec::new();
     for _ in 0..2 {
@@ -210,7 +202,7 @@ async fn a_message_past_its_deliveries_moves_to_the_dead_letter_topic_and_redriv
         left["last_error"].as_str().unwrap().contains("to="),
         "{left}"
     );
-    assert_eq!(backlog(&http, "dlq").await, (1, 0));
+    assert_eq!(http.backlog("dlq").await, (1, 0));
 
     // Turned off, a message is delivered again and again.
     set_dead_letter(&http, "src", json!({"max_deliveries": 0}))
@@ -342,7 +334,7 @@ async fn every_message_reaches_the_dead_letter_topic_across_kill9() {
             "the source did not empty"
         );
         sleep(Duration::from_millis(20)).await;
-        let (waiting, in_flight) = backlog(&http, "live").await;
+        let (waiting, in_flight) = http.backlog("live").await;
         let settled = N as u64 - waiting - in_flight;
         if (kills == 0 && settled >= N as u64 / 4) || (kills == 1 && settled >= N as u64 / 2) {
             server.kill9();
@@ -360,9 +352,7 @@ async fn every_message_reaches_the_dead_letter_topic_across_kill9() {
 
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let got = http
-        .drain_batches("dead", "wait=0", || async {
-            backlog(&http, "dead").await.1
-        })
+        .drain_batches("dead", "wait=0", || async { http.backlog("dead").await.1 })
         .await;
     for m in &got {
         *seen

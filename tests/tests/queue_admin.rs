@@ -25,15 +25,6 @@ fn frontiers(v: &Value) -> Vec<(u64, u64, u64)> {
         .collect()
 }
 
-async fn backlog(http: &Http, topic: &str) -> (u64, u64) {
-    let v = http.get_topic(topic, "").await;
-    let b = &v["backlog"];
-    (
-        b["messages"].as_u64().unwrap(),
-        b["in_flight"].as_u64().unwrap(),
-    )
-}
-
 #[tokio::test]
 async fn purge_settles_everything_committed_and_voids_leases_under_concurrent_consumers() {
     let server = Server::start_default().await;
@@ -104,7 +95,7 @@ async fn purge_settles_everything_committed_and_voids_leases_under_concurrent_co
         acked_at_purge < 600,
         "the consumers finished before the purge"
     );
-    assert_eq!(backlog(&http, "pq").await, (0, 0));
+    assert_eq!(http.backlog("pq").await, (0, 0));
     http.consume_none("pq", "wait=0").await;
     // The lease held across the purge is gone.
     http.ack("pq", held.handle(), None).await.expect_error(410);
@@ -172,7 +163,7 @@ async fn a_paused_topic_leases_nothing_until_resumed_and_stays_paused_across_res
     );
     // Replay is a read and goes on.
     assert_eq!(http.consume("pz", "partition=0&offset=0").await.status, 200);
-    assert_eq!(backlog(&http, "pz").await, (4, 0));
+    assert_eq!(http.backlog("pz").await, (4, 0));
 
     // Pausing is idempotent and survives a restart.
     http.post_json(format!("{}/pause", topic_path("pz")), &json!({}))
@@ -227,7 +218,7 @@ async fn seek_moves_the_frontier_back_and_forward_to_an_offset_or_a_time() {
         .await
         .expect_json(200);
     assert_eq!(frontiers(&v), [(0, 10, 3)]);
-    assert_eq!(backlog(&http, "sk").await, (7, 0));
+    assert_eq!(http.backlog("sk").await, (7, 0));
     let m = http.consume_msg("sk", "wait=0").await;
     assert_eq!((m.offset, m.json["delivery_count"].as_u64()), (3, Some(1)));
     // Forward, past the lease just taken: it is void, and offsets 8 and 9 remain.
@@ -250,7 +241,7 @@ async fn seek_moves_the_frontier_back_and_forward_to_an_offset_or_a_time() {
     seek(json!({"partition": 0, "offset": 0}))
         .await
         .expect_json(200);
-    assert_eq!(backlog(&http, "sk").await, (10, 0));
+    assert_eq!(http.backlog("sk").await, (10, 0));
 
     // By time: messages committed in a later second than the first batch.
     let first_second = http
@@ -315,7 +306,7 @@ async fn seek_moves_the_frontier_back_and_forward_to_an_offset_or_a_time() {
         .send()
         .await;
     r.expect_error(400);
-    assert_eq!(backlog(&http, "sk").await, (0, 0));
+    assert_eq!(http.backlog("sk").await, (0, 0));
 
     // The frontier is persisted before the answer: a crash right after keeps it. (A crash may
     // commit again what its WAL's last checkpoint window held, above the high watermark:

@@ -7,12 +7,6 @@ use std::time::{Duration, Instant};
 
 use narad_tests::*;
 
-async fn in_flight(http: &Http, topic: &str) -> u64 {
-    http.get_topic(topic, "").await["backlog"]["in_flight"]
-        .as_u64()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_delayed_nack_is_redelivered_no_earlier_even_across_a_crash() {
     let mut server = Server::start_default().await;
@@ -31,7 +25,7 @@ async fn a_delayed_nack_is_redelivered_no_earlier_even_across_a_crash() {
     .expect(204);
     // Held back, counted in flight, its handle spent.
     http.consume_none("dn", "wait=0").await;
-    assert_eq!(in_flight(&http, "dn").await, 1);
+    assert_eq!(http.backlog("dn").await.1, 1);
     http.ack("dn", m.handle(), None).await.expect_error(410);
     let again = http.consume_msg("dn", "wait=10s").await;
     assert!(

@@ -783,6 +783,14 @@ mod tests {
         desired_topic(&topic(spec), &TopicDefaults::default()).unwrap()
     }
 
+    /// The request of a plan that is one alter, as JSON.
+    fn only_alter(plan: &[TopicAction]) -> serde_json::Value {
+        let [TopicAction::Alter(f)] = plan else {
+            panic!("{plan:?}")
+        };
+        serde_json::to_value(f.request()).unwrap()
+    }
+
     fn record(v: serde_json::Value) -> TopicRecord {
         let mut r = json!({"name": "orders", "partitions": 3, "retention_ms": 43200000u64,
             "visibility_timeout_ms": 30000, "max_in_flight_per_partition": 1024,
@@ -892,11 +900,8 @@ mod tests {
         let same = record(json!({"retry_backoff": {"min": "1000ms", "max": "5m0s"}}));
         assert!(plan_topic(&d, Some(&same)).unwrap().is_empty());
         let plan = plan_topic(&d, Some(&record(json!({})))).unwrap();
-        let [TopicAction::Alter(f)] = plan.as_slice() else {
-            panic!("{plan:?}")
-        };
         assert_eq!(
-            serde_json::to_value(f.request()).unwrap(),
+            only_alter(&plan),
             json!({"retry_backoff": {"min": "1s", "max": "5m0s"}})
         );
         // "0s" turns a backoff the broker has off, and is in sync with none.
@@ -907,11 +912,8 @@ mod tests {
             .unwrap()
             .is_empty());
         let plan = plan_topic(&off, Some(&same)).unwrap();
-        let [TopicAction::Alter(f)] = plan.as_slice() else {
-            panic!("{plan:?}")
-        };
         assert_eq!(
-            serde_json::to_value(f.request()).unwrap(),
+            only_alter(&plan),
             json!({"retry_backoff": {"min": "0s", "max": "0s"}})
         );
         // Left out of the spec, the broker's backoff is not managed.
@@ -966,11 +968,8 @@ mod tests {
             json!({"dead_letter": {"topic": "elsewhere", "max_deliveries": 5}}),
         ] {
             let plan = plan_topic(&d, Some(&record(other))).unwrap();
-            let [TopicAction::Alter(f)] = plan.as_slice() else {
-                panic!("{plan:?}")
-            };
             assert_eq!(
-                serde_json::to_value(f.request()).unwrap(),
+                only_alter(&plan),
                 json!({"dead_letter": {"topic": "orders-dlq", "max_deliveries": 5}})
             );
         }
@@ -981,11 +980,8 @@ mod tests {
             .unwrap()
             .is_empty());
         let plan = plan_topic(&off, Some(&same)).unwrap();
-        let [TopicAction::Alter(f)] = plan.as_slice() else {
-            panic!("{plan:?}")
-        };
         assert_eq!(
-            serde_json::to_value(f.request()).unwrap(),
+            only_alter(&plan),
             json!({"dead_letter": {"topic": "", "max_deliveries": 0}})
         );
         // Left out of the spec, the broker's setting is not managed.
@@ -1170,12 +1166,6 @@ mod tests {
         // A real difference alters only that, and the request says nothing of pausing.
         let d = desired(json!({"retention": "7d"}));
         let plan = plan_topic(&d, Some(&record(json!({"paused": true})))).unwrap();
-        let [TopicAction::Alter(f)] = plan.as_slice() else {
-            panic!("{plan:?}")
-        };
-        assert_eq!(
-            serde_json::to_value(f.request()).unwrap(),
-            json!({"retention_ms": 604800000})
-        );
+        assert_eq!(only_alter(&plan), json!({"retention_ms": 604800000}));
     }
 }
