@@ -54,10 +54,42 @@ pub fn is_reserved(name: &str) -> bool {
 #[derive(Debug, Default)]
 pub struct Builder {
     buf: Vec<u8>,
+    /// The producer's attributes.
+    producer: Tally,
+    /// The broker's.
+    reserved: Tally,
+}
+
+/// How many attributes of one kind a block holds, and their bytes.
+#[derive(Debug, Default)]
+struct Tally {
     count: usize,
-    total: usize,
-    reserved: usize,
-    reserved_total: usize,
+    bytes: usize,
+}
+
+impl Tally {
+    /// Counts `name: value` against at most `max` attributes of at most `max_bytes` together;
+    /// `what` names them in the error.
+    fn add(
+        &mut self,
+        name: &str,
+        value: &str,
+        max: usize,
+        max_bytes: usize,
+        what: &str,
+    ) -> Result<(), String> {
+        if self.count == max {
+            return Err(format!("a message carries at most {max} {what}"));
+        }
+        self.bytes += name.len() + value.len();
+        if self.bytes > max_bytes {
+            return Err(format!(
+                "the {what}' names and values exceed {max_bytes} bytes"
+            ));
+        }
+        self.count += 1;
+        Ok(())
+    }
 }
 
 impl Builder {
@@ -70,18 +102,8 @@ impl Builder {
                 truncate(name)
             ));
         }
-        if self.count == MAX_ATTRIBUTES {
-            return Err(format!(
-                "a message carries at most {MAX_ATTRIBUTES} attributes"
-            ));
-        }
-        self.total += name.len() + value.len();
-        if self.total > MAX_TOTAL_BYTES {
-            return Err(format!(
-                "attribute names and values exceed {MAX_TOTAL_BYTES} bytes"
-            ));
-        }
-        self.count += 1;
+        self.producer
+            .add(name, value, MAX_ATTRIBUTES, MAX_TOTAL_BYTES, "attributes")?;
         self.append(name, value)
     }
 
@@ -94,18 +116,13 @@ impl Builder {
                 truncate(name)
             ));
         }
-        if self.reserved == MAX_RESERVED {
-            return Err(format!(
-                "a message carries at most {MAX_RESERVED} broker attributes"
-            ));
-        }
-        self.reserved_total += name.len() + value.len();
-        if self.reserved_total > MAX_RESERVED_BYTES {
-            return Err(format!(
-                "broker attribute names and values exceed {MAX_RESERVED_BYTES} bytes"
-            ));
-        }
-        self.reserved += 1;
+        self.reserved.add(
+            name,
+            value,
+            MAX_RESERVED,
+            MAX_RESERVED_BYTES,
+            "broker attributes",
+        )?;
         self.append(name, value)
     }
 

@@ -783,6 +783,17 @@ mod tests {
         desired_topic(&topic(spec), &TopicDefaults::default()).unwrap()
     }
 
+    /// A setting turned off (`off`): a create leaves `field` out, it is in sync with a broker
+    /// topic without it, and one with it (`on`) is altered to `want`.
+    fn off_converges(off: &DesiredTopic, on: &TopicRecord, field: &str, want: serde_json::Value) {
+        assert!(serde_json::to_value(create_request(off)).unwrap()[field].is_null());
+        assert!(plan_topic(off, Some(&record(json!({}))))
+            .unwrap()
+            .is_empty());
+        let plan = plan_topic(off, Some(on)).unwrap();
+        assert_eq!(only_alter(&plan), json!({ field: want }));
+    }
+
     /// The request of a plan that is one alter, as JSON.
     fn only_alter(plan: &[TopicAction]) -> serde_json::Value {
         let [TopicAction::Alter(f)] = plan else {
@@ -907,14 +918,11 @@ mod tests {
         // "0s" turns a backoff the broker has off, and is in sync with none.
         let off = desired(json!({"retryBackoff": {"min": "0s", "max": "1h"}}));
         assert_eq!(off.retry_backoff_ms, Some((0, 0)));
-        assert!(serde_json::to_value(create_request(&off)).unwrap()["retry_backoff"].is_null());
-        assert!(plan_topic(&off, Some(&record(json!({}))))
-            .unwrap()
-            .is_empty());
-        let plan = plan_topic(&off, Some(&same)).unwrap();
-        assert_eq!(
-            only_alter(&plan),
-            json!({"retry_backoff": {"min": "0s", "max": "0s"}})
+        off_converges(
+            &off,
+            &same,
+            "retry_backoff",
+            json!({"min": "0s", "max": "0s"}),
         );
         // Left out of the spec, the broker's backoff is not managed.
         assert!(plan_topic(&desired(json!({})), Some(&same))
@@ -975,14 +983,11 @@ mod tests {
         }
         // maxDeliveries 0 turns it off, and is in sync with none.
         let off = desired(json!({"deadLetter": {"maxDeliveries": 0}}));
-        assert!(serde_json::to_value(create_request(&off)).unwrap()["dead_letter"].is_null());
-        assert!(plan_topic(&off, Some(&record(json!({}))))
-            .unwrap()
-            .is_empty());
-        let plan = plan_topic(&off, Some(&same)).unwrap();
-        assert_eq!(
-            only_alter(&plan),
-            json!({"dead_letter": {"topic": "", "max_deliveries": 0}})
+        off_converges(
+            &off,
+            &same,
+            "dead_letter",
+            json!({"topic": "", "max_deliveries": 0}),
         );
         // Left out of the spec, the broker's setting is not managed.
         assert!(plan_topic(&desired(json!({})), Some(&same))
