@@ -1,7 +1,8 @@
 //! The chart's Grafana dashboard (`charts/narad/dashboards/narad.json`) queries only what a
-//! node exports: a node is put through produce, consume, settles, refusals, a local and a
-//! remote child, then every metric the dashboard names must be among the series of its
-//! `/metrics`, and every label a query groups by must be on the metric it groups.
+//! node exports: a node is put through produce, consume, settles, refusals, a dead-lettered
+//! message, a local and a remote child, then every metric the dashboard names must be among
+//! the series of its `/metrics`, and every label a query groups by must be on the metric it
+//! groups.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -97,6 +98,7 @@ fn the_dashboard_is_well_formed() {
         "narad_raft_is_leader",
         "narad_cluster_members",
         "narad_errors_total",
+        "narad_dead_lettered_messages_total",
     ] {
         assert!(all.contains(m), "the dashboard does not show {m}");
     }
@@ -140,6 +142,18 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     http.ack_ok("dash", b.handle()).await;
     http.consume_msg("dash-copy", "wait=5s").await;
     http.consume_none("dash", "partition=2&wait=0").await;
+    // A message past its deliveries goes to the dead-letter topic.
+    http.create_topic_named("dash-dlq").await;
+    http.create_topic(
+        &json!({"name": "dash-poison", "dead_letter": {"topic": "dash-dlq", "max_deliveries": 1}}),
+    )
+    .await;
+    http.produce_ok("dash-poison", "", "poison").await;
+    let p = http.consume_msg("dash-poison", "wait=5s").await;
+    http.ack("dash-poison", p.handle(), Some("0"))
+        .await
+        .expect(204);
+    http.consume_none("dash-poison", "wait=0").await;
 
     let d: Value = serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
     let wanted: BTreeSet<String> = queries(&d)
