@@ -440,13 +440,24 @@ impl Client {
         topic: &str,
         action: &str,
     ) -> Result<T, Error> {
+        self.post_topic_action_within(topic, action, self.control_timeout())
+            .await
+    }
+
+    /// [`Client::post_topic_action`] with its own timeout (`action` may carry a query).
+    async fn post_topic_action_within<T: DeserializeOwned>(
+        &self,
+        topic: &str,
+        action: &str,
+        timeout: Duration,
+    ) -> Result<T, Error> {
         let path = format!("{}/{action}", Self::topic_path(topic));
         let (_, b) = self
             .send(
                 Method::POST,
                 &path,
                 Some((Bytes::new(), "application/json")),
-                self.control_timeout(),
+                timeout,
                 &[200],
             )
             .await?;
@@ -485,22 +496,14 @@ impl Client {
         if let Some(m) = max {
             query.push(format!("max={m}"));
         }
-        let mut path = format!("{}/redrive", Self::topic_path(topic));
-        if !query.is_empty() {
-            path = format!("{path}?{}", query.join("&"));
-        }
+        let action = if query.is_empty() {
+            "redrive".to_string()
+        } else {
+            format!("redrive?{}", query.join("&"))
+        };
         // A long move (up to 100,000 messages) takes its time.
         let timeout = self.control_timeout().max(Duration::from_secs(600));
-        let (_, b) = self
-            .send(
-                Method::POST,
-                &path,
-                Some((Bytes::new(), "application/json")),
-                timeout,
-                &[200],
-            )
-            .await?;
-        Self::decode(&b)
+        self.post_topic_action_within(topic, &action, timeout).await
     }
 
     /// `POST /v1/topics/{topic}/seek` → `200`: moves the frontier of one partition to an

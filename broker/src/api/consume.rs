@@ -76,7 +76,7 @@ pub async fn consume(
     };
     let found = app.delivery.consume(&topic, ask).await?;
     if let (Some((user, _)), Some(body)) = (quota, &found) {
-        let deadline = Instant::now() + Duration::from_millis(topic.config.visibility_timeout_ms);
+        let deadline = lease_end(topic.config.visibility_timeout_ms);
         app.lease_counts
             .took(user, receipt_handles(body).map(|h| (h, deadline)));
     }
@@ -131,13 +131,16 @@ fn receipt_handles(body: &[u8]) -> impl Iterator<Item = String> {
 /// (ext) What a settle by `user` of `handle` through this node does to its lease count.
 fn count_settle(app: &App, user: &str, topic: &Topic, handle: &str, how: SettleKind) {
     let deadline = match how {
-        SettleKind::Extend => {
-            Some(Instant::now() + Duration::from_millis(topic.config.visibility_timeout_ms))
-        }
-        SettleKind::ExtendFor(ms) => Some(Instant::now() + Duration::from_millis(ms)),
+        SettleKind::Extend => Some(lease_end(topic.config.visibility_timeout_ms)),
+        SettleKind::ExtendFor(ms) => Some(lease_end(ms)),
         SettleKind::Ack | SettleKind::Nack | SettleKind::Delay(_) | SettleKind::Release => None,
     };
     app.lease_counts.settled(user, handle, deadline);
+}
+
+/// When a lease of `visibility_ms` taken or extended now ends.
+fn lease_end(visibility_ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(visibility_ms)
 }
 
 /// `max`: a batch of 1 to [`MAX_BATCH`] messages; absent, one message (unbatched body).

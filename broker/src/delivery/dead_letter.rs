@@ -134,15 +134,12 @@ impl Delivery {
             .max_acked_ahead
             .saturating_add(policy.caps.max_in_flight);
         for d in &doomed {
+            // Not settled (the lease lapsed): dead-lettered again on its next lease.
             let settled = rt
                 .partition(d.partition)
-                .map(|part| part.ack(d.rec.offset, d.nonce, policy));
-            if !matches!(settled, Some(Ok(()))) {
-                tracing::debug!(topic = %topic.name, partition = d.partition, offset = d.rec.offset,
-                    "a dead-lettered message was not settled (its lease lapsed); it is dead-lettered again on its next lease");
-            }
+                .is_some_and(|part| part.ack(d.rec.offset, d.nonce, policy).is_ok());
             tracing::debug!(topic = %topic.name, partition = d.partition, offset = d.rec.offset,
-                delivery_count = d.delivery_count, dead_letter_topic = %target.name, "dead-lettered");
+                delivery_count = d.delivery_count, dead_letter_topic = %target.name, settled, "dead-lettered");
         }
         self.count_n(topic, n, |m| &m.dead_lettered);
     }
@@ -278,13 +275,8 @@ fn redriven(
         .map_err(|e| bad("key", e))?;
     let attrs = match &m.attributes {
         None => None,
-        Some(a) => {
-            let mut b = crate::attrs::Builder::default();
-            for (n, v) in a.iter().filter(|(n, _)| !crate::attrs::is_reserved(n)) {
-                b.push(n, v).map_err(ApiError::internal)?;
-            }
-            b.finish()
-        }
+        Some(a) => crate::attrs::from_map(a.iter().filter(|(n, _)| !crate::attrs::is_reserved(n)))
+            .map_err(ApiError::internal)?,
     };
     let partition = partition_for(key.as_deref());
     Ok(WalRecord {
