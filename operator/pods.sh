@@ -19,6 +19,18 @@ exec 9>/tmp/k8s.lock
 flock 9
 # Persistent volumes the test claims (a claimed one is never reused): NaradCluster prod up to
 # 4, secure 3, the broker chart's releases nd 3 and nds 3.
+# The node's bridge is knode0 unless something already holds that name (a node another run
+# left behind, or one still running): then the first free knodeN, on its own 10.244.N.0/24.
+if [ -z "${K8S_NODE_BRIDGE:-}" ]; then
+  for n in $(seq 0 9); do
+    ip link show "knode$n" >/dev/null 2>&1 && continue
+    ip -4 addr show | grep -q "inet 10\.244\.$n\." && continue
+    export K8S_NODE_BRIDGE="knode$n" K8S_NODE_NET="10.244.$n"; break
+  done
+  [ -n "${K8S_NODE_BRIDGE:-}" ] || { echo "no free bridge name knode0..knode9" >&2; exit 1; }
+  [ "$K8S_NODE_BRIDGE" = knode0 ] || ip -br link | grep knode | sed 's/^/  (taken: /;s/$/)/'
+  echo "the node's bridge: $K8S_NODE_BRIDGE ($K8S_NODE_NET.0/24)"
+fi
 PV_COUNT=16 bash "$node/start-node.sh" "$out" "$state"
 trap 'bash "$node/stop-node.sh" "$state" --purge' EXIT
 # shellcheck disable=SC1091
