@@ -94,6 +94,7 @@ pub fn batch_message(payload: &[u8], key: Option<&[u8]>, partition: Option<u32>)
         key_encoding,
         partition: partition.map(i64::from),
         attributes: None,
+        delay: None,
     }
 }
 

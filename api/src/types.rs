@@ -275,6 +275,10 @@ pub struct BatchMessage {
     /// (ext) Attributes stored beside the key (names case-insensitive, stored lowercased).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attributes: Option<std::collections::BTreeMap<String, String>>,
+    /// (ext) Enters its partition no earlier than this after acceptance (`90s`, `1m`; at
+    /// most 15m; `0` or absent: at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<String>,
 }
 
 /// `POST /v1/topics/{topic}/produce/batch` body.

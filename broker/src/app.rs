@@ -31,6 +31,8 @@ pub struct App {
     pub node_id: String,
     pub meta: Meta,
     pub wal: Wal,
+    /// (ext) Delayed produces held until due.
+    pub delayed: crate::delayed::Delayed,
     pub registry: Arc<Registry>,
     pub metrics: Arc<Metrics>,
     /// Checks Basic credentials (verified-credential cache, throttle); used only with
@@ -194,6 +196,12 @@ impl App {
         let recs = w.records.load(Ordering::Relaxed);
         m.wal_records
             .inc_by(recs.saturating_sub(m.wal_records.get()));
+        m.delayed_held.set(self.delayed.held() as i64);
+        m.delayed_released.inc_by(
+            self.delayed
+                .released()
+                .saturating_sub(m.delayed_released.get()),
+        );
         let wal_errors = m.errors.get_or_create(&ErrorLabels {
             component: "wal",
             kind: "write",

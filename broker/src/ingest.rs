@@ -283,6 +283,29 @@ impl Ingest {
         Err(self.decommissioned(&last))
     }
 
+    /// (ext) Stores records that enter their partitions only after their delay (paired with
+    /// each): fsynced in this node's delay store ([`crate::delayed`]), due at acceptance time
+    /// plus the delay on this node's clock. A draining node takes none: its store must empty
+    /// before it leaves, so the producer gets the refusal that means "resend elsewhere".
+    pub async fn store_delayed(
+        &self,
+        store: &crate::delayed::Delayed,
+        records: Vec<(WalRecord, std::time::Duration)>,
+    ) -> ApiResult<()> {
+        if self.cluster.clustered && self.draining() {
+            return Err(self.decommissioned("a delayed produce is held by the node that takes it"));
+        }
+        let now = crate::clock::now_ms();
+        let mut by_due: std::collections::BTreeMap<u64, Vec<WalRecord>> = Default::default();
+        for (r, delay) in records {
+            let due = now.saturating_add(delay.as_millis() as u64);
+            by_due.entry(due).or_default().push(r);
+        }
+        let stores = by_due.into_iter().map(|(due, recs)| store.store(recs, due));
+        futures::future::try_join_all(stores).await?;
+        Ok(())
+    }
+
     /// `Produce` (1) from a draining node: stores its records (of topic `topic_id`) in this
     /// node's WAL as a produce received here would be, and returns how many it accepted;
     /// `503` when this node drains too, or does not know the topic yet.

@@ -23,6 +23,8 @@
 //!   of every opcode's types, timeout and fallback (`calls`).
 //! - `children`: child topics (SPEC §5): the cursors that copy committed parent records into
 //!   child partitions through the same commit path (the copying is "fan-out", SPEC §5.1).
+//! - `delayed`: delayed produce (ext): the store that holds a produce with a `delay` until
+//!   it is due, then stages it in the ingress WAL.
 //! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
 //!   produced records into partition logs. Its module doc states the durability contract.
 //! - `group_commit`: concurrent callers' records into one partition commit (the dispatcher,
@@ -58,6 +60,7 @@ pub mod children;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod delayed;
 pub mod delivery;
 pub mod error;
 pub mod group_commit;

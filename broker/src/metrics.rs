@@ -185,6 +185,9 @@ pub struct Metrics {
     pub cluster_members: Family<StatusLabels, Gauge>,
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
+    /// (ext) Delayed produces this node holds until due, and those it handed over.
+    pub delayed_held: Gauge,
+    pub delayed_released: Counter,
     pub children: ChildMetrics,
     /// Failed sends of remote child links (SPEC §9 ext), by reason.
     pub remote_child_send_errors: Family<RemoteSendErrorLabels, Counter>,
@@ -514,6 +517,18 @@ impl Metrics {
                 r,
                 "wal_records",
                 "Records written to the ingress WAL",
+                Counter::default()
+            ),
+            delayed_held: reg!(
+                r,
+                "delayed_messages",
+                "Delayed produces held on this node until they are due",
+                Gauge::default()
+            ),
+            delayed_released: reg!(
+                r,
+                "delayed_released_messages",
+                "Delayed produces handed to their partitions when due",
                 Counter::default()
             ),
             children: ChildMetrics {

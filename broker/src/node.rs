@@ -159,6 +159,7 @@ impl Running {
         }
         app.registry.persist_frontiers();
         app.wal.close();
+        app.delayed.close();
         app.meta.shutdown().await;
         tracing::info!("stopped");
         Ok(())
@@ -371,6 +372,8 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         },
     )
     .context("open the ingress wal")?;
+    let (delayed, releaser) =
+        crate::delayed::Delayed::open(&data_dir.join("delayed")).context("open the delay store")?;
     // Cluster hook: the remote committer for child partitions owned by other nodes.
     let child_io = crate::children::io::IoThreads::start(FANOUT_IO_THREADS)
         .context("start the fan-out I/O threads")?;
@@ -442,6 +445,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         cluster.clone(),
         registry.clone(),
         opened.wal.clone(),
+        delayed.clone(),
         metrics.clone(),
         health.clone(),
         &config.test,
@@ -452,6 +456,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         meta.clone(),
         cluster.clone(),
         opened.wal.clone(),
+        delayed.clone(),
         health.clone(),
         config.test.hold_drained_voters,
     ));
@@ -469,6 +474,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         node_id: node_id.clone(),
         meta: meta.clone(),
         wal: opened.wal.clone(),
+        delayed: delayed.clone(),
         registry: registry.clone(),
         metrics: metrics.clone(),
         ingest,
@@ -499,6 +505,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
     let dispatcher = tokio::spawn(dispatcher.run(opened.recovered, opened.durable_rx, demands));
 
     crate::housekeeping::spawn(&app, &tasks);
+    tasks.spawn(releaser.run(Arc::new(opened.wal.clone()), app.health.shutdown_token()));
     if clustered {
         let token = app.health.shutdown_token();
         tasks.spawn(membership::establish(cluster.clone(), token.clone()));

@@ -344,6 +344,34 @@ async fn pub_sub_and_replay() {
         "{}",
         sub.describe()
     );
+    // With a delay: accepted at once, consumable only after it.
+    let sent = std::time::Instant::now();
+    cli.client(&[
+        "pub",
+        "cli-pub",
+        "delayed-one",
+        "--partition",
+        "2",
+        "--delay",
+        "1500ms",
+    ])
+    .await
+    .ok();
+    http.consume_none("cli-pub", "partition=2&wait=0").await;
+    let sub = cli
+        .client(&[
+            "sub",
+            "cli-pub",
+            "--partition",
+            "2",
+            "--count",
+            "1",
+            "--raw",
+        ])
+        .await
+        .ok();
+    assert!(sub.stdout.contains("delayed-one"), "{}", sub.describe());
+    assert!(sent.elapsed() >= Duration::from_millis(1500));
     let mut want: Vec<String> = vec![
         "hello-arg".into(),
         r#"{"n": 1}"#.into(),

@@ -340,6 +340,12 @@ fn pub_sub_replay_bench() {
         ]
     );
     assert!(parse(&["pub", "orders", "x", "--attr", "novalue"]).is_err());
+    let Command::Pub(d) = parse(&["pub", "orders", "x", "--delay", "90s"]).unwrap() else {
+        panic!()
+    };
+    assert_eq!(d.delay.as_deref(), Some("90s"));
+    assert!(parse(&["pub", "orders", "x", "--delay", "16m"]).is_err());
+    assert!(parse(&["pub", "orders", "x", "--delay", "soon"]).is_err());
     assert!(parse(&["pub", "orders", "x", "--attr", "=v"]).is_err());
     assert_eq!(a.msg.as_deref(), Some("hello"));
     assert_eq!(a.key.as_deref(), Some("k1"));

@@ -1,5 +1,5 @@
-//! `narad pub <topic> [msg] [--key K] [--partition N] [--attr NAME=VALUE]… [--file F] [--count N]
-//! [--rate R]`.
+//! `narad pub <topic> [msg] [--key K] [--partition N] [--attr NAME=VALUE]… [--delay D]
+//! [--file F] [--count N] [--rate R]`.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
@@ -36,6 +36,10 @@ pub struct PubArgs {
     /// A-Za-z0-9-_. are returned lowercased)
     #[arg(long = "attr", value_name = "NAME=VALUE", value_parser = parse_attr)]
     pub attrs: Vec<(String, String)>,
+    /// The message enters its partition (consumable, replayable) no earlier than this after
+    /// the broker accepted it: 90s, 2m, 1500ms; at most 15m
+    #[arg(long, value_name = "D", value_parser = parse_delay)]
+    pub delay: Option<String>,
     /// Read the message from this file ("-" for stdin)
     #[arg(long, short = 'f', value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -59,6 +63,21 @@ fn parse_attr(s: &str) -> Result<(String, String), String> {
         Some((n, v)) if !n.is_empty() => Ok((n.to_string(), v.to_string())),
         _ => Err(format!("expected NAME=VALUE, got {s:?}")),
     }
+}
+
+fn parse_delay(s: &str) -> Result<String, String> {
+    let d = narad_api::duration::parse_go_duration(s).map_err(|e| e.to_string())?;
+    if d > Duration::from_secs(15 * 60) {
+        return Err(format!("{s} is longer than 15m"));
+    }
+    Ok(s.to_string())
+}
+
+/// What a message carries besides its payload, key and partition.
+#[derive(Debug, Clone, Default)]
+struct Extras {
+    attrs: Option<BTreeMap<String, String>>,
+    delay: Option<String>,
 }
 
 /// The message bytes: the argument, the file, or stdin.
@@ -103,8 +122,10 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let client = connect(&a.conn)?;
     let payload = Bytes::from(read_message(&a)?);
     let key: Option<Bytes> = a.key.clone().filter(|k| !k.is_empty()).map(Bytes::from);
-    let attrs: Option<Arc<BTreeMap<String, String>>> =
-        (!a.attrs.is_empty()).then(|| Arc::new(a.attrs.iter().cloned().collect()));
+    let extras = Arc::new(Extras {
+        attrs: (!a.attrs.is_empty()).then(|| a.attrs.iter().cloned().collect()),
+        delay: a.delay.clone(),
+    });
     let count = a.count;
     let start = Instant::now();
     let retry = Retry {
@@ -120,7 +141,7 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
             &payload,
             key.as_deref(),
             a.partition,
-            attrs.as_deref(),
+            &extras,
         )
         .await?;
         if std::io::stderr().is_terminal() {
@@ -147,12 +168,12 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let workers = count.min(MAX_WORKERS);
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..workers {
-        let (client, topic, payload, key, attrs) = (
+        let (client, topic, payload, key, extras) = (
             client.clone(),
             a.topic.clone(),
             payload.clone(),
             key.clone(),
-            attrs.clone(),
+            extras.clone(),
         );
         let (next, done, stop, bar) = (next.clone(), done.clone(), stop.clone(), bar.clone());
         let (rate, partition) = (a.rate, a.partition);
@@ -176,7 +197,7 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
                     &payload,
                     key.as_deref(),
                     partition,
-                    attrs.as_deref(),
+                    &extras,
                 )
                 .await
                 {
@@ -218,8 +239,8 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One produce, retried per `retry`; each retry is reported on stderr. With attributes it
-/// is a batch of one (`"attributes"` in the element).
+/// One produce, retried per `retry`; each retry is reported on stderr. With attributes or a
+/// delay it is a batch of one (`"attributes"`, `"delay"` in the element).
 async fn produce(
     client: &narad_api::Client,
     retry: Retry,
@@ -227,13 +248,16 @@ async fn produce(
     payload: &Bytes,
     key: Option<&[u8]>,
     partition: Option<u32>,
-    attrs: Option<&BTreeMap<String, String>>,
+    extras: &Extras,
 ) -> Result<(), narad_api::Error> {
     let report = |e: &narad_api::Error, wait: Duration| {
         eprintln!("narad: {e}; retrying in {} ms", wait.as_millis())
     };
-    match attrs {
-        None => {
+    match extras {
+        Extras {
+            attrs: None,
+            delay: None,
+        } => {
             retry
                 .run(
                     || client.produce(topic, payload.clone(), key, partition),
@@ -241,9 +265,10 @@ async fn produce(
                 )
                 .await
         }
-        Some(attrs) => {
+        Extras { attrs, delay } => {
             let mut m = narad_api::client::batch_message(payload, key, partition);
-            m.attributes = Some(attrs.clone());
+            m.attributes = attrs.clone();
+            m.delay = delay.clone();
             let batch = [m];
             retry
                 .run(|| client.produce_batch(topic, &batch), report)

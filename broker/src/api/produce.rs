@@ -2,6 +2,8 @@
 //! to `ingest`, whose `Ok` means fsynced on this node (committed and verified in a partition
 //! log this node owns, or in the ingress WAL): only then is the `202` sent.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::extract::{Extension, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -73,6 +75,10 @@ pub async fn produce(
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
     let attrs = crate::attrs::from_headers(&headers).map_err(ApiError::bad_request)?;
+    let delay = match q.text("delay")? {
+        Some(d) => crate::delayed::parse_delay(d).map_err(ApiError::bad_request)?,
+        None => Duration::ZERO,
+    };
     let (payload, _) =
         read_coded(&headers, body, MAX_BODY, MAX_DRAIN, &bodies.decoders, None).await?;
     if payload.is_empty() {
@@ -84,19 +90,21 @@ pub async fn produce(
     let partition = app
         .ingest
         .choose_partition(&topic, &rt, key.as_deref(), pinned);
-    app.ingest
-        .store(
-            &topic,
-            vec![WalRecord {
-                topic_id: topic.id,
-                partition,
-                pinned: pinned.is_some(),
-                key,
-                payload,
-                attrs,
-            }],
-        )
-        .await?;
+    let record = WalRecord {
+        topic_id: topic.id,
+        partition,
+        pinned: pinned.is_some(),
+        key,
+        payload,
+        attrs,
+    };
+    if delay.is_zero() {
+        app.ingest.store(&topic, vec![record]).await?;
+    } else {
+        app.ingest
+            .store_delayed(&app.delayed, vec![(record, delay)])
+            .await?;
+    }
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
@@ -116,13 +124,14 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
 }
 
 /// A batch element as it is stored: payload, key (an empty key is none), pinned partition,
-/// attribute block.
+/// attribute block, (ext) delay (zero: none).
 #[derive(Debug, PartialEq, Eq)]
 struct BatchElement {
     payload: Bytes,
     key: Option<Bytes>,
     pinned: Option<u32>,
     attrs: Option<Bytes>,
+    delay: Duration,
 }
 
 /// Decodes element `i` of a batch for a topic of `n` partitions: `400`, or `413` for a
@@ -167,11 +176,16 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
         None => None,
         Some(a) => crate::attrs::from_map(a).map_err(fail)?,
     };
+    let delay = match m.delay.as_deref() {
+        None => Duration::ZERO,
+        Some(d) => crate::delayed::parse_delay(d).map_err(fail)?,
+    };
     Ok(BatchElement {
         payload,
         key,
         pinned,
         attrs,
+        delay,
     })
 }
 
@@ -208,12 +222,14 @@ pub async fn produce_batch(
     let rt = app.runtime(&topic)?;
     let n = topic.config.partitions;
     let mut records = Vec::with_capacity(req.messages.len());
+    let mut delayed = Vec::new();
     for (i, raw) in req.messages.iter().copied().enumerate() {
         let BatchElement {
             payload,
             key,
             pinned,
             attrs,
+            delay,
         } = decode_batch_element(i, raw, n)?;
         if let Err(e) = app.ingest.validate_schema(&topic, &payload) {
             return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
@@ -221,19 +237,41 @@ pub async fn produce_batch(
         let partition = app
             .ingest
             .choose_partition(&topic, &rt, key.as_deref(), pinned);
-        records.push(WalRecord {
+        let record = WalRecord {
             topic_id: topic.id,
             partition,
             pinned: pinned.is_some(),
             key,
             payload,
             attrs,
-        });
+        };
+        if delay.is_zero() {
+            records.push(record);
+        } else {
+            delayed.push((record, delay));
+        }
     }
-    let accepted = records.len();
-    let bytes = records.iter().map(|r| r.payload.len() as u64).sum();
+    let accepted = records.len() + delayed.len();
+    let bytes = records
+        .iter()
+        .chain(delayed.iter().map(|(r, _)| r))
+        .map(|r| r.payload.len() as u64)
+        .sum();
     app.ingest.admit(&caller, &topic, accepted as u64, bytes)?;
-    app.ingest.store(&topic, records).await?;
+    // Both parts durable before the 202: the delayed ones in the delay store.
+    let now = async {
+        if records.is_empty() {
+            return Ok(());
+        }
+        app.ingest.store(&topic, records).await
+    };
+    let later = async {
+        if delayed.is_empty() {
+            return Ok(());
+        }
+        app.ingest.store_delayed(&app.delayed, delayed).await
+    };
+    tokio::try_join!(now, later)?;
     Ok(json(
         StatusCode::ACCEPTED,
         &BatchProduceResponse { accepted },
@@ -332,6 +370,7 @@ mod prop_tests {
             key_encoding,
             partition,
             attributes: None,
+            delay: None,
         };
         serde_json::value::to_raw_value(&m).unwrap()
     }
@@ -376,6 +415,7 @@ mod prop_tests {
                         Just("key_encoding"),
                         Just("partition"),
                         Just("attributes"),
+                        Just("delay"),
                         Just("other"),
                     ],
                     prop_oneof![
@@ -390,6 +430,8 @@ mod prop_tests {
                         Just("{\"a\":\"1\",\"A\":\"2\"}".to_string()),
                         Just("{\"trace.id\":\"x\"}".to_string()),
                         Just("{}".to_string()),
+                        Just("\"90s\"".to_string()),
+                        Just("\"16m\"".to_string()),
                     ],
                 ),
                 0..6,
@@ -411,6 +453,7 @@ mod prop_tests {
                     prop_assert!(e.key.as_ref().is_none_or(|k| !k.is_empty()));
                     prop_assert!(e.pinned.is_none_or(|p| p < n));
                     prop_assert!(e.attrs.as_deref().is_none_or(|a| crate::attrs::check(a).is_ok()));
+                    prop_assert!(e.delay <= crate::delayed::MAX_DELAY);
                 }
                 Err(e) => prop_assert!(
                     e.status() == StatusCode::BAD_REQUEST || e.status() == StatusCode::PAYLOAD_TOO_LARGE

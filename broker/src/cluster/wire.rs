@@ -284,7 +284,8 @@ pub struct AssignmentReply {
     pub index: u64,
     /// `None` when the topic or partition does not exist (or none was asked for).
     pub assignment: Option<narad_meta::Assignment>,
-    /// Records in the callee's ingress WAL not yet committed to their partitions.
+    /// Records in the callee's ingress WAL not yet committed to their partitions, plus the
+    /// delayed produces its delay store holds (ext; both must empty before it leaves).
     pub wal_outstanding: u64,
 }
 

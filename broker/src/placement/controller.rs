@@ -32,6 +32,8 @@ pub struct Controller {
     pub meta: narad_meta::Meta,
     pub cluster: Arc<Cluster>,
     pub wal: crate::wal::Wal,
+    /// (ext) Delayed produces held here (a drained member leaves once its store is empty).
+    pub delayed: crate::delayed::Delayed,
     pub health: Arc<Health>,
     /// Test knob `NARAD_TEST_HOLD_DRAINED_VOTERS`.
     pub hold_drained_voters: bool,
@@ -45,6 +47,7 @@ impl Controller {
         meta: narad_meta::Meta,
         cluster: Arc<Cluster>,
         wal: crate::wal::Wal,
+        delayed: crate::delayed::Delayed,
         health: Arc<Health>,
         hold_drained_voters: bool,
     ) -> Controller {
@@ -53,6 +56,7 @@ impl Controller {
             meta,
             cluster,
             wal,
+            delayed,
             health,
             hold_drained_voters,
             reasons: Default::default(),
@@ -386,10 +390,11 @@ async fn abort_stuck(ctl: &Controller, view: &MetaState) {
     }
 }
 
-/// Records in member `id`'s ingress WAL not yet committed (`None`: unknown now).
+/// Records in member `id`'s ingress WAL not yet committed, plus its held delayed produces
+/// (`None`: unknown now).
 async fn wal_outstanding(ctl: &Controller, id: &str) -> Option<u64> {
     if id == ctl.node_id {
-        return Some(ctl.wal.outstanding() as u64);
+        return Some((ctl.wal.outstanding() + ctl.delayed.outstanding()) as u64);
     }
     let req = AssignmentRequest {
         topic_id: None,

@@ -71,6 +71,8 @@ pub struct Moves {
     pub cluster: Arc<Cluster>,
     pub registry: Arc<Registry>,
     pub wal: crate::wal::Wal,
+    /// (ext) Delayed produces held here: a draining node leaves once they are handed over.
+    pub delayed: crate::delayed::Delayed,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
     /// How long a move's source must stay marked dead before a copy that reached its last
@@ -93,6 +95,7 @@ impl Moves {
         cluster: Arc<Cluster>,
         registry: Arc<Registry>,
         wal: crate::wal::Wal,
+        delayed: crate::delayed::Delayed,
         metrics: Arc<Metrics>,
         health: Arc<Health>,
         knobs: &crate::config::TestKnobs,
@@ -104,6 +107,7 @@ impl Moves {
             cluster,
             registry,
             wal,
+            delayed,
             metrics,
             health,
             force_promote_after: knobs
@@ -372,7 +376,7 @@ async fn watch_freeze(moves: Arc<Moves>, part: Arc<Partition>, key: (u64, u32, u
 /// `GetAssignment`: the leader's confirmed view of one assignment, plus the callee's WAL
 /// backlog.
 pub async fn serve_assignment(moves: &Moves, req: AssignmentRequest) -> RpcReply {
-    let wal_outstanding = moves.wal.outstanding() as u64;
+    let wal_outstanding = (moves.wal.outstanding() + moves.delayed.outstanding()) as u64;
     let Some(topic_id) = req.topic_id else {
         return RpcReply::json(
             200,
