@@ -1,7 +1,8 @@
 //! Decommission edge cases seen on real pods (issue 14): a drained member that dies before
 //! the leader removes it must still leave the voters and the member list (its data already
 //! moved), and a draining or removed node must fail `/readyz` so a Service stops routing to
-//! it, while `/healthz` (liveness) stays `200`.
+//! it, while `/healthz` (liveness) stays `200`. (ext) A draining member refuses delayed
+//! produce and leaves only once the delayed messages it holds are due and handed over.
 
 use std::time::Duration;
 
@@ -180,5 +181,95 @@ async fn readyz_fails_while_draining_and_after_removal() {
     // The others stay ready.
     for i in 0..3 {
         assert_eq!(probe(&c, i, "/readyz").await.0, 200, "node {i}");
+    }
+}
+
+/// (ext) Delayed messages a member holds keep it in the cluster until they are due: its
+/// decommission waits for them (the leader says so), it refuses new delayed produce while
+/// draining, and once it is gone every delayed message is consumable, none early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_member_leaves_only_after_its_delayed_messages_are_due() {
+    const DELAYED: usize = 10;
+    let (c, n3) = four_nodes(Vec::new()).await;
+    let id = c.nodes[n3].id.clone();
+    let sent = std::time::Instant::now();
+    let msgs: Vec<Value> = (0..DELAYED)
+        .map(|i| json!({"payload": format!("late{i}"), "delay": "8s"}))
+        .collect();
+    c.http(n3)
+        .produce_batch("dc", &json!({ "messages": msgs }))
+        .await
+        .expect_json(202);
+    let due = sent + Duration::from_secs(8);
+    c.decommission(0, &id).await;
+    eventually(Duration::from_secs(10), Duration::from_millis(20), || {
+        let http = c.http(n3);
+        async move {
+            let r = http.produce("dc", "delay=1s", "refused").await;
+            anyhow::ensure!(r.status == 503, "{}", r.describe());
+            anyhow::ensure!(r.text().contains("decommissioned"), "{}", r.describe());
+            Ok(())
+        }
+    })
+    .await;
+    // Drained of partitions, held back by what its delay store holds.
+    eventually(READY_TIMEOUT, Duration::from_millis(100), || {
+        let c = &c;
+        let id = id.clone();
+        async move {
+            let leader = c.leader(0).await.expect("a leader");
+            let ms = members(c, leader).await;
+            let m = ms.iter().find(|m| m["id"] == id.as_str());
+            let reason = m
+                .and_then(|m| m["decommission_reason"].as_str())
+                .unwrap_or_default();
+            anyhow::ensure!(
+                reason.contains(&format!("hold {DELAYED} records")),
+                "not held by its delayed messages: {m:?}"
+            );
+            Ok(())
+        }
+    })
+    .await;
+    assert!(
+        std::time::Instant::now() < due,
+        "the check came too late to mean anything"
+    );
+    // It leaves, but not before its delayed messages were due.
+    eventually(READY_TIMEOUT, Duration::from_millis(100), || {
+        let c = &c;
+        let id = id.clone();
+        async move {
+            let ms = members(c, 0).await;
+            anyhow::ensure!(
+                ms.iter().all(|m| m["id"] != id.as_str()),
+                "{id} still listed"
+            );
+            Ok(())
+        }
+    })
+    .await;
+    assert!(
+        std::time::Instant::now() >= due,
+        "it left before its delayed messages were due"
+    );
+    let mut got = std::collections::BTreeSet::new();
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < DELAYED {
+        assert!(
+            std::time::Instant::now() < end,
+            "{} of {DELAYED} delayed messages: {got:?}",
+            got.len()
+        );
+        let r = c.http(0).consume("dc", "wait=1s").await;
+        if r.status != 200 {
+            continue;
+        }
+        let m = narad_tests::Msg::parse(&r.body).unwrap();
+        let p = String::from_utf8_lossy(&m.payload_bytes()).into_owned();
+        if p.starts_with("late") {
+            got.insert(p);
+        }
+        c.http(0).ack_ok("dc", m.handle()).await;
     }
 }

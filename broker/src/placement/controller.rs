@@ -463,7 +463,7 @@ pub fn decommission_step(
         (_, WalReport::Empty) => {}
         (false, WalReport::Outstanding(n)) => {
             return Step::Wait(format!(
-                "its WAL holds {n} records not yet committed to their partitions"
+                "its WAL and delay store hold {n} records not yet handed to their partitions"
             ))
         }
         (false, WalReport::Unknown) => {
