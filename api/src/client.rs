@@ -95,6 +95,7 @@ pub fn batch_message(payload: &[u8], key: Option<&[u8]>, partition: Option<u32>)
         partition: partition.map(i64::from),
         attributes: None,
         delay: None,
+        idempotency_key: None,
     }
 }
 

@@ -49,6 +49,10 @@ pub struct CreateTopicRequest {
     pub retry_backoff: Option<RetryBackoff>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// (ext) How long a produce's `Idempotency-Key` is remembered, ms (1 s to 24 h; absent:
+    /// 5 minutes; `0` on alter: back to the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_ms: Option<i64>,
 }
 
 /// (ext) A topic's dead-letter setting: a message delivered `max_deliveries` times (1 to
@@ -109,6 +113,10 @@ pub struct AlterTopicRequest {
     pub retry_backoff: Option<RetryBackoff>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// (ext) How long a produce's `Idempotency-Key` is remembered, ms (1 s to 24 h; absent:
+    /// 5 minutes; `0` on alter: back to the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_ms: Option<i64>,
 }
 
 /// The topic record (SPEC §3.2), with stats when read by `GET /v1/topics/{topic}`.
@@ -154,6 +162,10 @@ pub struct TopicRecord {
     pub retry_backoff: Option<RetryBackoff>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// (ext) How long a produce's `Idempotency-Key` is remembered, ms (1 s to 24 h; absent:
+    /// 5 minutes; `0` on alter: back to the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dedup_window_ms: Option<i64>,
 }
 
 /// (ext) The body of `POST /v1/topics/{t}/seek`: a partition and an offset, or a time
@@ -279,6 +291,10 @@ pub struct BatchMessage {
     /// most 15m; `0` or absent: at once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<String>,
+    /// (ext) A retry with the same key within the topic's `dedup_window_ms` is answered but
+    /// not stored again (1 to 128 visible ASCII bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
 }
 
 /// `POST /v1/topics/{topic}/produce/batch` body.

@@ -107,22 +107,33 @@ impl Ingest {
     }
 
     /// The partition of a produce to `topic` ([`pick_partition`]), with this node's view of
-    /// which owners are alive (standalone: all of them).
+    /// which owners are alive (standalone: all of them). (ext) A record without a key but with
+    /// an idempotency key goes by that key's hash, so that its retries meet at one partition
+    /// ([`crate::dedup`]); one sent elsewhere because that partition's owner is dead counts
+    /// in `narad_dedup_split_total`.
     pub fn choose_partition(
         &self,
         topic: &Topic,
         rt: &TopicRuntime,
         key: Option<&[u8]>,
+        idempotency_key: Option<&str>,
         pinned: Option<u32>,
     ) -> u32 {
         let n = topic.config.partitions;
+        let key = key.or(idempotency_key.map(str::as_bytes));
         let round_robin = || rt.next_produce_partition(n);
         if !self.cluster.clustered {
             return pick_partition(n, pinned, key, round_robin, |_| true);
         }
         let view = self.meta.view();
         let live = |q: u32| Cluster::owner(topic, q).is_some_and(|o| Cluster::is_alive(&view, o));
-        pick_partition(n, pinned, key, round_robin, live)
+        let p = pick_partition(n, pinned, key, round_robin, live);
+        if let (Some(k), None, Some(_)) = (key, pinned, idempotency_key) {
+            if p != crate::partitioner::key_partition(k, n) {
+                self.metrics.dedup_split.inc();
+            }
+        }
+        p
     }
 
     pub fn validate_schema(&self, topic: &Topic, body: &[u8]) -> ApiResult<()> {
@@ -343,7 +354,7 @@ impl crate::delivery::dead_letter::Store for Ingest {
 
     fn partition_for(&self, topic: &Topic, key: Option<&[u8]>) -> u32 {
         match self.registry.runtime_of(&self.meta, &self.node_id, topic) {
-            Ok(rt) => self.choose_partition(topic, &rt, key, None),
+            Ok(rt) => self.choose_partition(topic, &rt, key, None, None),
             // No runtime (the topic went meanwhile): its store fails anyway.
             Err(_) => 0,
         }

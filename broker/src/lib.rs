@@ -23,6 +23,7 @@
 //!   of every opcode's types, timeout and fallback (`calls`).
 //! - `children`: child topics (SPEC §5): the cursors that copy committed parent records into
 //!   child partitions through the same commit path (the copying is "fan-out", SPEC §5.1).
+//! - `dedup`: idempotent produce (ext): the idempotency window a partition's commit checks.
 //! - `delayed`: delayed produce (ext): the store that holds a produce with a `delay` until
 //!   it is due, then stages it in the ingress WAL.
 //! - `wal`: the ingress write-ahead log (group commit) and its `dispatcher`, which commits
@@ -60,6 +61,7 @@ pub mod children;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod dedup;
 pub mod delayed;
 pub mod delivery;
 pub mod error;

@@ -130,6 +130,9 @@ pub struct PartitionMetrics {
     pub fsync_seconds: Histogram,
     pub flush_seconds: Histogram,
     pub flush_bytes: Counter,
+    /// (ext) The topic's records dropped as repeats of an idempotency key (one series per
+    /// topic, shared by its partitions).
+    pub dedup_dropped: Counter,
 }
 
 /// Every metric family of the node.
@@ -161,6 +164,11 @@ pub struct Metrics {
     /// (ext) Dead-letter commits of a topic's messages that did not happen (retried when
     /// their lease lapses).
     pub dead_letter_failures: Family<TopicLabels, Counter>,
+    /// (ext) Records not stored because their idempotency key was committed within the
+    /// window, and keyed records sent to another partition than their key's (a retry may
+    /// then be stored twice).
+    pub dedup_dropped: Family<TopicLabels, Counter>,
+    pub dedup_split: Counter,
     pub fsync_duration: HistogramFamily<PartitionLabels>,
     pub flush_duration: HistogramFamily<PartitionLabels>,
     pub flush_bytes: Family<PartitionLabels, Counter>,
@@ -364,6 +372,18 @@ impl Metrics {
                 "dead_letter_failures",
                 "Dead-letter commits that did not happen (tried again when the lease lapses)",
                 Family::default()
+            ),
+            dedup_dropped: reg!(
+                r,
+                "dedup_dropped",
+                "Produced records not stored because their idempotency key was committed within the topic's window",
+                Family::default()
+            ),
+            dedup_split: reg!(
+                r,
+                "dedup_split",
+                "Records with an idempotency key sent to another partition than their key's (dead or failing owner): a retry of one may be stored twice",
+                Counter::default()
             ),
             flush_duration: reg!(
                 r,
@@ -595,6 +615,12 @@ impl Metrics {
             fsync_seconds: self.fsync_duration.get_or_create(&l).clone(),
             flush_seconds: self.flush_duration.get_or_create(&l).clone(),
             flush_bytes: self.flush_bytes.get_or_create(&l).clone(),
+            dedup_dropped: self
+                .dedup_dropped
+                .get_or_create(&TopicLabels {
+                    topic: topic.to_string(),
+                })
+                .clone(),
         }
     }
 
@@ -628,6 +654,7 @@ impl Metrics {
         self.nack.remove(&t);
         self.dead_lettered.remove(&t);
         self.dead_letter_failures.remove(&t);
+        self.dedup_dropped.remove(&t);
         self.topic_bytes.remove(&t);
         self.topic_backlog.remove(&t);
         for outcome in CONSUME_OUTCOMES {

@@ -116,6 +116,12 @@ pub struct Partition {
     /// The topic's consumer waiters ([`TopicRuntime::notify`]): every commit wakes as many as
     /// it made messages available, whoever committed.
     consumers: Arc<Notify>,
+    /// (ext) The idempotency keys committed within the topic's window ([`crate::dedup`]);
+    /// `None` until the first keyed record after the partition opened (then read from the
+    /// log). Taken only under `write_lock`.
+    dedup: Mutex<Option<crate::dedup::Window>>,
+    /// (ext) The topic's `dedup_window_ms`, kept current by [`Registry::reconcile`].
+    pub dedup_window_ms: AtomicU64,
 }
 
 impl crate::group_commit::Committer for Partition {
@@ -239,6 +245,8 @@ impl Partition {
             closed: AtomicBool::new(false),
             group: Default::default(),
             consumers,
+            dedup: Mutex::new(None),
+            dedup_window_ms: AtomicU64::new(narad_meta::DEFAULT_DEDUP_WINDOW_MS),
         })
     }
 
@@ -261,15 +269,53 @@ impl Partition {
                 move_id,
             });
         }
+        let now = now_ms();
+        let kept: Vec<NewRecord>;
+        let mut batch = batch;
+        let mut undo = None;
+        if batch
+            .iter()
+            .any(|r| crate::dedup::key_of(r.attrs.as_deref()).is_some())
+        {
+            let (keep, inserted) = self.dedup_filter(batch, now);
+            let dropped = keep.iter().filter(|k| !**k).count();
+            if dropped > 0 {
+                self.metrics.dedup_dropped.inc_by(dropped as u64);
+                kept = batch
+                    .iter()
+                    .zip(&keep)
+                    .filter(|(_, k)| **k)
+                    .map(|(r, _)| r.clone())
+                    .collect();
+                batch = &kept;
+            }
+            undo = Some(inserted);
+        }
+        if batch.is_empty() {
+            return Ok(());
+        }
         let bytes: u64 = batch.iter().map(|r| r.payload.len() as u64).sum();
         let started = Instant::now();
-        self.log.append(batch, now_ms())?;
-        let appended = Instant::now();
-        self.metrics
-            .flush_seconds
-            .observe(appended.duration_since(started).as_secs_f64());
-        self.metrics.flush_bytes.inc_by(bytes);
-        self.log.commit()?;
+        let written = self.log.append(batch, now).and_then(|_| {
+            let appended = Instant::now();
+            self.metrics
+                .flush_seconds
+                .observe(appended.duration_since(started).as_secs_f64());
+            self.metrics.flush_bytes.inc_by(bytes);
+            self.log.commit().map(|_| appended)
+        });
+        let appended = match written {
+            Ok(t) => t,
+            Err(e) => {
+                // Not committed: its keys were not either.
+                if let (Some(keys), Some(w)) = (undo, self.dedup.lock().as_mut()) {
+                    for k in keys {
+                        w.remove(k.as_bytes(), now);
+                    }
+                }
+                return Err(e.into());
+            }
+        };
         self.metrics
             .fsync_seconds
             .observe(appended.elapsed().as_secs_f64());
@@ -278,6 +324,73 @@ impl Partition {
         self.committed.notify_waiters();
         wake(&self.consumers, batch.len());
         Ok(())
+    }
+
+    /// (ext) Which records of `batch` to keep under the idempotency window (see
+    /// [`crate::dedup::filter`]), building the window from the log first if this is the
+    /// first keyed record since the partition opened. Called under `write_lock`.
+    fn dedup_filter(&self, batch: &[NewRecord], now: u64) -> (Vec<bool>, Vec<String>) {
+        let window_ms = self.dedup_window_ms.load(Ordering::Relaxed);
+        let mut guard = self.dedup.lock();
+        let w = guard.get_or_insert_with(|| self.read_window(now, window_ms));
+        let keys: Vec<Option<&str>> = batch
+            .iter()
+            .map(|r| crate::dedup::key_of(r.attrs.as_deref()))
+            .collect();
+        let evicted = w.evicted;
+        let out = crate::dedup::filter(w, &keys, now, window_ms);
+        if w.evicted > evicted {
+            tracing::warn!(
+                topic_id = self.topic_id,
+                partition = self.index,
+                keys = crate::dedup::MAX_KEYS,
+                "idempotency window full: the oldest keys were forgotten before their time"
+            );
+        }
+        out
+    }
+
+    /// The idempotency keys of the records committed within `window_ms` before `now`, read
+    /// from the log (what a restart or a move keeps of the window). A read error ends the
+    /// scan with what was read so far (a retry of an unread key would be stored again).
+    fn read_window(&self, now: u64, window_ms: u64) -> crate::dedup::Window {
+        let mut w = crate::dedup::Window::default();
+        let (oldest, hwm) = (self.log.oldest_offset(), self.log.high_watermark());
+        let mut next = match self.first_at_or_after(now.saturating_sub(window_ms), oldest, hwm) {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(topic_id = self.topic_id, partition = self.index, error = ?e,
+                    "idempotency window not read from the log");
+                return w;
+            }
+        };
+        let from = next;
+        while next < hwm {
+            match self.log.read_from(next, 4096, 4 << 20) {
+                Ok(recs) if !recs.is_empty() => {
+                    for r in &recs {
+                        if let Some(k) = crate::dedup::key_of(r.attrs.as_deref()) {
+                            w.insert(k.as_bytes(), r.timestamp_ms);
+                        }
+                    }
+                    next = recs.last().map_or(hwm, |r| r.offset + 1);
+                }
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::warn!(topic_id = self.topic_id, partition = self.index, offset = next, error = %e,
+                        "idempotency window read from the log only in part");
+                    break;
+                }
+            }
+        }
+        tracing::info!(
+            topic_id = self.topic_id,
+            partition = self.index,
+            keys = w.len(),
+            records = next - from,
+            "idempotency window read from the log"
+        );
+        w
     }
 
     /// Freezes the partition for the final copy of move `move_id`: waits for a commit in
@@ -962,6 +1075,10 @@ impl Registry {
                 }
                 parts[p as usize] = Some(Arc::new(part));
             }
+            for part in rt.partitions() {
+                part.dedup_window_ms
+                    .store(t.config.dedup_window_ms(), Ordering::Relaxed);
+            }
             // Partitions a completed move handed to another node (the flip is committed:
             // the applied view only shows another owner after it). Closed here; the data
             // goes once the leader confirms (see `take_released`).
@@ -1116,6 +1233,65 @@ mod tests {
         assert!(
             !root.join("5").join("0").exists(),
             "another node's partition"
+        );
+    }
+
+    /// (ext) Idempotent produce at the commit: a key committed within the window is not
+    /// stored again — in the same batch, in a later one, and after the partition reopened
+    /// (the window read back from the log) — and is stored again once the window passed.
+    #[test]
+    fn a_repeated_idempotency_key_is_dropped_within_the_window_across_a_reopen() {
+        let data = tempfile::tempdir().unwrap();
+        let root = data.path().join("topics");
+        let mut view = MetaState::default();
+        let mut t = crate::test_support::topic(3, "t", &["me"]);
+        t.config.dedup_window_ms = Some(1_000);
+        view.topics.insert("t".into(), Arc::new(t));
+        view.next_topic_id = 4;
+        let open = || {
+            let reg = Registry::new(root.clone(), LogConfig::default(), Arc::new(Metrics::new()))
+                .unwrap();
+            reg.reconcile(&view, "me").unwrap();
+            reg.local(3, 0).unwrap()
+        };
+        let rec = |payload: &str, key: Option<&str>| NewRecord {
+            key: None,
+            payload: bytes::Bytes::from(payload.to_string()),
+            attrs: key.and_then(|k| crate::attrs::with_reserved(None, &[(crate::dedup::ATTR, k)])),
+        };
+        let payloads = |part: &Partition| -> Vec<String> {
+            part.log
+                .read_from(0, 100, 1 << 20)
+                .unwrap()
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.payload).into_owned())
+                .collect()
+        };
+        let part = open();
+        assert_eq!(part.dedup_window_ms.load(Ordering::Relaxed), 1_000);
+        part.commit_batch(&[rec("a1", Some("a")), rec("x", None), rec("a2", Some("a"))])
+            .unwrap();
+        part.commit_batch(&[rec("a3", Some("a")), rec("b1", Some("b"))])
+            .unwrap();
+        // Every record of a batch a repeat: nothing written, still Ok.
+        part.commit_batch(&[rec("b2", Some("b"))]).unwrap();
+        assert_eq!(payloads(&part), ["a1", "x", "b1"]);
+        drop(part);
+
+        let part = open();
+        part.commit_batch(&[rec("a4", Some("a")), rec("c1", Some("c"))])
+            .unwrap();
+        assert_eq!(
+            payloads(&part),
+            ["a1", "x", "b1", "c1"],
+            "the window came back from the log"
+        );
+        std::thread::sleep(Duration::from_millis(1_100));
+        part.commit_batch(&[rec("a5", Some("a"))]).unwrap();
+        assert_eq!(
+            payloads(&part),
+            ["a1", "x", "b1", "c1", "a5"],
+            "past the window"
         );
     }
 

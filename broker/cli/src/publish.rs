@@ -1,5 +1,5 @@
 //! `narad pub <topic> [msg] [--key K] [--partition N] [--attr NAME=VALUE]… [--delay D]
-//! [--file F] [--count N] [--rate R]`.
+//! [--idempotency-key K] [--file F] [--count N] [--rate R]`.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read};
@@ -40,6 +40,11 @@ pub struct PubArgs {
     /// the broker accepted it: 90s, 2m, 1500ms; at most 15m
     #[arg(long, value_name = "D", value_parser = parse_delay)]
     pub delay: Option<String>,
+    /// A retry (--retries) or a second pub with the same key within the topic's dedup window
+    /// is not stored again (1-128 visible ASCII characters; with --count every message
+    /// carries it, so one is stored)
+    #[arg(long, value_name = "K")]
+    pub idempotency_key: Option<String>,
     /// Read the message from this file ("-" for stdin)
     #[arg(long, short = 'f', value_name = "FILE")]
     pub file: Option<PathBuf>,
@@ -78,6 +83,7 @@ fn parse_delay(s: &str) -> Result<String, String> {
 struct Extras {
     attrs: Option<BTreeMap<String, String>>,
     delay: Option<String>,
+    idempotency_key: Option<String>,
 }
 
 /// The message bytes: the argument, the file, or stdin.
@@ -125,6 +131,7 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     let extras = Arc::new(Extras {
         attrs: (!a.attrs.is_empty()).then(|| a.attrs.iter().cloned().collect()),
         delay: a.delay.clone(),
+        idempotency_key: a.idempotency_key.clone(),
     });
     let count = a.count;
     let start = Instant::now();
@@ -239,8 +246,9 @@ pub async fn run(a: PubArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One produce, retried per `retry`; each retry is reported on stderr. With attributes or a
-/// delay it is a batch of one (`"attributes"`, `"delay"` in the element).
+/// One produce, retried per `retry`; each retry is reported on stderr. With attributes, a
+/// delay or an idempotency key it is a batch of one (`"attributes"`, `"delay"`,
+/// `"idempotency_key"` in the element).
 async fn produce(
     client: &narad_api::Client,
     retry: Retry,
@@ -257,6 +265,7 @@ async fn produce(
         Extras {
             attrs: None,
             delay: None,
+            idempotency_key: None,
         } => {
             retry
                 .run(
@@ -265,10 +274,15 @@ async fn produce(
                 )
                 .await
         }
-        Extras { attrs, delay } => {
+        Extras {
+            attrs,
+            delay,
+            idempotency_key,
+        } => {
             let mut m = narad_api::client::batch_message(payload, key, partition);
             m.attributes = attrs.clone();
             m.delay = delay.clone();
+            m.idempotency_key = idempotency_key.clone();
             let batch = [m];
             retry
                 .run(|| client.produce_batch(topic, &batch), report)

@@ -154,6 +154,9 @@ pub struct AddArgs {
     /// Dead-letter topic and deliveries before a message goes there: TOPIC:N (N 1-1000), or off
     #[arg(long, value_name = "TOPIC:N|off")]
     pub dead_letter: Option<String>,
+    /// How long a produce's Idempotency-Key is remembered (1s to 24h; default 5m)
+    #[arg(long, value_name = "D")]
+    pub dedup_window: Option<String>,
     /// Leased messages per partition
     #[arg(long, value_name = "N")]
     pub max_in_flight: Option<u64>,
@@ -187,6 +190,9 @@ pub struct EditArgs {
     /// Dead-letter topic and deliveries before a message goes there: TOPIC:N (N 1-1000), or off
     #[arg(long, value_name = "TOPIC:N|off")]
     pub dead_letter: Option<String>,
+    /// How long a produce's Idempotency-Key is remembered (1s to 24h; default 5m)
+    #[arg(long, value_name = "D")]
+    pub dedup_window: Option<String>,
     /// New partition count (grow only)
     #[arg(long)]
     pub partitions: Option<u32>,
@@ -284,6 +290,11 @@ pub fn create_request(a: &AddArgs) -> anyhow::Result<CreateTopicRequest> {
         owner: None,
         retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
         dead_letter: a.dead_letter.as_deref().map(dead_letter).transpose()?,
+        dedup_window_ms: a
+            .dedup_window
+            .as_deref()
+            .map(|d| duration_ms(d, "dedup window"))
+            .transpose()?,
     })
 }
 
@@ -339,6 +350,11 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         schema_base_version: None,
         retry_backoff: a.retry_backoff.as_deref().map(retry_backoff).transpose()?,
         dead_letter: a.dead_letter.as_deref().map(dead_letter).transpose()?,
+        dedup_window_ms: a
+            .dedup_window
+            .as_deref()
+            .map(|d| duration_ms(d, "dedup window"))
+            .transpose()?,
     };
     if r.partitions.is_none()
         && r.retention_ms.is_none()
@@ -348,8 +364,9 @@ pub fn alter_request(a: &EditArgs) -> anyhow::Result<AlterTopicRequest> {
         && r.schema.is_none()
         && r.retry_backoff.is_none()
         && r.dead_letter.is_none()
+        && r.dedup_window_ms.is_none()
     {
-        bail!("nothing to change: give at least one of --retention, --visibility, --partitions, --max-in-flight, --max-acked-ahead, --schema, --retry-backoff");
+        bail!("nothing to change: give at least one of --retention, --visibility, --partitions, --max-in-flight, --max-acked-ahead, --schema, --retry-backoff, --dead-letter, --dedup-window");
     }
     Ok(r)
 }
@@ -838,6 +855,7 @@ mod tests {
             schema: None,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window: None,
         }
     }
 
@@ -886,10 +904,21 @@ mod tests {
             schema: None,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window: None,
         };
         assert_eq!(
             serde_json::to_string(&alter_request(&e).unwrap()).unwrap(),
             r#"{"partitions":9,"retention_ms":43200000}"#
+        );
+        let window = EditArgs {
+            retention: None,
+            partitions: None,
+            dedup_window: Some("10m".into()),
+            ..e.clone()
+        };
+        assert_eq!(
+            serde_json::to_string(&alter_request(&window).unwrap()).unwrap(),
+            r#"{"dedup_window_ms":600000}"#
         );
         let backoff = EditArgs {
             retry_backoff: Some("1s,5m".into()),
@@ -963,6 +992,7 @@ mod tests {
             schema: None,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window: None,
         };
         assert!(alter_request(&none)
             .unwrap_err()

@@ -468,6 +468,7 @@ mod tests {
             max_acked_ahead_per_partition: 1024,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window_ms: None,
         }
     }
 

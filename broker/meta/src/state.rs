@@ -218,6 +218,9 @@ impl MetaState {
         if let Some(b) = patch.retry_backoff {
             topic.config.retry_backoff = (b.min_ms > 0).then_some(b);
         }
+        if let Some(w) = patch.dedup_window_ms {
+            topic.config.dedup_window_ms = (w > 0).then_some(w);
+        }
         if let Some(d) = &patch.dead_letter {
             topic.config.dead_letter = (d.max_deliveries > 0).then(|| d.clone());
         }
@@ -670,6 +673,7 @@ mod tests {
             max_acked_ahead_per_partition: 1024,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window_ms: None,
         }
     }
 
@@ -1314,6 +1318,7 @@ mod user_tests {
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
                 dead_letter: None,
+                dedup_window_ms: None,
             },
             owner: owner.map(String::from),
             schema: None,
@@ -1484,6 +1489,7 @@ mod user_tests {
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
                 dead_letter: None,
+                dedup_window_ms: None,
             },
             owner: None,
             schema: None,
@@ -1539,6 +1545,7 @@ mod move_tests {
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
                 dead_letter: None,
+                dedup_window_ms: None,
             },
             owner: None,
             schema: None,

@@ -28,6 +28,7 @@ fn config(partitions: u32) -> TopicConfig {
         max_acked_ahead_per_partition: 1024,
         retry_backoff: None,
         dead_letter: None,
+        dedup_window_ms: None,
     }
 }
 

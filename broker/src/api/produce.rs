@@ -75,6 +75,11 @@ pub async fn produce(
         .filter(|k| !k.is_empty())
         .map(Bytes::copy_from_slice);
     let attrs = crate::attrs::from_headers(&headers).map_err(ApiError::bad_request)?;
+    let idempotency_key = idempotency_header(&headers)?;
+    let attrs = match &idempotency_key {
+        Some(k) => crate::attrs::with_reserved(attrs.as_deref(), &[(crate::dedup::ATTR, k)]),
+        None => attrs,
+    };
     let delay = match q.text("delay")? {
         Some(d) => crate::delayed::parse_delay(d).map_err(ApiError::bad_request)?,
         None => Duration::ZERO,
@@ -87,9 +92,13 @@ pub async fn produce(
     app.ingest.validate_schema(&topic, &payload)?;
     app.ingest.admit(&caller, &topic, 1, payload.len() as u64)?;
     let rt = app.runtime(&topic)?;
-    let partition = app
-        .ingest
-        .choose_partition(&topic, &rt, key.as_deref(), pinned);
+    let partition = app.ingest.choose_partition(
+        &topic,
+        &rt,
+        key.as_deref(),
+        idempotency_key.as_deref(),
+        pinned,
+    );
     let record = WalRecord {
         topic_id: topic.id,
         partition,
@@ -124,7 +133,8 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
 }
 
 /// A batch element as it is stored: payload, key (an empty key is none), pinned partition,
-/// attribute block, (ext) delay (zero: none).
+/// attribute block (with the idempotency key's broker attribute), (ext) delay (zero: none),
+/// (ext) idempotency key.
 #[derive(Debug, PartialEq, Eq)]
 struct BatchElement {
     payload: Bytes,
@@ -132,6 +142,22 @@ struct BatchElement {
     pinned: Option<u32>,
     attrs: Option<Bytes>,
     delay: Duration,
+    idempotency_key: Option<String>,
+}
+
+/// (ext) The `Idempotency-Key` header, if given (once, 1 to 128 visible ASCII bytes).
+fn idempotency_header(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let mut values = headers.get_all(crate::dedup::HEADER).iter();
+    let Some(v) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request(
+            "Idempotency-Key given more than once",
+        ));
+    }
+    let k = crate::dedup::check_key(v.as_bytes()).map_err(ApiError::bad_request)?;
+    Ok(Some(k.to_string()))
 }
 
 /// Decodes element `i` of a batch for a topic of `n` partitions: `400`, or `413` for a
@@ -180,12 +206,25 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
         None => Duration::ZERO,
         Some(d) => crate::delayed::parse_delay(d).map_err(fail)?,
     };
+    let idempotency_key = match m.idempotency_key.as_deref() {
+        None => None,
+        Some(k) => Some(
+            crate::dedup::check_key(k.as_bytes())
+                .map_err(fail)?
+                .to_string(),
+        ),
+    };
+    let attrs = match &idempotency_key {
+        Some(k) => crate::attrs::with_reserved(attrs.as_deref(), &[(crate::dedup::ATTR, k)]),
+        None => attrs,
+    };
     Ok(BatchElement {
         payload,
         key,
         pinned,
         attrs,
         delay,
+        idempotency_key,
     })
 }
 
@@ -230,13 +269,18 @@ pub async fn produce_batch(
             pinned,
             attrs,
             delay,
+            idempotency_key,
         } = decode_batch_element(i, raw, n)?;
         if let Err(e) = app.ingest.validate_schema(&topic, &payload) {
             return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
         }
-        let partition = app
-            .ingest
-            .choose_partition(&topic, &rt, key.as_deref(), pinned);
+        let partition = app.ingest.choose_partition(
+            &topic,
+            &rt,
+            key.as_deref(),
+            idempotency_key.as_deref(),
+            pinned,
+        );
         let record = WalRecord {
             topic_id: topic.id,
             partition,
@@ -371,6 +415,7 @@ mod prop_tests {
             partition,
             attributes: None,
             delay: None,
+            idempotency_key: None,
         };
         serde_json::value::to_raw_value(&m).unwrap()
     }
@@ -416,6 +461,7 @@ mod prop_tests {
                         Just("partition"),
                         Just("attributes"),
                         Just("delay"),
+                        Just("idempotency_key"),
                         Just("other"),
                     ],
                     prop_oneof![
@@ -454,6 +500,7 @@ mod prop_tests {
                     prop_assert!(e.pinned.is_none_or(|p| p < n));
                     prop_assert!(e.attrs.as_deref().is_none_or(|a| crate::attrs::check(a).is_ok()));
                     prop_assert!(e.delay <= crate::delayed::MAX_DELAY);
+                    prop_assert!(e.idempotency_key.as_deref().is_none_or(|k| crate::dedup::check_key(k.as_bytes()).is_ok()));
                 }
                 Err(e) => prop_assert!(
                     e.status() == StatusCode::BAD_REQUEST || e.status() == StatusCode::PAYLOAD_TOO_LARGE

@@ -121,6 +121,23 @@ fn check_backoff(b: &RetryBackoff) -> ApiResult<Backoff> {
     })
 }
 
+/// (ext) `dedup_window_ms`: 1 s to 24 h; on alter 0 goes back to the default (`Some(0)`).
+fn check_dedup_window(v: i64, alter: bool) -> ApiResult<u64> {
+    const MAX: i64 = 24 * 3600 * 1000;
+    match v {
+        0 if alter => Ok(0),
+        1000..=MAX => Ok(v as u64),
+        _ => Err(ApiError::bad_request(format!(
+            "dedup_window_ms must be 1000 to {MAX} (1s to 24h{}), got {v}",
+            if alter {
+                "; 0 goes back to the default 5m"
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
 /// Most deliveries a `dead_letter` setting allows before the message is dead-lettered.
 pub const MAX_DEAD_LETTER_DELIVERIES: u32 = 1000;
 
@@ -238,6 +255,7 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
                 topic: d.topic.clone(),
                 max_deliveries: d.max_deliveries,
             }),
+        dedup_window_ms: t.config.dedup_window_ms.map(|w| w as i64),
         ..Default::default()
     }
 }
@@ -315,6 +333,10 @@ pub async fn create(
             .map(|d| check_dead_letter(&app.meta.view(), &caller, &req.name, d))
             .transpose()?
             .filter(|d| d.max_deliveries > 0),
+        dedup_window_ms: req
+            .dedup_window_ms
+            .map(|w| check_dedup_window(w, false))
+            .transpose()?,
     };
     let cmd = match &req.parent {
         Some(parent) => {
@@ -499,6 +521,9 @@ pub async fn alter(
     if let Some(d) = &req.dead_letter {
         patch.dead_letter = Some(check_dead_letter(&app.meta.view(), &caller, &name, d)?);
     }
+    if let Some(w) = req.dedup_window_ms {
+        patch.dedup_window_ms = Some(check_dedup_window(w, true)?);
+    }
     if let Some(v) = non_negative("schema_base_version", req.schema_base_version)? {
         patch.schema_base_version = Some(v as u32);
     }
@@ -507,7 +532,7 @@ pub async fn alter(
         ..patch.clone()
     };
     if changes == TopicPatch::default() {
-        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff, dead_letter"));
+        return Err(ApiError::bad_request("nothing to change: give at least one of partitions, retention_ms, visibility_timeout_ms, max_in_flight_per_partition, max_acked_ahead_per_partition, schema, retry_backoff, dead_letter, dedup_window_ms"));
     }
     let updated = app
         .propose_topic(MetaCommand::AlterTopic {

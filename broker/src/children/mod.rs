@@ -908,7 +908,10 @@ impl Children {
             groups.entry(p).or_default().push(NewRecord {
                 key: r.key.clone(),
                 payload: r.payload.clone(),
-                attrs: r.attrs.clone(),
+                // The idempotency key is the parent's produce's: a child's commit must not
+                // drop a copy as a repeat (a catching-up cursor copies records committed
+                // far apart within one window).
+                attrs: crate::dedup::without_key(r.attrs.as_ref()),
             });
         }
         let results = futures::future::join_all(

@@ -979,6 +979,7 @@ fn create(name: &str) -> MetaCommand {
             max_acked_ahead_per_partition: 1024,
             retry_backoff: None,
             dead_letter: None,
+            dedup_window_ms: None,
         },
         owner: None,
         schema: None,

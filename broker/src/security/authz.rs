@@ -497,6 +497,7 @@ mod tests {
                 max_acked_ahead_per_partition: 1024,
                 retry_backoff: None,
                 dead_letter: None,
+                dedup_window_ms: None,
             },
             created_at_ms: 1,
             owner: owner.map(str::to_string),

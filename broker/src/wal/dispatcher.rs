@@ -547,10 +547,14 @@ impl Dispatcher {
         let target = (key.0, to);
         *self.queued_total.entry(target).or_insert(0) += n as u64;
         let q = self.pending.entry(target).or_default();
+        let mut keyed = 0;
         for mut r in queue {
             r.record.partition = to;
+            keyed += u64::from(crate::dedup::key_of(r.record.attrs.as_deref()).is_some());
             q.push_back(r);
         }
+        // (ext) A retry of one of these may meet its first attempt nowhere.
+        self.metrics.dedup_split.inc_by(keyed);
         self.metrics.error("dispatcher", "reroute");
         tracing::warn!(
             topic_id = key.0,

@@ -91,6 +91,11 @@ pub struct TopicSpec {
     /// acknowledged goes there instead of being delivered again; default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetterSpec>,
+    /// How long a produce's Idempotency-Key is remembered (1s to 24h, e.g. "10m"); default:
+    /// the broker's (5m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = DURATION_PATTERN))]
+    pub dedup_window: Option<String>,
     /// Broker name of the parent topic: this topic is its child.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,

@@ -185,6 +185,15 @@ pub fn check_retry_backoff(b: &RetryBackoffSpec) -> Result<(u64, u64), String> {
     Ok((min, max))
 }
 
+/// `dedupWindow`: 1s to 24h, in ms.
+pub fn check_dedup_window(s: &str) -> Result<u64, String> {
+    let ms = parse_duration_ms(s)?;
+    if !(1000..=24 * 3600 * 1000).contains(&ms) {
+        return Err(format!("dedupWindow must be 1s to 24h, got {s}"));
+    }
+    Ok(ms)
+}
+
 /// Topic names: 1-200 of `[A-Za-z0-9._-]`, not `.` or `..`.
 pub fn check_topic_name(n: &str) -> Result<(), String> {
     if n.is_empty()

@@ -14,7 +14,12 @@ use narad_api::{
 use serde_json::value::RawValue;
 
 use super::*;
-use crate::crd::validate::{check_dead_letter, check_retry_backoff, check_topic};
+use crate::crd::validate::{
+    check_dead_letter, check_dedup_window, check_retry_backoff, check_topic,
+};
+
+/// The broker's idempotency window of a topic that sets none (5 minutes).
+const DEFAULT_DEDUP_WINDOW_MS: u64 = 5 * 60 * 1000;
 use crate::crd::{
     parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
     TopicDefaults, TopicStatus, FINALIZER,
@@ -41,6 +46,8 @@ pub struct DesiredTopic {
     pub retry_backoff_ms: Option<(u64, u64)>,
     /// `(topic, max_deliveries)` when the spec sets a dead-letter topic; `("", 0)` means none.
     pub dead_letter: Option<(String, u32)>,
+    /// The idempotency window in ms when the spec sets one.
+    pub dedup_window_ms: Option<u64>,
 }
 
 /// One broker call.
@@ -69,6 +76,7 @@ pub struct AlterFields {
     pub retry_backoff_ms: Option<(u64, u64)>,
     /// `(topic, max_deliveries)`; `("", 0)` turns dead-lettering off.
     pub dead_letter: Option<(String, u32)>,
+    pub dedup_window_ms: Option<u64>,
 }
 
 impl AlterFields {
@@ -92,6 +100,7 @@ impl AlterFields {
             schema_base_version: base,
             retry_backoff: self.retry_backoff_ms.map(wire_backoff),
             dead_letter: self.dead_letter.clone().map(wire_dead_letter),
+            dedup_window_ms: self.dedup_window_ms.map(|v| v as i64),
         }
     }
 }
@@ -150,6 +159,11 @@ pub fn desired_topic(topic: &Topic, defaults: &TopicDefaults) -> Result<DesiredT
             .as_ref()
             .map(|d| check_dead_letter(d, &topic.topic_name()))
             .transpose()?,
+        dedup_window_ms: s
+            .dedup_window
+            .as_deref()
+            .map(check_dedup_window)
+            .transpose()?,
     })
 }
 
@@ -179,6 +193,7 @@ pub fn create_request(d: &DesiredTopic) -> CreateTopicRequest {
             .clone()
             .filter(|(_, n)| *n != 0)
             .map(wire_dead_letter),
+        dedup_window_ms: d.dedup_window_ms.filter(|v| *v != 0).map(|v| v as i64),
     }
 }
 
@@ -264,6 +279,14 @@ pub fn plan_topic(
             .map_or((String::new(), 0), |d| (d.topic.clone(), d.max_deliveries));
         if have != *want {
             alter.dead_letter = Some(want.clone());
+        }
+    }
+    if let Some(want) = d.dedup_window_ms {
+        let have = o
+            .dedup_window_ms
+            .map_or(DEFAULT_DEDUP_WINDOW_MS, |v| v as u64);
+        if have != want {
+            alter.dedup_window_ms = Some(want);
         }
     }
     if let Some(want) = &d.schema {
@@ -933,6 +956,38 @@ mod tests {
             let t = topic(json!({"retryBackoff": {"min": min, "max": max}}));
             let err = desired_topic(&t, &TopicDefaults::default()).unwrap_err();
             assert!(err.contains("retryBackoff"), "{err}");
+        }
+    }
+
+    #[test]
+    fn dedup_window_converges_only_when_declared() {
+        let d = desired(json!({"dedupWindow": "10m"}));
+        assert_eq!(d.dedup_window_ms, Some(600_000));
+        assert_eq!(
+            serde_json::to_value(create_request(&d)).unwrap()["dedup_window_ms"],
+            json!(600_000)
+        );
+        let same = record(json!({"dedup_window_ms": 600_000}));
+        assert!(plan_topic(&d, Some(&same)).unwrap().is_empty());
+        let plan = plan_topic(&d, Some(&record(json!({})))).unwrap();
+        assert_eq!(only_alter(&plan), json!({"dedup_window_ms": 600_000}));
+        // The broker's default (absent in its record) is in sync with a spec that names it.
+        let default = desired(json!({"dedupWindow": "5m"}));
+        assert!(plan_topic(&default, Some(&record(json!({}))))
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            only_alter(&plan_topic(&default, Some(&same)).unwrap()),
+            json!({"dedup_window_ms": 300_000})
+        );
+        // Left out of the spec, the broker's window is not managed.
+        assert!(plan_topic(&desired(json!({})), Some(&same))
+            .unwrap()
+            .is_empty());
+        for bad in ["500ms", "25h"] {
+            let t = topic(json!({"dedupWindow": bad}));
+            let err = desired_topic(&t, &TopicDefaults::default()).unwrap_err();
+            assert!(err.contains("dedupWindow"), "{err}");
         }
     }
 
