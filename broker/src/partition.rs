@@ -1205,6 +1205,19 @@ mod tests {
     use super::*;
     use narad_storage::dirs::record_dir_syncs;
 
+    /// Partition 0 of topic 3 of `view`, opened by a new registry over `root` (as after a
+    /// restart).
+    fn open_first(root: &Path, view: &MetaState) -> Arc<Partition> {
+        let reg = Registry::new(
+            root.to_path_buf(),
+            LogConfig::default(),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        reg.reconcile(view, "me").unwrap();
+        reg.local(3, 0).unwrap()
+    }
+
     #[test]
     fn a_new_partition_is_durable_from_its_log_up_to_the_data_dir() {
         let data = tempfile::tempdir().unwrap();
@@ -1248,12 +1261,7 @@ mod tests {
         t.config.dedup_window_ms = Some(1_000);
         view.topics.insert("t".into(), Arc::new(t));
         view.next_topic_id = 4;
-        let open = || {
-            let reg = Registry::new(root.clone(), LogConfig::default(), Arc::new(Metrics::new()))
-                .unwrap();
-            reg.reconcile(&view, "me").unwrap();
-            reg.local(3, 0).unwrap()
-        };
+        let open = || open_first(&root, &view);
         let rec = |payload: &str, key: Option<&str>| NewRecord {
             key: None,
             payload: bytes::Bytes::from(payload.to_string()),
@@ -1305,12 +1313,7 @@ mod tests {
             Arc::new(crate::test_support::topic(3, "t", &["me"])),
         );
         view.next_topic_id = 4;
-        let open = || {
-            let reg = Registry::new(root.clone(), LogConfig::default(), Arc::new(Metrics::new()))
-                .unwrap();
-            reg.reconcile(&view, "me").unwrap();
-            reg.local(3, 0).unwrap()
-        };
+        let open = || open_first(&root, &view);
         let part = open();
         let batch = |n: usize| -> Vec<NewRecord> {
             (0..n)

@@ -92,21 +92,15 @@ pub async fn produce(
     app.ingest.validate_schema(&topic, &payload)?;
     app.ingest.admit(&caller, &topic, 1, payload.len() as u64)?;
     let rt = app.runtime(&topic)?;
-    let partition = app.ingest.choose_partition(
-        &topic,
-        &rt,
-        key.as_deref(),
-        idempotency_key.as_deref(),
-        pinned,
-    );
-    let record = WalRecord {
-        topic_id: topic.id,
-        partition,
-        pinned: pinned.is_some(),
-        key,
+    let (record, delay) = BatchElement {
         payload,
+        key,
+        pinned,
         attrs,
-    };
+        delay,
+        idempotency_key,
+    }
+    .into_record(&app, &topic, &rt);
     if delay.is_zero() {
         app.ingest.store(&topic, vec![record]).await?;
     } else {
@@ -143,6 +137,34 @@ struct BatchElement {
     attrs: Option<Bytes>,
     delay: Duration,
     idempotency_key: Option<String>,
+}
+
+impl BatchElement {
+    /// The record to store, in the partition its key (else its idempotency key, else the
+    /// round robin) picks, with its delay.
+    fn into_record(
+        self,
+        app: &App,
+        topic: &Topic,
+        rt: &crate::partition::TopicRuntime,
+    ) -> (WalRecord, Duration) {
+        let partition = app.ingest.choose_partition(
+            topic,
+            rt,
+            self.key.as_deref(),
+            self.idempotency_key.as_deref(),
+            self.pinned,
+        );
+        let record = WalRecord {
+            topic_id: topic.id,
+            partition,
+            pinned: self.pinned.is_some(),
+            key: self.key,
+            payload: self.payload,
+            attrs: self.attrs,
+        };
+        (record, self.delay)
+    }
 }
 
 /// (ext) The `Idempotency-Key` header, if given (once, 1 to 128 visible ASCII bytes).
@@ -263,32 +285,11 @@ pub async fn produce_batch(
     let mut records = Vec::with_capacity(req.messages.len());
     let mut delayed = Vec::new();
     for (i, raw) in req.messages.iter().copied().enumerate() {
-        let BatchElement {
-            payload,
-            key,
-            pinned,
-            attrs,
-            delay,
-            idempotency_key,
-        } = decode_batch_element(i, raw, n)?;
-        if let Err(e) = app.ingest.validate_schema(&topic, &payload) {
+        let element = decode_batch_element(i, raw, n)?;
+        if let Err(e) = app.ingest.validate_schema(&topic, &element.payload) {
             return Err(ApiError::bad_request(format!("message {i}: {}", e.message)));
         }
-        let partition = app.ingest.choose_partition(
-            &topic,
-            &rt,
-            key.as_deref(),
-            idempotency_key.as_deref(),
-            pinned,
-        );
-        let record = WalRecord {
-            topic_id: topic.id,
-            partition,
-            pinned: pinned.is_some(),
-            key,
-            payload,
-            attrs,
-        };
+        let (record, delay) = element.into_record(&app, &topic, &rt);
         if delay.is_zero() {
             records.push(record);
         } else {
