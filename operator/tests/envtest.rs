@@ -357,6 +357,40 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     })
     .await;
 
+    // Paused by its annotation, a change of the spec stays off the broker (Synced=False,
+    // reason Paused) for longer than a resync; once the annotation goes, it is applied.
+    let orders = |annotations: serde_json::Value| {
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+        "metadata": {"name": "orders", "annotations": annotations}, "spec": {"clusterRef": {"name": "prod"},
+            "partitions": 6, "retention": "2h", "retryBackoff": {"min": "1s", "max": "1m"},
+            "deadLetter": {"topic": "orders-dlq", "maxDeliveries": 3}, "dedupWindow": "10m"}})
+    };
+    apply(
+        &topics,
+        "orders",
+        orders(json!({"narad.io/pause-reconciliation": "true"})),
+    )
+    .await;
+    eventually("orders Paused", || async {
+        let t = topics.get("orders").await.ok()?;
+        let conds = t.status?.conditions;
+        let synced = conds.iter().find(|c| c.type_ == cond::SYNCED)?;
+        (synced.status == "False" && synced.reason == "Paused").then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rec = admin.get_topic("orders", None).await.unwrap();
+    assert_eq!(
+        rec.dedup_window_ms, None,
+        "a paused Topic's change reached the broker"
+    );
+    apply(&topics, "orders", orders(json!({}))).await;
+    eventually("the dedup window on the broker once unpaused", || async {
+        let rec = admin.get_topic("orders", None).await.ok()?;
+        (rec.dedup_window_ms == Some(600_000)).then_some(())
+    })
+    .await;
+
     // A child attaches to its parent; a child of a missing parent waits.
     apply(&topics, "orders-audit", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
         "metadata": {"name": "orders-audit"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "orders"}})).await;

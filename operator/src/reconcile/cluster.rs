@@ -727,6 +727,9 @@ pub async fn reconcile(nc: Arc<NaradCluster>, ctx: Arc<Context>) -> Result<Actio
     let ns = nc.namespace().unwrap_or_else(|| "default".into());
     let api: Api<NaradCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*nc);
+    if paused(&*nc) {
+        return hold_paused(&api, &*nc, nc.status.as_ref()).await;
+    }
     let r = finalizer(&api, FINALIZER, nc, |event| async {
         match event {
             Event::Apply(c) => apply(&api, &c, &ctx).await,

@@ -85,6 +85,9 @@ pub async fn reconcile(grant: Arc<Grant>, ctx: Arc<Context>) -> Result<Action> {
     let ns = grant.namespace().unwrap_or_else(|| "default".into());
     let api: Api<Grant> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*grant);
+    if paused(&*grant) {
+        return hold_paused(&api, &*grant, grant.status.as_ref()).await;
+    }
     let r = finalizer(&api, FINALIZER, grant, |event| async {
         match event {
             Event::Apply(g) => apply(&api, &g, &ctx).await,

@@ -315,6 +315,64 @@ pub async fn broker_for(
     }))
 }
 
+/// The annotation that stops the operator from acting on a resource: `"true"` pauses it.
+pub const PAUSE_ANNOTATION: &str = "narad.io/pause-reconciliation";
+
+/// Whether the resource's annotations pause its reconciliation.
+pub fn paused<K: Resource>(obj: &K) -> bool {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PAUSE_ANNOTATION))
+        .is_some_and(|v| v == "true")
+}
+
+/// A status with conditions (every kind's).
+pub trait Conditions {
+    fn conditions_mut(&mut self) -> &mut Vec<Condition>;
+}
+
+macro_rules! conditions {
+    ($($t:ty),*) => {$(
+        impl Conditions for $t {
+            fn conditions_mut(&mut self) -> &mut Vec<Condition> {
+                &mut self.conditions
+            }
+        }
+    )*};
+}
+conditions!(
+    crate::crd::NaradClusterStatus,
+    crate::crd::TopicStatus,
+    crate::crd::UserStatus,
+    crate::crd::GrantStatus
+);
+
+/// A paused resource (see [`paused`]): nothing is created, changed or deleted on the broker or
+/// in the cluster, a deletion waits (the finalizer stays), and the status says `Synced=False`
+/// with reason `Paused`. Reconciled again when the resource changes (e.g. the annotation goes).
+pub async fn hold_paused<K, S>(api: &Api<K>, obj: &K, status: Option<&S>) -> Result<Action>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    S: Conditions + Clone + Default + PartialEq + Serialize,
+{
+    let mut s = status.cloned().unwrap_or_default();
+    crate::crd::set_condition(
+        s.conditions_mut(),
+        crate::crd::cond::SYNCED,
+        false,
+        "Paused",
+        "reconciliation is paused by the annotation narad.io/pause-reconciliation: \"true\"; \
+         nothing is changed or deleted until it is removed",
+        obj.meta().generation,
+        &now(),
+    );
+    if status != Some(&s) {
+        patch_status(api, obj, &s).await?;
+    }
+    Ok(Action::await_change())
+}
+
 /// Writes `status` with a JSON merge patch (works on every server version; lists such as
 /// `conditions` are replaced whole, which is what the reconcilers compute).
 pub async fn patch_status<K, S>(api: &Api<K>, obj: &K, status: &S) -> Result<()>
@@ -363,6 +421,29 @@ pub fn set_ready_synced(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_annotation_set_to_true_pauses() {
+        let topic = |annotations: serde_json::Value| -> crate::crd::Topic {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+                "metadata": {"name": "t", "annotations": annotations},
+                "spec": {"clusterRef": {"name": "prod"}}
+            }))
+            .unwrap()
+        };
+        assert!(paused(&topic(
+            serde_json::json!({PAUSE_ANNOTATION: "true"})
+        )));
+        for other in [
+            serde_json::json!({PAUSE_ANNOTATION: "false"}),
+            serde_json::json!({PAUSE_ANNOTATION: "yes"}),
+            serde_json::json!({"narad.io/other": "true"}),
+            serde_json::json!({}),
+        ] {
+            assert!(!paused(&topic(other.clone())), "{other}");
+        }
+    }
 
     #[test]
     fn backoff_doubles_to_five_minutes() {

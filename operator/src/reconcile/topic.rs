@@ -476,6 +476,9 @@ pub async fn reconcile(topic: Arc<Topic>, ctx: Arc<Context>) -> Result<Action> {
     let ns = topic.namespace().unwrap_or_else(|| "default".into());
     let api: Api<Topic> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*topic);
+    if paused(&*topic) {
+        return hold_paused(&api, &*topic, topic.status.as_ref()).await;
+    }
     let r = finalizer(&api, FINALIZER, topic, |event| async {
         match event {
             Event::Apply(t) => apply(&api, &t, &ctx).await,

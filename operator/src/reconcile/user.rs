@@ -76,6 +76,9 @@ pub async fn reconcile(user: Arc<User>, ctx: Arc<Context>) -> Result<Action> {
     let ns = user.namespace().unwrap_or_else(|| "default".into());
     let api: Api<User> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*user);
+    if paused(&*user) {
+        return hold_paused(&api, &*user, user.status.as_ref()).await;
+    }
     let r = finalizer(&api, FINALIZER, user, |event| async {
         match event {
             Event::Apply(u) => apply(&api, &u, &ctx).await,
