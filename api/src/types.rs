@@ -297,6 +297,25 @@ pub struct BatchMessage {
     pub idempotency_key: Option<String>,
 }
 
+/// (ext) Longest `delay` of a produce (SQS's limit).
+pub const MAX_PRODUCE_DELAY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// (ext) Parses a produce's `delay` (`90s`, `1m30s`, `1500ms`; 0 = none; not negative) up to
+/// [`MAX_PRODUCE_DELAY`].
+pub fn parse_produce_delay(v: &str) -> Result<std::time::Duration, String> {
+    let d =
+        crate::duration::parse_go_duration(v).map_err(|e| format!("invalid delay {v:?}: {e}"))?;
+    if d > MAX_PRODUCE_DELAY {
+        return Err(format!("delay {v:?} is longer than 15m"));
+    }
+    Ok(d)
+}
+
+/// (ext) A topic's `dedup_window_ms` when it sets none: 5 minutes.
+pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 5 * 60 * 1000;
+/// (ext) The values a topic's `dedup_window_ms` may take: 1 s to 24 h.
+pub const DEDUP_WINDOW_MS: std::ops::RangeInclusive<u64> = 1000..=24 * 3600 * 1000;
+
 /// `POST /v1/topics/{topic}/produce/batch` body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -384,4 +403,31 @@ pub struct MemberList {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct StatusBody {
     pub status: String,
+}
+
+#[cfg(test)]
+mod produce_rules_tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn delays_parse_up_to_fifteen_minutes() {
+        assert_eq!(parse_produce_delay("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_produce_delay("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_produce_delay("15m"), Ok(MAX_PRODUCE_DELAY));
+        assert!(parse_produce_delay("15m1ms")
+            .unwrap_err()
+            .contains("longer than 15m"));
+        assert!(parse_produce_delay("-1s").is_err());
+        assert!(parse_produce_delay("soon").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prop_parse_delay_never_exceeds_the_maximum(s in "\\PC{0,12}|[0-9]{1,7}(ms|s|m|h)") {
+            if let Ok(d) = parse_produce_delay(&s) {
+                proptest::prop_assert!(d <= MAX_PRODUCE_DELAY);
+            }
+        }
+    }
 }

@@ -158,13 +158,7 @@ fn check_name(name: &str) -> Result<(), String> {
 /// A block with the producer's attributes of `block` (those not [`is_reserved`]) followed by
 /// the broker attributes `reserved`; `None` when there are none at all.
 pub fn with_reserved(block: Option<&[u8]>, reserved: &[(&str, &str)]) -> Option<Bytes> {
-    let mut b = Builder::default();
-    for (n, v) in block.map(Iter).into_iter().flatten() {
-        if !is_reserved(n) {
-            // Checked when stored: within every rule.
-            let _ = b.push(n, v);
-        }
-    }
+    let mut b = block.map_or_else(Builder::default, |b| kept(b, |n| !is_reserved(n)));
     for (n, v) in reserved {
         if let Err(e) = b.push_reserved(n, v) {
             debug_assert!(false, "broker attribute {n}: {e}");
@@ -176,11 +170,31 @@ pub fn with_reserved(block: Option<&[u8]>, reserved: &[(&str, &str)]) -> Option<
 /// The producer's attributes of `block`, without the broker's (a copy that leaves the
 /// broker's reach, or goes back to be delivered again).
 pub fn without_reserved(block: Option<&Bytes>) -> Option<Bytes> {
+    without(block, is_reserved)
+}
+
+/// `block` without the attributes whose names `drop` picks (the same block when it has
+/// none of them); `None` when none are left.
+pub fn without(block: Option<&Bytes>, drop: impl Fn(&str) -> bool) -> Option<Bytes> {
     match block {
-        Some(b) if Iter(b).any(|(n, _)| is_reserved(n)) => with_reserved(Some(b), &[]),
+        Some(b) if Iter(b).any(|(n, _)| drop(n)) => kept(b, |n| !drop(n)).finish(),
         Some(b) => Some(b.clone()),
         None => None,
     }
+}
+
+/// A builder holding the attributes of a stored `block` whose names `keep` accepts, each
+/// the producer's or the broker's as before (checked when stored: within every rule).
+fn kept(block: &[u8], keep: impl Fn(&str) -> bool) -> Builder {
+    let mut b = Builder::default();
+    for (n, v) in Iter(block).filter(|(n, _)| keep(n)) {
+        let _ = if is_reserved(n) {
+            b.push_reserved(n, v)
+        } else {
+            b.push(n, v)
+        };
+    }
+    b
 }
 
 fn truncate(s: &str) -> &str {

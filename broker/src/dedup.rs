@@ -51,22 +51,7 @@ pub fn key_of(attrs: Option<&[u8]>) -> Option<&str> {
 /// `attrs` without the idempotency key (a copy the broker makes of a record: a child's, a
 /// dead-lettered or redriven one, is never a repeat of a produce).
 pub fn without_key(attrs: Option<&bytes::Bytes>) -> Option<bytes::Bytes> {
-    match attrs {
-        Some(b) if key_of(Some(b)).is_some() => {
-            let mut out = crate::attrs::Builder::default();
-            for (n, v) in crate::attrs::Iter(b) {
-                if n != ATTR {
-                    if crate::attrs::is_reserved(n) {
-                        let _ = out.push_reserved(n, v);
-                    } else {
-                        let _ = out.push(n, v);
-                    }
-                }
-            }
-            out.finish()
-        }
-        other => other.cloned(),
-    }
+    crate::attrs::without(attrs, |n| n == ATTR)
 }
 
 /// The keys one partition committed within its window, oldest first.

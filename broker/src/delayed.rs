@@ -25,7 +25,7 @@
 //!
 //! A draining node takes no delayed produce (`503`, as for a draining node that found no
 //! other node: the producer resends elsewhere), and its decommission waits for its store to
-//! empty, at most [`MAX_DELAY`] after it began draining.
+//! empty, at most [`narad_api::MAX_PRODUCE_DELAY`] after it began draining.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -42,8 +42,6 @@ use crate::error::{ApiError, ApiResult};
 use crate::rpc::BoxFuture;
 use crate::wal::{DurableRecord, Wal, WalOptions, WalRecord};
 
-/// Longest delay of a produce (SQS's limit).
-pub const MAX_DELAY: Duration = Duration::from_secs(15 * 60);
 /// Most payload bytes (with keys and attributes) a node holds delayed.
 pub const MAX_HELD_BYTES: u64 = 256 * 1024 * 1024;
 /// The topic id of a release mark (no topic has it).
@@ -219,10 +217,10 @@ impl Delayed {
         Ok((delayed, releaser))
     }
 
-    /// Stores `records`, each to enter its partition at `due_ms` (Unix ms) or later, and
+    /// Stores `records`, each to enter its partition at its due time (Unix ms) or later, and
     /// resolves once they are fsynced. `503` when the node holds [`MAX_HELD_BYTES`] already.
-    pub async fn store(&self, records: Vec<WalRecord>, due_ms: u64) -> ApiResult<()> {
-        let bytes: u64 = records.iter().map(held_bytes).sum();
+    pub async fn store(&self, records: Vec<(WalRecord, u64)>) -> ApiResult<()> {
+        let bytes: u64 = records.iter().map(|(r, _)| held_bytes(r)).sum();
         if self.held_bytes() + bytes > MAX_HELD_BYTES {
             return Err(ApiError::unavailable(
                 format!(
@@ -234,7 +232,7 @@ impl Delayed {
         }
         let records = records
             .into_iter()
-            .map(|r| {
+            .map(|(r, due_ms)| {
                 let mut p = BytesMut::with_capacity(8 + r.payload.len());
                 p.put_u64_le(due_ms);
                 p.put_slice(&r.payload);
@@ -273,6 +271,12 @@ impl Delayed {
     pub fn close(&self) {
         self.wal.close();
     }
+}
+
+/// What a draining node must hand to the partitions before it leaves: the records in its
+/// ingress WAL not yet committed, and the delayed produces its store holds.
+pub fn to_hand_over(wal: &Wal, delayed: &Delayed) -> u64 {
+    (wal.outstanding() + delayed.outstanding()) as u64
 }
 
 /// Hands due records over; runs until `shutdown` (what is held stays in the store).
@@ -380,17 +384,6 @@ impl Releaser {
     }
 }
 
-/// Parses a produce's `delay` (`90s`, `1m30s`, `1500ms`; 0 = none; not negative) up to
-/// [`MAX_DELAY`].
-pub fn parse_delay(v: &str) -> Result<Duration, String> {
-    let d = narad_api::duration::parse_go_duration(v)
-        .map_err(|e| format!("invalid delay {v:?}: {e}"))?;
-    if d > MAX_DELAY {
-        return Err(format!("delay {v:?} is longer than 15m"));
-    }
-    Ok(d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,7 +452,7 @@ mod tests {
         let now = crate::clock::now_ms();
         let dues = [("late", now + 600), ("early", now + 200), ("past", now - 5)];
         for (p, due) in dues {
-            d.store(vec![rec(p)], due).await.unwrap();
+            d.store(vec![(rec(p), due)]).await.unwrap();
         }
         until("all three", || sink.got.lock().len() == 3).await;
         assert_eq!(sink.payloads(), ["past", "early", "late"]);
@@ -482,9 +475,9 @@ mod tests {
             let task = tokio::spawn(r.run(sink.clone(), CancellationToken::new()));
             // One far in the future (it holds the checkpoint below the others), one handed
             // over (and marked), one due after the restart.
-            d.store(vec![rec("later")], now + 60_000).await.unwrap();
-            d.store(vec![rec("now")], now).await.unwrap();
-            d.store(vec![rec("soon")], now + 1_500).await.unwrap();
+            d.store(vec![(rec("later"), now + 60_000)]).await.unwrap();
+            d.store(vec![(rec("now"), now)]).await.unwrap();
+            d.store(vec![(rec("soon"), now + 1_500)]).await.unwrap();
             until("the first", || sink.got.lock().len() == 1).await;
             until("the mark", || d.outstanding() == 2).await;
             task.abort();
@@ -507,7 +500,8 @@ mod tests {
         let sink = Arc::new(Sink::default());
         sink.failing.store(true, Ordering::Relaxed);
         tokio::spawn(r.run(sink.clone(), CancellationToken::new()));
-        d.store(vec![rec("a"), rec("b")], crate::clock::now_ms())
+        let now = crate::clock::now_ms();
+        d.store(vec![(rec("a"), now), (rec("b"), now)])
             .await
             .unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -526,20 +520,8 @@ mod tests {
             payload: Bytes::from(vec![b'x'; (MAX_HELD_BYTES + 1) as usize]),
             ..rec("")
         };
-        let e = d.store(vec![big], 0).await.unwrap_err();
+        let e = d.store(vec![(big, 0)]).await.unwrap_err();
         assert_eq!(e.status().as_u16(), 503, "{}", e.message);
-    }
-
-    #[test]
-    fn delays_parse_up_to_fifteen_minutes() {
-        assert_eq!(parse_delay("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_delay("0"), Ok(Duration::ZERO));
-        assert_eq!(parse_delay("15m"), Ok(MAX_DELAY));
-        assert!(parse_delay("15m1ms")
-            .unwrap_err()
-            .contains("longer than 15m"));
-        assert!(parse_delay("-1s").is_err());
-        assert!(parse_delay("soon").is_err());
     }
 
     proptest::proptest! {
@@ -547,13 +529,6 @@ mod tests {
         fn prop_a_mark_lists_its_lsns(lsns in proptest::collection::vec(proptest::prelude::any::<u64>(), 0..64)) {
             let m = mark(&lsns);
             proptest::prop_assert_eq!(marked(&m.payload).collect::<Vec<_>>(), lsns);
-        }
-
-        #[test]
-        fn prop_parse_delay_never_exceeds_the_maximum(s in "\\PC{0,12}|[0-9]{1,7}(ms|s|m|h)") {
-            if let Ok(d) = parse_delay(&s) {
-                proptest::prop_assert!(d <= MAX_DELAY);
-            }
         }
     }
 }

@@ -298,23 +298,23 @@ impl Ingest {
     /// each): fsynced in this node's delay store ([`crate::delayed`]), due at acceptance time
     /// plus the delay on this node's clock. A draining node takes none: its store must empty
     /// before it leaves, so the producer gets the refusal that means "resend elsewhere".
+    /// Nothing to store is `Ok`.
     pub async fn store_delayed(
         &self,
         store: &crate::delayed::Delayed,
         records: Vec<(WalRecord, std::time::Duration)>,
     ) -> ApiResult<()> {
+        if records.is_empty() {
+            return Ok(());
+        }
         if self.cluster.clustered && self.draining() {
             return Err(self.decommissioned("a delayed produce is held by the node that takes it"));
         }
         let now = crate::clock::now_ms();
-        let mut by_due: std::collections::BTreeMap<u64, Vec<WalRecord>> = Default::default();
-        for (r, delay) in records {
-            let due = now.saturating_add(delay.as_millis() as u64);
-            by_due.entry(due).or_default().push(r);
-        }
-        let stores = by_due.into_iter().map(|(due, recs)| store.store(recs, due));
-        futures::future::try_join_all(stores).await?;
-        Ok(())
+        let due = |delay: std::time::Duration| now.saturating_add(delay.as_millis() as u64);
+        store
+            .store(records.into_iter().map(|(r, d)| (r, due(d))).collect())
+            .await
     }
 
     /// `Produce` (1) from a draining node: stores its records (of topic `topic_id`) in this

@@ -246,7 +246,7 @@ impl Partition {
             group: Default::default(),
             consumers,
             dedup: Mutex::new(None),
-            dedup_window_ms: AtomicU64::new(narad_meta::DEFAULT_DEDUP_WINDOW_MS),
+            dedup_window_ms: AtomicU64::new(narad_api::DEFAULT_DEDUP_WINDOW_MS),
         })
     }
 
@@ -1076,8 +1076,11 @@ impl Registry {
                 parts[p as usize] = Some(Arc::new(part));
             }
             for part in rt.partitions() {
-                part.dedup_window_ms
-                    .store(t.config.dedup_window_ms(), Ordering::Relaxed);
+                let window = t.config.dedup_window_ms;
+                part.dedup_window_ms.store(
+                    window.unwrap_or(narad_api::DEFAULT_DEDUP_WINDOW_MS),
+                    Ordering::Relaxed,
+                );
             }
             // Partitions a completed move handed to another node (the flip is committed:
             // the applied view only shows another owner after it). Closed here; the data

@@ -163,6 +163,17 @@ impl Http {
             .await
     }
 
+    /// A batch of one `element` refused with `400` that names it (`message 0: …`); returns
+    /// the error message.
+    pub async fn batch_element_refused(&self, topic: &str, element: Value) -> String {
+        let r = self
+            .produce_batch(topic, &serde_json::json!({ "messages": [element] }))
+            .await;
+        let msg = r.expect_error(400);
+        assert!(msg.starts_with("message 0: "), "{}", r.describe());
+        msg
+    }
+
     // ---- consume ----
 
     /// `GET …/consume?<query>`.

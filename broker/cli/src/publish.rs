@@ -71,11 +71,7 @@ fn parse_attr(s: &str) -> Result<(String, String), String> {
 }
 
 fn parse_delay(s: &str) -> Result<String, String> {
-    let d = narad_api::duration::parse_go_duration(s).map_err(|e| e.to_string())?;
-    if d > Duration::from_secs(15 * 60) {
-        return Err(format!("{s} is longer than 15m"));
-    }
-    Ok(s.to_string())
+    narad_api::parse_produce_delay(s).map(|_| s.to_string())
 }
 
 /// What a message carries besides its payload, key and partition.

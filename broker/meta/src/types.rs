@@ -23,20 +23,10 @@ pub struct TopicConfig {
     /// (ext) Where a message goes once it was delivered `max_deliveries` times unsettled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
-    /// (ext) How long a produce's idempotency key is remembered (`None`: the default,
-    /// [`DEFAULT_DEDUP_WINDOW_MS`]).
+    /// (ext) How long a produce's idempotency key is remembered (`None`: the API's default,
+    /// `narad_api::DEFAULT_DEDUP_WINDOW_MS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dedup_window_ms: Option<u64>,
-}
-
-/// (ext) The idempotency window of a topic that sets none: 5 minutes.
-pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 5 * 60 * 1000;
-
-impl TopicConfig {
-    /// (ext) The topic's idempotency window in ms.
-    pub fn dedup_window_ms(&self) -> u64 {
-        self.dedup_window_ms.unwrap_or(DEFAULT_DEDUP_WINDOW_MS)
-    }
 }
 
 /// (ext) A topic's dead-letter setting: the delivery that would be number

@@ -76,12 +76,8 @@ pub async fn produce(
         .map(Bytes::copy_from_slice);
     let attrs = crate::attrs::from_headers(&headers).map_err(ApiError::bad_request)?;
     let idempotency_key = idempotency_header(&headers)?;
-    let attrs = match &idempotency_key {
-        Some(k) => crate::attrs::with_reserved(attrs.as_deref(), &[(crate::dedup::ATTR, k)]),
-        None => attrs,
-    };
     let delay = match q.text("delay")? {
-        Some(d) => crate::delayed::parse_delay(d).map_err(ApiError::bad_request)?,
+        Some(d) => narad_api::parse_produce_delay(d).map_err(ApiError::bad_request)?,
         None => Duration::ZERO,
     };
     let (payload, _) =
@@ -126,9 +122,9 @@ fn decode_b64(what: &str, s: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("{what} is not valid base64: {e}"))
 }
 
-/// A batch element as it is stored: payload, key (an empty key is none), pinned partition,
-/// attribute block (with the idempotency key's broker attribute), (ext) delay (zero: none),
-/// (ext) idempotency key.
+/// A produced message (a batch element, or a single produce's): payload, key (an empty key is
+/// none), pinned partition, the producer's attribute block, (ext) delay (zero: none), (ext)
+/// idempotency key.
 #[derive(Debug, PartialEq, Eq)]
 struct BatchElement {
     payload: Bytes,
@@ -141,7 +137,7 @@ struct BatchElement {
 
 impl BatchElement {
     /// The record to store, in the partition its key (else its idempotency key, else the
-    /// round robin) picks, with its delay.
+    /// round robin) picks, its idempotency key among the broker's attributes, with its delay.
     fn into_record(
         self,
         app: &App,
@@ -161,7 +157,12 @@ impl BatchElement {
             pinned: self.pinned.is_some(),
             key: self.key,
             payload: self.payload,
-            attrs: self.attrs,
+            attrs: match &self.idempotency_key {
+                Some(k) => {
+                    crate::attrs::with_reserved(self.attrs.as_deref(), &[(crate::dedup::ATTR, k)])
+                }
+                None => self.attrs,
+            },
         };
         (record, self.delay)
     }
@@ -226,7 +227,7 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
     };
     let delay = match m.delay.as_deref() {
         None => Duration::ZERO,
-        Some(d) => crate::delayed::parse_delay(d).map_err(fail)?,
+        Some(d) => narad_api::parse_produce_delay(d).map_err(fail)?,
     };
     let idempotency_key = match m.idempotency_key.as_deref() {
         None => None,
@@ -235,10 +236,6 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
                 .map_err(fail)?
                 .to_string(),
         ),
-    };
-    let attrs = match &idempotency_key {
-        Some(k) => crate::attrs::with_reserved(attrs.as_deref(), &[(crate::dedup::ATTR, k)]),
-        None => attrs,
     };
     Ok(BatchElement {
         payload,
@@ -304,19 +301,10 @@ pub async fn produce_batch(
         .sum();
     app.ingest.admit(&caller, &topic, accepted as u64, bytes)?;
     // Both parts durable before the 202: the delayed ones in the delay store.
-    let now = async {
-        if records.is_empty() {
-            return Ok(());
-        }
-        app.ingest.store(&topic, records).await
-    };
-    let later = async {
-        if delayed.is_empty() {
-            return Ok(());
-        }
-        app.ingest.store_delayed(&app.delayed, delayed).await
-    };
-    tokio::try_join!(now, later)?;
+    tokio::try_join!(
+        app.ingest.store(&topic, records),
+        app.ingest.store_delayed(&app.delayed, delayed)
+    )?;
     Ok(json(
         StatusCode::ACCEPTED,
         &BatchProduceResponse { accepted },
@@ -500,7 +488,7 @@ mod prop_tests {
                     prop_assert!(e.key.as_ref().is_none_or(|k| !k.is_empty()));
                     prop_assert!(e.pinned.is_none_or(|p| p < n));
                     prop_assert!(e.attrs.as_deref().is_none_or(|a| crate::attrs::check(a).is_ok()));
-                    prop_assert!(e.delay <= crate::delayed::MAX_DELAY);
+                    prop_assert!(e.delay <= narad_api::MAX_PRODUCE_DELAY);
                     prop_assert!(e.idempotency_key.as_deref().is_none_or(|k| crate::dedup::check_key(k.as_bytes()).is_ok()));
                 }
                 Err(e) => prop_assert!(

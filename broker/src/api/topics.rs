@@ -121,14 +121,17 @@ fn check_backoff(b: &RetryBackoff) -> ApiResult<Backoff> {
     })
 }
 
-/// (ext) `dedup_window_ms`: 1 s to 24 h; on alter 0 goes back to the default (`Some(0)`).
+/// (ext) `dedup_window_ms`: 1 s to 24 h ([`narad_api::DEDUP_WINDOW_MS`]); on alter 0 goes
+/// back to the default (`Some(0)`).
 fn check_dedup_window(v: i64, alter: bool) -> ApiResult<u64> {
-    const MAX: i64 = 24 * 3600 * 1000;
-    match v {
-        0 if alter => Ok(0),
-        1000..=MAX => Ok(v as u64),
+    let range = narad_api::DEDUP_WINDOW_MS;
+    match u64::try_from(v) {
+        Ok(0) if alter => Ok(0),
+        Ok(w) if range.contains(&w) => Ok(w),
         _ => Err(ApiError::bad_request(format!(
-            "dedup_window_ms must be 1000 to {MAX} (1s to 24h{}), got {v}",
+            "dedup_window_ms must be {} to {} (1s to 24h{}), got {v}",
+            range.start(),
+            range.end(),
             if alter {
                 "; 0 goes back to the default 5m"
             } else {

@@ -394,7 +394,7 @@ async fn abort_stuck(ctl: &Controller, view: &MetaState) {
 /// (`None`: unknown now).
 async fn wal_outstanding(ctl: &Controller, id: &str) -> Option<u64> {
     if id == ctl.node_id {
-        return Some((ctl.wal.outstanding() + ctl.delayed.outstanding()) as u64);
+        return Some(crate::delayed::to_hand_over(&ctl.wal, &ctl.delayed));
     }
     let req = AssignmentRequest {
         topic_id: None,

@@ -376,7 +376,7 @@ async fn watch_freeze(moves: Arc<Moves>, part: Arc<Partition>, key: (u64, u32, u
 /// `GetAssignment`: the leader's confirmed view of one assignment, plus the callee's WAL
 /// backlog.
 pub async fn serve_assignment(moves: &Moves, req: AssignmentRequest) -> RpcReply {
-    let wal_outstanding = (moves.wal.outstanding() + moves.delayed.outstanding()) as u64;
+    let wal_outstanding = crate::delayed::to_hand_over(&moves.wal, &moves.delayed);
     let Some(topic_id) = req.topic_id else {
         return RpcReply::json(
             200,

@@ -188,7 +188,7 @@ pub fn check_retry_backoff(b: &RetryBackoffSpec) -> Result<(u64, u64), String> {
 /// `dedupWindow`: 1s to 24h, in ms.
 pub fn check_dedup_window(s: &str) -> Result<u64, String> {
     let ms = parse_duration_ms(s)?;
-    if !(1000..=24 * 3600 * 1000).contains(&ms) {
+    if !narad_api::DEDUP_WINDOW_MS.contains(&ms) {
         return Err(format!("dedupWindow must be 1s to 24h, got {s}"));
     }
     Ok(ms)

@@ -17,9 +17,6 @@ use super::*;
 use crate::crd::validate::{
     check_dead_letter, check_dedup_window, check_retry_backoff, check_topic,
 };
-
-/// The broker's idempotency window of a topic that sets none (5 minutes).
-const DEFAULT_DEDUP_WINDOW_MS: u64 = 5 * 60 * 1000;
 use crate::crd::{
     parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
     TopicDefaults, TopicStatus, FINALIZER,
@@ -284,7 +281,7 @@ pub fn plan_topic(
     if let Some(want) = d.dedup_window_ms {
         let have = o
             .dedup_window_ms
-            .map_or(DEFAULT_DEDUP_WINDOW_MS, |v| v as u64);
+            .map_or(narad_api::DEFAULT_DEDUP_WINDOW_MS, |v| v as u64);
         if have != want {
             alter.dedup_window_ms = Some(want);
         }
