@@ -2,6 +2,7 @@
 //! and grants (§3.8) and cluster moves (§3.9). Request bodies are strict, like the server's.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -9,7 +10,7 @@ fn is_false(b: &bool) -> bool {
 
 /// `POST /v1/topics/{parent}/children` body: a local child (`child` + optional `delay_ms`) or a
 /// remote link (`child` + `remote`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AttachChildRequest {
     pub child: String,
@@ -21,7 +22,7 @@ pub struct AttachChildRequest {
 
 /// The remote end of a remote child link (ext, SPEC §5.5). Credentials are write-only, and
 /// `Debug` never shows them.
-#[derive(Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteTarget {
     pub url: String,
@@ -49,7 +50,7 @@ impl std::fmt::Debug for RemoteTarget {
 }
 
 /// `GET /v1/topics/{parent}/children` answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct ChildList {
     pub parent: String,
     #[serde(default)]
@@ -57,7 +58,7 @@ pub struct ChildList {
 }
 
 /// One child in a [`ChildList`].
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct ChildInfo {
     pub name: String,
     #[serde(default)]
@@ -79,7 +80,7 @@ pub struct ChildInfo {
 }
 
 /// The public part of a remote link (never credentials).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct RemoteInfo {
     pub url: String,
     pub topic: String,
@@ -87,7 +88,7 @@ pub struct RemoteInfo {
 
 /// A grant: an action (`produce`, `consume`, `create`, `admin`) and topic-name patterns
 /// (none for `admin`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Grant {
     pub action: String,
@@ -96,7 +97,7 @@ pub struct Grant {
 }
 
 /// A user as the server returns it (hashes never returned).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct User {
     pub username: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -114,7 +115,7 @@ pub struct User {
 
 /// (ext) A user's quotas, the body of `PUT /v1/users/{u}/quotas` (which replaces them all:
 /// an absent or null field is unlimited, `{}` lifts every quota). Rates are cluster-wide.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Quotas {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +130,7 @@ pub struct Quotas {
 }
 
 /// `POST /v1/users` body.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateUserRequest {
     pub username: String,
@@ -140,14 +141,14 @@ pub struct CreateUserRequest {
 
 /// `PUT /v1/users/{u}/grants` body (replaces all grants). `grants` is required (`{}` is a
 /// `400`; `{"grants":[]}` removes every grant).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PutGrantsRequest {
     pub grants: Vec<Grant>,
 }
 
 /// `PUT /v1/users/{u}/password` body; `current_password` is needed only for one's own.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PasswordRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -156,14 +157,14 @@ pub struct PasswordRequest {
 }
 
 /// `GET /v1/cluster/moves` answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct MoveList {
     #[serde(default)]
     pub moves: Vec<MoveInfo>,
 }
 
 /// One partition move in flight.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct MoveInfo {
     pub topic: String,
     pub partition: u32,

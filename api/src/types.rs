@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
+use utoipa::ToSchema;
 
 fn is_false(b: &bool) -> bool {
     !*b
@@ -15,13 +16,13 @@ fn is_zero_u64(v: &u64) -> bool {
 }
 
 /// The one error body: `{"error":"<message>"}`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct ErrorBody {
     pub error: String,
 }
 
 /// `POST /v1/topics` body. Strict: unknown fields are refused (`owner` is accepted and ignored).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTopicRequest {
     pub name: String,
@@ -37,6 +38,8 @@ pub struct CreateTopicRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_acked_ahead_per_partition: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A JSON Schema (draft 2020-12) every produced payload must satisfy.
+    #[schema(value_type = Option<serde_json::Value>)]
     pub schema: Option<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
@@ -58,7 +61,7 @@ pub struct CreateTopicRequest {
 /// (ext) A topic's dead-letter setting: a message delivered `max_deliveries` times (1 to
 /// 1000) without being acknowledged is committed to topic `topic` instead of being delivered
 /// again, then settled here. `"max_deliveries": 0` turns it off (on alter).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeadLetter {
     #[serde(default)]
@@ -68,7 +71,7 @@ pub struct DeadLetter {
 
 /// (ext) The answer of `POST /v1/topics/{t}/redrive`: how many messages were moved, and to
 /// which topics.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Redriven {
     pub moved: u64,
     /// Messages per target topic.
@@ -84,7 +87,7 @@ pub struct Redriven {
 /// (ext) Exponential backoff of redeliveries after an expired lease or a plain nack: the
 /// message waits `min` after its first delivery, twice that after its second, and so on, at
 /// most `max` (Go durations, 1 ms to 12 h; `"min": "0s"` turns it off).
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryBackoff {
     pub min: String,
@@ -92,7 +95,7 @@ pub struct RetryBackoff {
 }
 
 /// `PATCH /v1/topics/{topic}` body. Strict.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AlterTopicRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +109,8 @@ pub struct AlterTopicRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_acked_ahead_per_partition: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A JSON Schema (draft 2020-12) every produced payload must satisfy.
+    #[schema(value_type = Option<serde_json::Value>)]
     pub schema: Option<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_base_version: Option<i64>,
@@ -120,7 +125,7 @@ pub struct AlterTopicRequest {
 }
 
 /// The topic record (SPEC §3.2), with stats when read by `GET /v1/topics/{topic}`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct TopicRecord {
     pub name: String,
     pub partitions: u32,
@@ -143,6 +148,8 @@ pub struct TopicRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remote_children: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// A JSON Schema (draft 2020-12) every produced payload must satisfy.
+    #[schema(value_type = Option<serde_json::Value>)]
     pub schema: Option<Box<RawValue>>,
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub schema_version: u32,
@@ -170,7 +177,7 @@ pub struct TopicRecord {
 
 /// (ext) The body of `POST /v1/topics/{t}/seek`: a partition and an offset, or a time
 /// (Unix seconds, like a message's `timestamp`) for one partition or all of them.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SeekRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,7 +190,7 @@ pub struct SeekRequest {
 
 /// (ext) The answer of `POST /v1/topics/{t}/purge` and `…/seek`: each partition's queue
 /// frontier before and after.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Repositioned {
     pub topic: String,
     pub partitions: Vec<PartitionFrontier>,
@@ -191,7 +198,7 @@ pub struct Repositioned {
 
 /// One partition of [`Repositioned`]: every offset below `frontier` is settled now, and
 /// delivery resumes at it.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct PartitionFrontier {
     pub partition: u32,
     pub previous_frontier: u64,
@@ -201,7 +208,7 @@ pub struct PartitionFrontier {
 /// (ext) A queue's backlog: of the messages not settled yet, those waiting for a consumer
 /// (`messages`) and those leased now (`in_flight`), and how long the oldest unsettled one has
 /// been waiting since its commit.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct Backlog {
     pub messages: u64,
     pub in_flight: u64,
@@ -241,7 +248,7 @@ impl Backlog {
 }
 
 /// One entry of `partition_stats`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct PartitionStats {
     pub index: u32,
     pub segments: u64,
@@ -264,7 +271,7 @@ pub struct PartitionStats {
 }
 
 /// `GET /v1/topics` answer.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 pub struct TopicList {
     pub topics: Vec<TopicRecord>,
     #[serde(default)]
@@ -272,9 +279,10 @@ pub struct TopicList {
 }
 
 /// One element of a batch produce.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchMessage {
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_encoding: Option<String>,
@@ -317,20 +325,20 @@ pub const DEFAULT_DEDUP_WINDOW_MS: u64 = 5 * 60 * 1000;
 pub const DEDUP_WINDOW_MS: std::ops::RangeInclusive<u64> = 1000..=24 * 3600 * 1000;
 
 /// `POST /v1/topics/{topic}/produce/batch` body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchProduceRequest {
     pub messages: Vec<BatchMessage>,
 }
 
 /// `202` answer of a batch produce.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct BatchProduceResponse {
     pub accepted: usize,
 }
 
 /// A consumed (or replayed) message (SPEC §3.5).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct Message {
     pub topic: String,
     pub partition: u32,
@@ -339,6 +347,7 @@ pub struct Message {
     pub key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_encoding: Option<String>,
+    #[schema(value_type = serde_json::Value)]
     pub payload: Box<RawValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload_encoding: Option<String>,
@@ -354,20 +363,20 @@ pub struct Message {
 }
 
 /// `GET .../consume?max=M` answer.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct MessageBatch {
     pub messages: Vec<Message>,
 }
 
 /// Batch ack body.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BatchAckRequest {
     pub receipt_handles: Vec<String>,
 }
 
 /// One result of a batch ack.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct AckResult {
     pub status: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -375,13 +384,13 @@ pub struct AckResult {
 }
 
 /// Batch ack answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct BatchAckResponse {
     pub results: Vec<AckResult>,
 }
 
 /// `GET /v1/cluster/members` element.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct MemberInfo {
     pub id: String,
     pub addr: String,
@@ -394,13 +403,13 @@ pub struct MemberInfo {
 }
 
 /// `GET /v1/cluster/members` answer.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct MemberList {
     pub members: Vec<MemberInfo>,
 }
 
 /// `/healthz` and `/readyz` success body.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, ToSchema)]
 pub struct StatusBody {
     pub status: String,
 }

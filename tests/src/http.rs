@@ -1,7 +1,8 @@
 //! Plain HTTP: a keep-alive client over reqwest ([`Http`]) that returns whole responses
 //! ([`Resp`]: status, headers, body bytes, elapsed time and a one-line description of the
 //! request for failure messages). Paths are sent exactly as written, query included, so
-//! tests control percent-encoding and repeated parameters.
+//! tests control percent-encoding and repeated parameters. Every answer is checked against
+//! the OpenAPI document ([`crate::openapi`]).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,8 @@ pub struct Http {
     base: String,
     /// The `Authorization` value sent with every request (unless a request sets its own).
     auth: Option<String>,
+    /// Whether answers are checked against the OpenAPI document (the API listener's).
+    checked: bool,
 }
 
 /// `Basic base64(user:password)`.
@@ -82,6 +85,16 @@ impl Http {
             client,
             base: base.into().trim_end_matches('/').to_string(),
             auth: None,
+            checked: true,
+        }
+    }
+
+    /// The same client for a listener the OpenAPI document does not describe (the metrics
+    /// listener): its answers are not checked against it.
+    pub fn outside_the_api(self) -> Http {
+        Http {
+            checked: false,
+            ..self
         }
     }
 
@@ -182,6 +195,7 @@ impl Req<'_> {
     pub async fn try_send(self) -> Result<Resp, reqwest::Error> {
         let url = format!("{}{}", self.http.base, self.path);
         let describe = describe_request(&self.method, &self.path, self.body.as_deref());
+        let (method, path) = (self.method.clone(), self.path.clone());
         let mut rb = self.http.client.request(self.method, &url);
         if let Some(auth) = &self.http.auth {
             if !self
@@ -206,13 +220,17 @@ impl Req<'_> {
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let body = r.bytes().await?.to_vec();
-        Ok(Resp {
+        let resp = Resp {
             status,
             headers,
             body,
             elapsed: start.elapsed(),
             request: describe,
-        })
+        };
+        if self.http.checked {
+            crate::openapi::check(&method, &path, &resp);
+        }
+        Ok(resp)
     }
 
     /// Sends; panics on a transport failure (the server is expected to be up).

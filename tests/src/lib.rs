@@ -15,6 +15,8 @@
 //! - [`ledger`]: bookkeeping for durability runs — which ids got `202`, which are
 //!   ambiguous, which were consumed (and intact); consumer loops and the final report.
 //! - [`payload`]: unique self-checking payloads (id + CRC32C + deterministic filler).
+//! - [`openapi`]: every answer [`Http`] gets, checked against `api/openapi.json` (declared
+//!   status, body schema); the operations met so far.
 //! - [`metrics`]: reading `/metrics` samples ([`metric_sum`], [`metric_sum_where`]).
 //! - [`certs`]: test certificates (a CA and what it signs) as PEM files, for the TLS tests.
 //! - [`cluster_port`]: a cluster-port client from the SPEC alone (frames, the HMAC handshake),
@@ -35,6 +37,7 @@ pub mod cluster_port;
 pub mod http;
 pub mod ledger;
 pub mod metrics;
+pub mod openapi;
 pub mod payload;
 pub mod server;
 pub mod util;

@@ -889,7 +889,7 @@ async fn metrics_can_have_a_listener_of_their_own() {
         r.describe()
     );
     root.get("/metrics").await.expect_error(404);
-    let metrics = Http::new(format!("http://127.0.0.1:{port}"));
+    let metrics = Http::new(format!("http://127.0.0.1:{port}")).outside_the_api();
     let text = metrics.metrics_text().await;
     assert!(text.contains("narad_build_info"), "{text}");
     assert!(text.contains("narad_topics_total 1"), "{text}");

@@ -8,7 +8,9 @@ use axum::body::Body;
 use axum::extract::{FromRequestParts, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{AttachChildRequest, ChildInfo, ChildList, RemoteInfo, RemoteTarget};
+use narad_api::{
+    AttachChildRequest, ChildInfo, ChildList, ErrorBody, RemoteInfo, RemoteTarget, TopicRecord,
+};
 use narad_meta::{MetaCommand, RemoteEndpoint};
 
 use super::topics::{check_delay, record, validate_name};
@@ -17,6 +19,24 @@ use crate::children::hosts::HostRefused;
 use crate::error::{ApiError, ApiResult};
 use crate::security::{audit, authz, Caller};
 
+/// Attach a child: a local topic (`child`, optional `delay_ms`) or (ext) a remote link
+/// (`child` + `remote`).
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/children",
+    tag = "children",
+    operation_id = "attachChild",
+    params(super::openapi::TopicPath),
+    request_body = AttachChildRequest,
+    responses(
+        (status = 200, description = "The parent's record.", body = TopicRecord),
+        (status = 400, description = "Missing child, delay < 0 or > 1 year, bad URL, `delay_ms` with `remote`.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "The parent or the local child does not exist.", body = ErrorBody),
+        (status = 409, description = "Already attached, a role conflict, too many children, parent retention below delay + 1 h, schema mismatch.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn attach(
     State(app): State<AppState>,
     caller: Caller,
@@ -163,6 +183,19 @@ async fn attach_remote(
     Ok(json(StatusCode::OK, &record(&view, &current)))
 }
 
+/// List a topic's children with their lag (and, for remote links, their state).
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/children",
+    tag = "children",
+    operation_id = "listChildren",
+    params(super::openapi::TopicPath),
+    responses(
+        (status = 200, description = "The children (`[]` when none); credentials are never returned.", body = ChildList),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -234,6 +267,22 @@ impl<S: Send + Sync> FromRequestParts<S> for ParentChild {
     }
 }
 
+/// Detach a child; a local child keeps its data and becomes standalone.
+#[utoipa::path(
+    delete,
+    path = "/v1/topics/{topic}/children/{child}",
+    tag = "children",
+    operation_id = "detachChild",
+    params(
+        super::openapi::TopicPath,
+        ("child" = String, Path, description = "The child topic or remote link."),
+    ),
+    responses(
+        (status = 204, description = "Detached."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "The parent does not exist or the child is not attached.", body = ErrorBody),
+    ),
+)]
 pub async fn detach(
     State(app): State<AppState>,
     caller: Caller,

@@ -1,13 +1,14 @@
 //! Consume, replay and settle routes (SPEC §3.5, §3.6): parameters in, answers out; the
 //! work is `delivery`'s.
 
+use super::openapi::ConsumeAnswer;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{BatchAckRequest, BatchAckResponse};
+use narad_api::{BatchAckRequest, BatchAckResponse, ErrorBody};
 use narad_meta::Topic;
 use std::sync::Arc;
 
@@ -37,6 +38,32 @@ fn answer(found: Option<Vec<u8>>) -> Response {
     }
 }
 
+/// Consume: lease a message (queue consume), up to `max` of them, or replay one at
+/// `offset` without a lease.
+///
+/// A queue consume tries this node's partitions, then live remote owners, then long-polls
+/// up to `wait`.
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}/consume",
+    tag = "messages",
+    operation_id = "consume",
+    params(
+        super::openapi::TopicPath,
+        ("wait" = Option<String>, Query, description = "Long-poll up to this duration (default 0; capped at `http.max_consume_wait`, 10 s)."),
+        ("partition" = Option<u32>, Query, description = "Only this partition (needed with `offset`)."),
+        ("offset" = Option<u64>, Query, description = "Replay the record at this offset (no lease, no receipt handle)."),
+        ("max" = Option<u32>, Query, description = "(ext) Lease up to this many (1-100), answered as `{\"messages\":[…]}`."),
+    ),
+    responses(
+        (status = 200, description = "A message (or, with `max`, a batch of them).", body = ConsumeAnswer),
+        (status = 204, description = "Nothing within `wait`, every partition capped or paused, or replay at or past the high watermark."),
+        (status = 400, description = "Bad `wait`, `partition`, `offset` or `max`; `offset` without `partition`; `max` with `offset`.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 410, description = "The replay offset is gone (retention).", body = ErrorBody),
+    ),
+)]
 pub async fn consume(
     State(app): State<AppState>,
     caller: Caller,
@@ -234,6 +261,31 @@ fn parse_settle(
     }
 }
 
+/// Ack, extend or nack a lease by its receipt handle; without `receipt_handle`, (ext) a
+/// batch of handles in the body.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/ack",
+    tag = "messages",
+    operation_id = "ack",
+    params(
+        super::openapi::TopicPath,
+        ("receipt_handle" = Option<String>, Query, description = "The lease to settle (absent: the batch form)."),
+        ("extend" = Option<String>, Query, description = "Absent, empty or `false`: ack; `true` or `1`: extend; `0`: nack."),
+        ("delay" = Option<String>, Query, description = "(ext) With `extend=0`: deliver again no earlier than this (up to 12 h)."),
+        ("visibility" = Option<String>, Query, description = "(ext) With `extend=true`: the lease restarts with this timeout (1 s to 12 h)."),
+    ),
+    request_body(content = Option<BatchAckRequest>, description = "(ext) The batch form: 1 to 100 receipt handles."),
+    responses(
+        (status = 200, description = "(ext) Batch form: one result per handle, in order.", body = BatchAckResponse),
+        (status = 204, description = "Settled."),
+        (status = 400, description = "Missing, empty or malformed handle; bad `extend`, `delay` or `visibility`.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 410, description = "The lease expired, was superseded or settled, or the handle is another topic's: expect a duplicate.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn ack(
     State(app): State<AppState>,
     caller: Caller,

@@ -11,6 +11,7 @@
 mod children;
 pub mod consume;
 pub mod encoding;
+pub mod openapi;
 pub mod parse_errors;
 pub mod produce;
 mod query;
@@ -28,7 +29,7 @@ use axum::extract::{Extension, FromRequestParts, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -49,49 +50,12 @@ pub type AppState = Arc<App>;
 /// is served by [`metrics_router`] on its own listener and answers `404` here. Compressed
 /// produce bodies are decoded on `decoders`.
 pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
-    let routes = Router::new()
-        .route("/v1/topics", post(topics::create).get(topics::list))
-        .route(
-            "/v1/topics/{topic}",
-            get(topics::get).patch(topics::alter).delete(topics::delete),
-        )
-        .route("/v1/topics/{topic}/produce", post(produce::produce))
-        .route(
-            "/v1/topics/{topic}/produce/batch",
-            post(produce::produce_batch),
-        )
-        // `get` alone would also run the handler for HEAD, leasing a message and dropping it.
-        .route(
-            "/v1/topics/{topic}/consume",
-            get(consume::consume).head(head_never_leases),
-        )
-        .route("/v1/topics/{topic}/ack", post(consume::ack))
-        .route("/v1/topics/{topic}/pause", post(queue::pause))
-        .route("/v1/topics/{topic}/resume", post(queue::resume))
-        .route("/v1/topics/{topic}/purge", post(queue::purge))
-        .route("/v1/topics/{topic}/seek", post(queue::seek))
-        .route("/v1/topics/{topic}/redrive", post(queue::redrive))
-        .route(
-            "/v1/topics/{topic}/children",
-            post(children::attach).get(children::list),
-        )
-        .route(
-            "/v1/topics/{topic}/children/{child}",
-            axum::routing::delete(children::detach),
-        )
-        .route("/v1/users", post(users::create).get(users::list))
-        .route("/v1/users/{user}", get(users::get).delete(users::delete))
-        .route("/v1/users/{user}/grants", put(users::put_grants))
-        .route("/v1/users/{user}/quotas", put(users::put_quotas))
-        .route("/v1/users/{user}/password", put(users::put_password))
-        .route("/v1/cluster/members", get(system::members))
-        .route("/v1/cluster/moves", get(system::moves))
-        .route(
-            "/v1/cluster/members/{id}/decommission",
-            post(system::decommission).delete(system::cancel_decommission),
-        )
-        .route("/healthz", get(system::healthz))
-        .route("/readyz", get(system::readyz));
+    // Every route comes with its operation in the OpenAPI document (`openapi::routes`).
+    // `get` alone would also run consume for HEAD, leasing a message and dropping it.
+    let routes = openapi::routes().split_for_parts().0.route(
+        "/v1/topics/{topic}/consume",
+        axum::routing::head(head_never_leases),
+    );
     let routes = if app.config.http.metrics_addr.is_some() {
         routes.route("/metrics", axum::routing::any(metrics_elsewhere))
     } else {
@@ -250,9 +214,10 @@ async fn head_never_leases() -> Response {
     r
 }
 
-/// Whether `path` is an API route that needs credentials (everything under `/v1`).
+/// Whether `path` is an API route that needs credentials (everything under `/v1` but the
+/// OpenAPI document).
 fn needs_auth(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/")
+    (path == "/v1" || path.starts_with("/v1/")) && path != openapi::PATH
 }
 
 /// Authenticates every `/v1` request (SPEC §4.1) and leaves the [`Caller`] for the handler.
@@ -295,28 +260,14 @@ async fn not_found() -> ApiError {
     ApiError::not_found("route not found")
 }
 
+/// The `route` label of a request: its route's template (as the OpenAPI document lists it),
+/// or `unmatched`.
 fn route_label(path: Option<&MatchedPath>) -> &'static str {
-    match path.map(|p| p.as_str()) {
-        Some("/v1/topics") => "/v1/topics",
-        Some("/v1/topics/{topic}") => "/v1/topics/{topic}",
-        Some("/v1/topics/{topic}/produce") => "/v1/topics/{topic}/produce",
-        Some("/v1/topics/{topic}/produce/batch") => "/v1/topics/{topic}/produce/batch",
-        Some("/v1/topics/{topic}/consume") => "/v1/topics/{topic}/consume",
-        Some("/v1/topics/{topic}/ack") => "/v1/topics/{topic}/ack",
-        Some("/v1/topics/{topic}/children") => "/v1/topics/{topic}/children",
-        Some("/v1/topics/{topic}/children/{child}") => "/v1/topics/{topic}/children/{child}",
-        Some("/v1/users") => "/v1/users",
-        Some("/v1/users/{user}") => "/v1/users/{user}",
-        Some("/v1/users/{user}/grants") => "/v1/users/{user}/grants",
-        Some("/v1/users/{user}/password") => "/v1/users/{user}/password",
-        Some("/v1/cluster/members") => "/v1/cluster/members",
-        Some("/v1/cluster/moves") => "/v1/cluster/moves",
-        Some("/v1/cluster/members/{id}/decommission") => "/v1/cluster/members/{id}/decommission",
-        Some("/healthz") => "/healthz",
-        Some("/readyz") => "/readyz",
-        Some("/metrics") => "/metrics",
-        _ => "unmatched",
-    }
+    static ROUTES: std::sync::OnceLock<std::collections::HashSet<String>> =
+        std::sync::OnceLock::new();
+    let routes = ROUTES.get_or_init(|| openapi::build().paths.paths.into_keys().collect());
+    path.and_then(|p| routes.get(p.as_str()))
+        .map_or("unmatched", String::as_str)
 }
 
 fn method_label(m: &Method) -> &'static str {

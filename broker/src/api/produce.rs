@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use bytes::Bytes;
-use narad_api::{BatchMessage, BatchProduceResponse};
+use narad_api::{BatchMessage, BatchProduceRequest, BatchProduceResponse, ErrorBody};
 use narad_meta::Topic;
 use serde_json::value::RawValue;
 
@@ -58,6 +58,35 @@ async fn produce_target(
     Ok(topic)
 }
 
+/// Produce one message: the body (1 byte to 1 MiB, any bytes) is the payload.
+///
+/// `202` means the message is fsynced on this node; never retry a `202`. A timed-out or
+/// `5xx` produce is ambiguous: a retry may store it twice, unless it carries an
+/// `Idempotency-Key`.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/produce",
+    tag = "messages",
+    operation_id = "produce",
+    params(
+        super::openapi::TopicPath,
+        ("key" = Option<String>, Query, description = "The message key (percent-decoded, any bytes; empty = none); keyed messages go to the key's partition."),
+        ("partition" = Option<u32>, Query, description = "Pin the partition."),
+        ("delay" = Option<String>, Query, description = "(ext) Enter the partition no earlier than this after acceptance: a Go duration up to `15m`."),
+        ("Idempotency-Key" = Option<String>, Header, description = "(ext) A retry with the same key within the topic's `dedup_window_ms` is answered `202` but not stored again (1-128 visible ASCII bytes)."),
+        ("Narad-Attr-*" = Option<String>, Header, description = "(ext) Each `Narad-Attr-<name>` header is an attribute stored beside the message."),
+        ("Content-Encoding" = Option<String>, Header, description = "`gzip` or `zstd` for a compressed body."),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The message, 1 byte to 1 MiB, any bytes (`Content-Type` is ignored)."),
+    responses(
+        (status = 202, description = "Durably accepted (fsynced on this node)."),
+        (status = 400, description = "Empty body, bad or repeated `partition`/`key`/`delay`, a bad attribute or idempotency key, a schema violation.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 409, description = "The topic is a delay child (it takes no produce).", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn produce(
     State(app): State<AppState>,
     caller: Caller,
@@ -247,6 +276,26 @@ fn decode_batch_element(i: usize, raw: &RawValue, n: u32) -> ApiResult<BatchElem
     })
 }
 
+/// (ext) Produce 1 to 100 messages with one fsync; all are validated before any is stored.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/produce/batch",
+    tag = "messages",
+    operation_id = "produceBatch",
+    params(
+        super::openapi::TopicPath,
+        ("Content-Encoding" = Option<String>, Header, description = "`gzip` or `zstd` for a compressed body."),
+    ),
+    request_body = BatchProduceRequest,
+    responses(
+        (status = 202, description = "All durably accepted.", body = BatchProduceResponse),
+        (status = 400, description = "The first invalid element, with a message starting `message <i>: `.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 409, description = "The topic is a delay child.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn produce_batch(
     State(app): State<AppState>,
     caller: Caller,

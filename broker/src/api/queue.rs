@@ -1,6 +1,7 @@
 //! Queue administration routes (SPEC (ext) §3.8): pause and resume consumes, purge a topic's
 //! backlog, seek its frontier. Each needs the topic's owner or an admin (`manage`).
 
+use narad_api::{ErrorBody, Redriven, TopicRecord};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -17,12 +18,40 @@ use crate::error::{ApiError, ApiResult};
 use crate::partition::Position;
 use crate::security::{audit, authz, Caller};
 
+/// (ext) Pause consumes (they answer `204` without leasing); produce, replay and children go on. Needs the topic's owner or an admin.
+///
 /// `POST /v1/topics/{t}/pause`: consumes answer `204` until resumed.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/pause",
+    tag = "queue",
+    operation_id = "pauseTopic",
+    params(super::openapi::TopicPath),
+    responses(
+        (status = 200, description = "The topic record, `paused` set.", body = TopicRecord),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn pause(State(app): State<AppState>, caller: Caller, name: Name) -> ApiResult<Response> {
     set_paused(app, caller, name, true).await
 }
 
+/// (ext) Resume consumes.
+///
 /// `POST /v1/topics/{t}/resume`.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/resume",
+    tag = "queue",
+    operation_id = "resumeTopic",
+    params(super::openapi::TopicPath),
+    responses(
+        (status = 200, description = "The topic record.", body = TopicRecord),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn resume(
     State(app): State<AppState>,
     caller: Caller,
@@ -62,7 +91,21 @@ async fn set_paused(
     Ok(json(StatusCode::OK, &record(&app.meta.view(), &updated)))
 }
 
+/// (ext) Purge the backlog: every partition's frontier jumps to its high watermark.
+///
 /// `POST /v1/topics/{t}/purge`: every partition's frontier jumps to its high watermark.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/purge",
+    tag = "queue",
+    operation_id = "purgeTopic",
+    params(super::openapi::TopicPath),
+    responses(
+        (status = 200, description = "Each partition's frontier before and after.", body = Repositioned),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn purge(
     State(app): State<AppState>,
     caller: Caller,
@@ -81,8 +124,23 @@ pub async fn purge(
     ))
 }
 
+/// (ext) Move the queue frontier of one partition to an offset, or of one or every partition to a time.
+///
 /// `POST /v1/topics/{t}/seek` with `{"partition":p,"offset":o}` or `{"timestamp":s}` (one
 /// partition with `partition`, else all).
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/seek",
+    tag = "queue",
+    operation_id = "seekTopic",
+    params(super::openapi::TopicPath),
+    request_body = SeekRequest,
+    responses(
+        (status = 200, description = "Each partition's frontier before and after.", body = Repositioned),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn seek(
     State(app): State<AppState>,
     caller: Caller,
@@ -104,9 +162,28 @@ pub async fn seek(
     ))
 }
 
+/// (ext) Move messages of a dead-letter topic to `to`, or each back to the topic it was
+/// dead-lettered from. Needs `consume` on this topic and `produce` on each target.
+///
 /// `POST /v1/topics/{t}/redrive?to=<topic>&max=N` (SPEC (ext) §3.9): moves up to `max`
 /// (default 1000, at most 100000) messages of dead-letter topic `t` to `to`, or each back to
 /// the topic it was dead-lettered from. Needs `consume` on `t` and `produce` on each target.
+#[utoipa::path(
+    post,
+    path = "/v1/topics/{topic}/redrive",
+    tag = "queue",
+    operation_id = "redriveTopic",
+    params(
+        super::openapi::TopicPath,
+        ("to" = Option<String>, Query, description = "The target topic (absent: where each came from)."),
+        ("max" = Option<u32>, Query, description = "At most this many (default 1000, at most 100000)."),
+    ),
+    responses(
+        (status = 200, description = "How many were moved, and where.", body = Redriven),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "The topic or the target does not exist.", body = ErrorBody),
+    ),
+)]
 pub async fn redrive(
     State(app): State<AppState>,
     caller: Caller,

@@ -3,13 +3,23 @@
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{MemberInfo, MoveInfo, MoveList, StatusBody};
+use narad_api::{ErrorBody, MemberInfo, MoveInfo, MoveList, StatusBody};
 use narad_meta::MetaCommand;
 
 use super::{json, AppState};
 use crate::error::{ApiError, ApiResult};
 use crate::security::{audit, authz, Caller};
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "system",
+    operation_id = "healthz",
+    responses(
+        (status = 200, description = "HTTP is served (even while catching up).", body = StatusBody),
+        (status = 503, description = "Graceful shutdown has started (`{\"status\":\"shutting down\"}`).", body = StatusBody),
+    ),
+)]
 pub async fn healthz(State(app): State<AppState>) -> Response {
     if app.health.is_shutting_down() {
         return json(
@@ -27,6 +37,16 @@ pub async fn healthz(State(app): State<AppState>) -> Response {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "system",
+    operation_id = "readyz",
+    responses(
+        (status = 200, description = "Ready: metadata caught up, startup reconciliation done, admitted, root admin present (security on).", body = StatusBody),
+        (status = 503, description = "Not ready, with why.", body = ErrorBody),
+    ),
+)]
 pub async fn readyz(State(app): State<AppState>) -> Response {
     if app.health.is_stopping() {
         return ApiError::unavailable("shutting down", 1).into_response();
@@ -52,6 +72,16 @@ pub async fn readyz(State(app): State<AppState>) -> Response {
     )
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "system",
+    operation_id = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text (OpenMetrics when asked for).", content_type = "text/plain"),
+        (status = 404, description = "Served on the metrics listener (`http.metrics_addr`) instead.", body = ErrorBody),
+    ),
+)]
 pub async fn metrics(State(app): State<AppState>) -> Response {
     app.refresh_gauges();
     let mut resp = (StatusCode::OK, app.metrics.encode()).into_response();
@@ -62,21 +92,35 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     resp
 }
 
-/// A `GET /v1/cluster/members` element: the shared [`MemberInfo`] plus, on the metadata
+/// A `GET /v1/cluster/members` element: the shared `MemberInfo` plus, on the metadata
 /// leader, why a drained member is not removed yet (`decommission_reason`, ext).
-#[derive(serde::Serialize)]
-struct MemberOut {
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Member)]
+pub struct MemberOut {
     #[serde(flatten)]
     info: MemberInfo,
+    /// (ext) On the metadata leader: why a drained member is not removed yet.
     #[serde(skip_serializing_if = "Option::is_none")]
     decommission_reason: Option<String>,
 }
 
-#[derive(serde::Serialize)]
-struct MemberListOut {
+/// `GET /v1/cluster/members` answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = MemberList)]
+pub struct MemberListOut {
     members: Vec<MemberOut>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/members",
+    tag = "cluster",
+    operation_id = "listMembers",
+    responses(
+        (status = 200, description = "The members, sorted by id.", body = MemberListOut),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn members(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
     let view = app.meta.view();
@@ -115,6 +159,16 @@ pub async fn members(State(app): State<AppState>, caller: Caller) -> ApiResult<R
     Ok(json(StatusCode::OK, &MemberListOut { members }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cluster/moves",
+    tag = "cluster",
+    operation_id = "listMoves",
+    responses(
+        (status = 200, description = "Partition moves in flight.", body = MoveList),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn moves(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::cluster_read(&caller)?;
     let view = app.meta.view();
@@ -138,8 +192,22 @@ pub async fn moves(State(app): State<AppState>, caller: Caller) -> ApiResult<Res
     Ok(json(StatusCode::OK, &MoveList { moves }))
 }
 
+/// Start draining a member: it leaves once its partitions moved and its WAL and delay store are empty.
+///
 /// `POST /v1/cluster/members/{id}/decommission` (SPEC §3.9, §6.5): `204`, `404` unknown
 /// member, `503` without a leader.
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/members/{id}/decommission",
+    tag = "cluster",
+    operation_id = "decommission",
+    params(("id" = String, Path, description = "The member's node id.")),
+    responses(
+        (status = 204, description = "Done."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such member.", body = ErrorBody),
+    ),
+)]
 pub async fn decommission(
     State(app): State<AppState>,
     caller: Caller,
@@ -148,7 +216,21 @@ pub async fn decommission(
     set_draining(&app, &caller, id, true).await
 }
 
+/// Cancel a decommission.
+///
 /// `DELETE /v1/cluster/members/{id}/decommission`: cancels a decommission.
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/members/{id}/decommission",
+    tag = "cluster",
+    operation_id = "cancelDecommission",
+    params(("id" = String, Path, description = "The member's node id.")),
+    responses(
+        (status = 204, description = "Done."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such member.", body = ErrorBody),
+    ),
+)]
 pub async fn cancel_decommission(
     State(app): State<AppState>,
     caller: Caller,

@@ -8,7 +8,9 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{AlterTopicRequest, CreateTopicRequest, RetryBackoff, TopicList, TopicRecord};
+use narad_api::{
+    AlterTopicRequest, CreateTopicRequest, ErrorBody, RetryBackoff, TopicList, TopicRecord,
+};
 use narad_meta::{
     Backoff, DeadLetter, MetaCommand, MetaResponse, MetaState, Topic, TopicConfig, TopicPatch,
     MAX_FANOUT_DELAY_MS,
@@ -263,6 +265,26 @@ pub fn record(view: &MetaState, t: &Topic) -> TopicRecord {
     }
 }
 
+/// Create a topic.
+///
+/// The answer follows the commit of the record and its partition assignments, so the topic
+/// is usable at once on every node. With `parent` the topic is born attached (a replica
+/// child, or with `fanout_delay_ms` a delay child); a failed attach leaves nothing behind.
+#[utoipa::path(
+    post,
+    path = "/v1/topics",
+    tag = "topics",
+    operation_id = "createTopic",
+    request_body = CreateTopicRequest,
+    responses(
+        (status = 201, description = "Created: the topic record.", body = TopicRecord),
+        (status = 400, description = "Bad name, bounds, JSON, schema, own parent, `fanout_delay_ms` without `parent` or outside 0-1 year.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "The parent does not exist.", body = ErrorBody),
+        (status = 409, description = "The name is taken (case-insensitively), a parent role conflict or child limit, the parent's retention is too short.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn create(
     State(app): State<AppState>,
     caller: Caller,
@@ -398,6 +420,20 @@ fn parse_limit(v: Option<&str>) -> ApiResult<u64> {
 
 /// Pages over the topics the caller sees (SPEC §4.3), by name: the token is the last name
 /// of the previous page and the next page holds visible names strictly greater than it.
+#[utoipa::path(
+    get,
+    path = "/v1/topics",
+    tag = "topics",
+    operation_id = "listTopics",
+    params(
+        ("limit" = Option<u32>, Query, description = "Page size: 1 to 1000 (larger is capped), default 100."),
+        ("page_token" = Option<String>, Query, description = "The previous page's `next_page_token`: this page holds names strictly greater."),
+    ),
+    responses(
+        (status = 200, description = "Topics in ascending name order (with security on, only those the caller sees); `next_page_token` is `\"\"` when nothing follows.", body = TopicList),
+        (status = 400, description = "`limit` is not an integer or is below 1.", body = ErrorBody),
+    ),
+)]
 pub async fn list(
     State(app): State<AppState>,
     caller: Caller,
@@ -435,6 +471,25 @@ pub async fn list(
     ))
 }
 
+/// Read a topic: its record plus `partition_stats` (one entry per partition, or only
+/// `partition`) and `backlog`; `partial` when an owner could not answer (its entry is a
+/// placeholder with `status: owner_unavailable`).
+#[utoipa::path(
+    get,
+    path = "/v1/topics/{topic}",
+    tag = "topics",
+    operation_id = "getTopic",
+    params(
+        super::openapi::TopicPath,
+        ("partition" = Option<u32>, Query, description = "Only this partition's stats."),
+    ),
+    responses(
+        (status = 200, description = "The topic record with stats.", body = TopicRecord),
+        (status = 400, description = "`partition` out of range or not a number.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     caller: Caller,
@@ -461,6 +516,23 @@ pub async fn get(
     Ok(json(StatusCode::OK, &rec))
 }
 
+/// Alter a topic: every field given is validated first, then applied as one change.
+#[utoipa::path(
+    patch,
+    path = "/v1/topics/{topic}",
+    tag = "topics",
+    operation_id = "alterTopic",
+    params(super::openapi::TopicPath),
+    request_body = AlterTopicRequest,
+    responses(
+        (status = 200, description = "The altered topic record.", body = TopicRecord),
+        (status = 400, description = "No field, an unknown field, a value out of bounds, fewer partitions.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 409, description = "Retention below a delay child's need, schema base mismatch, schema change on an attached child.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn alter(
     State(app): State<AppState>,
     caller: Caller,
@@ -548,6 +620,21 @@ pub async fn alter(
     Ok(json(StatusCode::OK, &record(&app.meta.view(), &updated)))
 }
 
+/// Delete a topic and every node's data of it; its children are detached (keeping their
+/// data) and it is detached from its parent.
+#[utoipa::path(
+    delete,
+    path = "/v1/topics/{topic}",
+    tag = "topics",
+    operation_id = "deleteTopic",
+    params(super::openapi::TopicPath),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, response = super::openapi::TopicNotFound),
+        (status = 409, description = "(ext) Another topic names it as its dead-letter topic.", body = ErrorBody),
+    ),
+)]
 pub async fn delete(
     State(app): State<AppState>,
     caller: Caller,

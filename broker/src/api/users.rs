@@ -14,7 +14,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use narad_api::{CreateUserRequest, PasswordRequest, PutGrantsRequest};
+use narad_api::{CreateUserRequest, ErrorBody, PasswordRequest, PutGrantsRequest, Quotas};
 use narad_meta::{MetaCommand, MetaResponse, User};
 
 use super::{json, read_json, AppState, Name};
@@ -45,6 +45,20 @@ async fn hash(secret: String) -> ApiResult<String> {
 }
 
 /// `POST /v1/users` → `201` user. Admin only; only root grants `admin`.
+#[utoipa::path(
+    post,
+    path = "/v1/users",
+    tag = "users",
+    operation_id = "createUser",
+    request_body = CreateUserRequest,
+    responses(
+        (status = 201, description = "Created.", body = narad_api::User),
+        (status = 400, description = "Bad username, empty password, unknown action, a scoped grant without patterns, a bad pattern, an admin grant with patterns.", body = ErrorBody),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 409, description = "The username is taken.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn create(
     State(app): State<AppState>,
     caller: Caller,
@@ -81,6 +95,16 @@ pub async fn create(
 }
 
 /// `GET /v1/users` → `200` array of users, by name. Admin only.
+#[utoipa::path(
+    get,
+    path = "/v1/users",
+    tag = "users",
+    operation_id = "listUsers",
+    responses(
+        (status = 200, description = "Every user, by name (hashes never returned).", body = Vec<narad_api::User>),
+        (status = 403, response = super::openapi::Forbidden),
+    ),
+)]
 pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Response> {
     authz::user_admin(&caller)?;
     let view = app.meta.view();
@@ -93,6 +117,18 @@ pub async fn list(State(app): State<AppState>, caller: Caller) -> ApiResult<Resp
 }
 
 /// `GET /v1/users/{u}` → `200` user. Admin only.
+#[utoipa::path(
+    get,
+    path = "/v1/users/{user}",
+    tag = "users",
+    operation_id = "getUser",
+    params(super::openapi::UserPath),
+    responses(
+        (status = 200, description = "The user.", body = narad_api::User),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such user.", body = ErrorBody),
+    ),
+)]
 pub async fn get(
     State(app): State<AppState>,
     caller: Caller,
@@ -106,6 +142,20 @@ pub async fn get(
 
 /// `PUT /v1/users/{u}/grants` → `200` user. Admin only; root's grants are fixed, nobody
 /// changes their own, only root grants `admin`.
+#[utoipa::path(
+    put,
+    path = "/v1/users/{user}/grants",
+    tag = "users",
+    operation_id = "putGrants",
+    params(super::openapi::UserPath),
+    request_body = PutGrantsRequest,
+    responses(
+        (status = 200, description = "The user with its new grants.", body = narad_api::User),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such user.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn put_grants(
     State(app): State<AppState>,
     caller: Caller,
@@ -146,6 +196,20 @@ async fn change_user(
 /// (wrong → `403`); an admin resets any non-root password; only root changes root's. The
 /// new password applies from the next request (the user record's version changes, which
 /// invalidates every cached credential of the user).
+#[utoipa::path(
+    put,
+    path = "/v1/users/{user}/password",
+    tag = "users",
+    operation_id = "putPassword",
+    params(super::openapi::UserPath),
+    request_body = PasswordRequest,
+    responses(
+        (status = 204, description = "Changed; applies from the next request."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such user.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn put_password(
     State(app): State<AppState>,
     caller: Caller,
@@ -190,6 +254,20 @@ pub async fn put_password(
 
 /// (ext) `PUT /v1/users/{u}/quotas` → `200` user. Replaces the user's quotas (`{}` lifts
 /// them). Admin only; root has none, nobody changes their own, only root sets an admin's.
+#[utoipa::path(
+    put,
+    path = "/v1/users/{user}/quotas",
+    tag = "users",
+    operation_id = "putQuotas",
+    params(super::openapi::UserPath),
+    request_body = Quotas,
+    responses(
+        (status = 200, description = "The user with its new quotas.", body = narad_api::User),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such user.", body = ErrorBody),
+        (status = 413, response = super::openapi::TooLarge),
+    ),
+)]
 pub async fn put_quotas(
     State(app): State<AppState>,
     caller: Caller,
@@ -211,6 +289,18 @@ pub async fn put_quotas(
 
 /// `DELETE /v1/users/{u}` → `204`. Admin only; root cannot be deleted, nobody deletes
 /// themselves.
+#[utoipa::path(
+    delete,
+    path = "/v1/users/{user}",
+    tag = "users",
+    operation_id = "deleteUser",
+    params(super::openapi::UserPath),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 403, response = super::openapi::Forbidden),
+        (status = 404, description = "No such user.", body = ErrorBody),
+    ),
+)]
 pub async fn delete(
     State(app): State<AppState>,
     caller: Caller,
