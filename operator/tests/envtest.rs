@@ -14,10 +14,12 @@ use std::time::Duration;
 use common::{apply, client, eventually, install_crds, secret};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret, Service};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::Api;
 use narad_api::AlterTopicRequest;
-use narad_operator::crd::{cond, is_true, Grant, NaradCluster, Topic, User};
+use narad_operator::crd::{all_crds, cond, is_true, Grant, NaradCluster, Topic, User};
 use narad_tests::server::{Server, ServerOpts};
 use serde_json::json;
 
@@ -245,6 +247,113 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (reason(&n.status?.conditions, cond::READY) != "Invalid").then_some(())
     })
     .await;
+    // --- The scale subresource (`kubectl scale nc prod --replicas 4`, an HPA): it reads
+    // the status's pod count and selector and writes spec.replicas, which the operator
+    // applies as every replica change (scale-in through decommission).
+    let selector = "app.kubernetes.io/instance=prod,app.kubernetes.io/name=narad";
+    eventually("scale subresource: 3 pods and their selector", || async {
+        let st = clusters.get_scale("prod").await.ok()?.status?;
+        (st.replicas == 3 && st.selector.as_deref() == Some(selector)).then_some(())
+    })
+    .await;
+    let scale_to = |n: i32| {
+        let clusters = clusters.clone();
+        async move {
+            clusters
+                .patch_scale(
+                    "prod",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": n}})),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("scale to {n}: {e}"));
+        }
+    };
+    scale_to(4).await;
+    let (_, t_scale) = eventually("scaled to 4 through the scale subresource", || async {
+        let n = clusters.get("prod").await.ok()?;
+        let sts = stss.get("prod-narad").await.ok()?;
+        let scale = clusters.get_scale("prod").await.ok()?;
+        (n.spec.replicas == 4
+            && sts.spec?.replicas == Some(4)
+            && scale.spec?.replicas == Some(4)
+            && scale.status?.replicas == 4)
+            .then_some(())
+    })
+    .await;
+    // Two is refused by the operator (CEL is ignored by 1.20): nothing shrinks.
+    scale_to(2).await;
+    eventually("replicas 2 refused", || async {
+        let n = clusters.get("prod").await.ok()?;
+        (reason(&n.status?.conditions, cond::READY) == "Invalid").then_some(())
+    })
+    .await;
+    assert_eq!(
+        stss.get("prod-narad").await.unwrap().spec.unwrap().replicas,
+        Some(4)
+    );
+    // Back to 3: prod-narad-3 is no member of this broker's cluster, so nothing is left to
+    // decommission and the StatefulSet shrinks.
+    scale_to(3).await;
+    eventually("scaled back to 3", || async {
+        let sts = stss.get("prod-narad").await.ok()?;
+        let st = clusters.get_scale("prod").await.ok()?.status?;
+        (sts.spec?.replicas == Some(3) && st.replicas == 3).then_some(())
+    })
+    .await;
+
+    // --- narad.io/restart: a new value is a new pod template (a new revision, which the
+    // operator rolls pod by pod as an upgrade: tests/rollout.rs); the same value again, or
+    // the annotation removed, changes nothing.
+    let template = || async {
+        let sts = stss.get("prod-narad").await.ok()?;
+        let value = sts
+            .spec?
+            .template
+            .metadata?
+            .annotations
+            .unwrap_or_default()
+            .get("narad.io/restartedAt")
+            .cloned();
+        Some((value, sts.status?.update_revision?))
+    };
+    let (_, rev0) = template().await.expect("the StatefulSet's revision");
+    // Each pass also changes the client Service's annotations, so the generation moves and
+    // the status's observedGeneration says when the operator has seen it.
+    let restart = |value: Option<&str>, pass: &str| {
+        let mut body = prod("20Gi");
+        body["spec"]["replicas"] = json!(3);
+        body["spec"]["service"] = json!({"annotations": {"narad.io/envtest-pass": pass}});
+        if let Some(v) = value {
+            body["metadata"]["annotations"] = json!({"narad.io/restart": v});
+        }
+        body
+    };
+    let seen = || async {
+        let n = clusters.get("prod").await.ok()?;
+        (n.status?.observed_generation == n.metadata.generation).then_some(())
+    };
+    apply(
+        &clusters,
+        "prod",
+        restart(Some("2026-12-06T09:00:00Z"), "1"),
+    )
+    .await;
+    let (rev1, _) = eventually("the restart value in the pod template", || async {
+        let (value, rev) = template().await?;
+        (value.as_deref() == Some("2026-12-06T09:00:00Z") && rev != rev0).then_some(rev)
+    })
+    .await;
+    for (value, pass) in [(Some("2026-12-06T09:00:00Z"), "2"), (None, "3")] {
+        apply(&clusters, "prod", restart(value, pass)).await;
+        eventually(&format!("pass {pass} reconciled"), seen).await;
+        assert_eq!(
+            template().await.unwrap(),
+            (Some("2026-12-06T09:00:00Z".to_string()), rev1.clone()),
+            "pass {pass}: the template did not change"
+        );
+    }
+
     // A cluster without a security Secret gets one generated, labelled for Narad.
     apply(
         &clusters,
