@@ -500,6 +500,108 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     })
     .await;
 
+    // --- managementPolicy Observe: an existing broker topic is adopted read-only.
+    admin
+        .create_topic(&narad_api::CreateTopicRequest {
+            name: "legacy".into(),
+            partitions: Some(4),
+            retention_ms: Some(10_800_000),
+            ..Default::default()
+        })
+        .await
+        .expect("a topic made outside the operator");
+    let observe = |name: &str, extra: serde_json::Value| {
+        let mut spec = json!({"clusterRef": {"name": "prod"}, "managementPolicy": "Observe"});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
+            "metadata": {"name": name}, "spec": spec})
+    };
+    // The spec differs (partitions, retention): reported, never applied.
+    apply(
+        &topics,
+        "legacy",
+        observe("legacy", json!({"partitions": 6, "retention": "2h"})),
+    )
+    .await;
+    let (st, t_observe) = eventually("legacy Observed", || async {
+        let st = topics.get("legacy").await.ok()?.status?;
+        let ready = st.conditions.iter().find(|c| c.type_ == cond::READY)?;
+        (ready.status == "True" && ready.reason == "Observed").then_some(st)
+    })
+    .await;
+    assert_eq!(st.partitions, Some(4));
+    let synced = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == cond::SYNCED)
+        .unwrap();
+    assert_eq!(
+        (synced.status.as_str(), synced.reason.as_str()),
+        ("True", "Observed")
+    );
+    for want in [
+        "partitions: spec 6, broker 4",
+        "retention: spec 7200000 ms, broker 10800000 ms",
+    ] {
+        assert!(synced.message.contains(want), "{}", synced.message);
+    }
+    // A message produced on the broker shows in the backlog: a later pass read it, and
+    // still changed nothing.
+    admin
+        .produce("legacy", b"kept".to_vec(), None, None)
+        .await
+        .unwrap();
+    eventually("legacy's backlog observed", || async {
+        let b = topics.get("legacy").await.ok()?.status?.backlog?;
+        (b.messages == 1).then_some(())
+    })
+    .await;
+    let rec = admin.get_topic("legacy", None).await.unwrap();
+    assert_eq!((rec.partitions, rec.retention_ms), (4, 10_800_000));
+    // A topic that does not exist is NotFound and not created; once it exists it is
+    // observed (looked up again every resync).
+    apply(&topics, "later", observe("later", json!({}))).await;
+    eventually("later NotFound", || async {
+        let t = topics.get("later").await.ok()?;
+        (reason(&t.status?.conditions, cond::READY) == "NotFound").then_some(())
+    })
+    .await;
+    assert_eq!(
+        admin.get_topic("later", None).await.unwrap_err().status(),
+        Some(404),
+        "an observed topic is never created"
+    );
+    admin
+        .create_topic(&narad_api::CreateTopicRequest {
+            name: "later".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    eventually("later Observed once it exists", || async {
+        let t = topics.get("later").await.ok()?;
+        (reason(&t.status?.conditions, cond::READY) == "Observed").then_some(())
+    })
+    .await;
+    // Deleting the resource leaves the broker topic (deletionPolicy is not used).
+    for name in ["legacy", "later"] {
+        topics.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    eventually("observed Topics released", || async {
+        (topics.get_opt("legacy").await.ok()?.is_none()
+            && topics.get_opt("later").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    for name in ["legacy", "later"] {
+        assert!(
+            admin.get_topic(name, None).await.is_ok(),
+            "{name}: an observed topic is never deleted"
+        );
+    }
+
     // A child attaches to its parent; a child of a missing parent waits.
     apply(&topics, "orders-audit", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
         "metadata": {"name": "orders-audit"}, "spec": {"clusterRef": {"name": "prod"}, "parent": "orders"}})).await;
@@ -889,7 +991,8 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         std::io::stderr(),
         "envtest timings: topic create→Ready {t_create:?}, partitions change→broker {t_partitions:?}, \
          drift repair {t_drift:?}, grants→broker {t_grants:?}, grant change→broker {t_grant_change:?}, \
-         storage.size growth→claims {t_expand:?}"
+         storage.size growth→claims {t_expand:?}, scale subresource→StatefulSet {t_scale:?}, \
+         observed topic→status {t_observe:?}"
     );
     operator.abort();
     let _ = namespaces.delete(&ns, &DeleteParams::default()).await;
