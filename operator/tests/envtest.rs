@@ -37,6 +37,38 @@ fn reason(conds: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition], t
         .unwrap_or_default()
 }
 
+/// Compares the descriptions of the fields under `generated` (a CRD's schema) with those
+/// `served` by `/openapi/v2`: every generated property must be served with the same,
+/// non-empty description; nested properties are compared where the server publishes them.
+/// Returns how many fields were compared; the differences go to `out`.
+fn compare_descriptions(
+    path: &str,
+    generated: &serde_json::Value,
+    served: &serde_json::Value,
+    out: &mut Vec<String>,
+) -> usize {
+    let mut n = 0;
+    let Some(props) = generated["properties"].as_object() else {
+        return 0;
+    };
+    for (name, g) in props {
+        let field = format!("{path}.{name}");
+        let s = &served["properties"][name];
+        n += 1;
+        match (g["description"].as_str(), s["description"].as_str()) {
+            (Some(want), Some(have)) if !want.is_empty() && want == have => {}
+            (want, have) => out.push(format!("{field}: generated {want:?}, served {have:?}")),
+        }
+        if s.get("properties").is_some() {
+            n += compare_descriptions(&field, g, s, out);
+        }
+        if s["items"].get("properties").is_some() {
+            n += compare_descriptions(&format!("{field}[]"), &g["items"], &s["items"], out);
+        }
+    }
+    n
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_reconciles_against_a_real_api_server_and_broker() {
     let Some(c) = client().await else {
@@ -58,6 +90,36 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
 
     // The operator, in-process, watching only this namespace.
     let (operator, minor) = common::start_operator(&c, &ns, Duration::from_secs(2)).await;
+
+    // --- What `kubectl explain` reads: `/openapi/v2` serves every kind's spec fields with
+    // the descriptions of the CRDs (nested fields too, where a 1.20 server publishes them:
+    // it drops the properties of nullable objects from v2).
+    let (checked, t_openapi) = eventually("spec descriptions served in /openapi/v2", || async {
+        let req = http::Request::get("/openapi/v2").body(Vec::new()).unwrap();
+        let doc: serde_json::Value = c.request(req).await.ok()?;
+        let mut checked = 0;
+        for (_, crd) in all_crds() {
+            let kind = &crd.spec.names.kind;
+            let def = &doc["definitions"][format!("io.narad.v1alpha1.{kind}")];
+            let served = &def["properties"]["spec"];
+            served.get("properties")?;
+            let v = serde_json::to_value(&crd.spec.versions[0]).unwrap();
+            let generated = &v["schema"]["openAPIV3Schema"]["properties"]["spec"];
+            let mut missing = Vec::new();
+            checked += compare_descriptions("spec", generated, served, &mut missing);
+            if !missing.is_empty() {
+                // Published a moment after the CRD changes: looked at again until the wait
+                // ends; what is still missing then is printed above the timeout.
+                eprintln!("{kind}: /openapi/v2 lacks these descriptions: {missing:?}");
+                return None;
+            }
+        }
+        Some(checked)
+    })
+    .await;
+    eprintln!(
+        "/openapi/v2: {checked} spec field descriptions of the four kinds served ({t_openapi:?})"
+    );
 
     // --- CRDs reject invalid objects (OpenAPI schema; CEL is ignored by 1.20).
     let topics: Api<Topic> = Api::namespaced(c.clone(), &ns);
