@@ -1117,3 +1117,123 @@ mod api_tls {
         failed_with(&r, "ca.crt");
     }
 }
+
+/// `managementPolicy: Observe`: the broker topic is read, never created, changed or
+/// deleted.
+#[cfg(test)]
+mod observe {
+    use super::credentials::{assert_false, finalized_topic, reaching, run, NC, TOPIC};
+    use super::*;
+    use crate::crd::ManagementPolicy;
+    use crate::reconcile::topic as topic_rc;
+
+    fn observed(spec_name: Option<&str>) -> Topic {
+        let mut t = finalized_topic(None);
+        t.spec.management_policy = ManagementPolicy::Observe;
+        t.spec.retention = Some("2h".into());
+        t.spec.name = spec_name.map(String::from);
+        t
+    }
+
+    fn insecure() -> serde_json::Value {
+        serde_json::to_value(cluster(
+            json!({"version": "1", "security": {"enabled": false}}),
+        ))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_existing_topic_is_reported_and_the_difference_is_not_applied() {
+        let broker = FakeBroker::start().await;
+        let r = run(
+            observed(None),
+            reaching(broker.url.clone()),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, insecure()).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                for c in ["Ready", "Synced"] {
+                    let (s, reason, msg) = condition(&st, c);
+                    assert_eq!((s.as_str(), reason.as_str()), ("True", "Observed"), "{st}");
+                    assert!(
+                        msg.contains("retention: spec 7200000 ms, broker 43200000 ms"),
+                        "{msg}"
+                    );
+                }
+                assert_eq!(st["partitions"], 3);
+                assert_eq!(st["role"], "standalone");
+                assert!(
+                    st.get("replica").is_none(),
+                    "nothing applied is recorded: {st}"
+                );
+            },
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        let calls = broker.calls();
+        assert!(!calls.is_empty());
+        assert!(
+            calls.iter().all(|c| c.method == "GET"),
+            "only reads: {calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_topic_is_not_found_and_not_created() {
+        let broker = FakeBroker::start().await;
+        let r = run(
+            observed(Some("ghost")),
+            reaching(broker.url.clone()),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                v.get(NC, insecure()).await;
+                let st = v.status_patch(TOPIC, t_body).await;
+                for c in ["Ready", "Synced"] {
+                    let msg = assert_false(&st, c, "NotFound");
+                    assert!(
+                        msg.contains("\"ghost\"") && msg.contains("never creates"),
+                        "{msg}"
+                    );
+                }
+            },
+        )
+        .await;
+        // Not an error: looked up again after the resync period.
+        let action = r.expect("a requeue");
+        assert_eq!(
+            action,
+            kube::runtime::controller::Action::requeue(Duration::from_secs(300))
+        );
+        let calls = broker.calls();
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(
+            (calls[0].method.as_str(), calls[0].path.as_str()),
+            ("GET", "/v1/topics/ghost")
+        );
+    }
+
+    #[tokio::test]
+    async fn deleting_the_resource_leaves_the_broker_topic() {
+        let broker = Untouched::bind();
+        let mut t = observed(None);
+        t.metadata.deletion_timestamp = Some(crate::reconcile::now());
+        let r = run(
+            t,
+            reaching(broker.url()),
+            topic_rc::reconcile,
+            |mut v, t_body| async move {
+                // Neither the cluster nor the broker: the finalizer goes at once.
+                let (req, send) = v.expect("PATCH", TOPIC).await;
+                let patch = ApiServerVerifier::body(req).await;
+                assert_eq!(
+                    patch[1],
+                    json!({"op": "remove", "path": "/metadata/finalizers/0"})
+                );
+                send.send_response(respond(200, t_body));
+            },
+        )
+        .await;
+        assert!(r.is_ok(), "{r:?}");
+        broker.assert_untouched();
+    }
+}

@@ -15,6 +15,9 @@
 //! - keeps producing and consuming (`narad_e2e::load::Load`, with the durability ledger) on
 //!   all three nodes throughout.
 //!
+//! After the upgrade it sets the `narad.io/restart` annotation, which rolls the pods again
+//! the same way (same version).
+//!
 //! It asserts: pods are replaced highest ordinal first, one at a time, each deletion only
 //! after the previous replacement was marked ready (by resourceVersion order, the API
 //! server's own sequence) and while all members were alive, a leader existed and the
@@ -387,6 +390,67 @@ async fn rolling_upgrade_with_the_test_as_kubelet_loses_nothing() {
             .all(|m| m.version == new_version && m.status == "alive"),
         "{st:?}"
     );
+
+    // --- `narad.io/restart`: a new value rolls the pods again through the same gated
+    // rollout (checked with the upgrade's deletions below), on the same version.
+    let rev_upgrade = stss
+        .get("prod-narad")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .update_revision
+        .unwrap();
+    let t_restart = Instant::now();
+    let mut restart = spec(&new_version);
+    restart["metadata"]["annotations"] = json!({"narad.io/restart": "2026-12-06T09:00:00Z"});
+    apply(&clusters, "prod", restart).await;
+    let (rev_restart, _) = eventually_within(
+        Duration::from_secs(60),
+        "the restart value in the pod template",
+        || {
+            let stss = stss.clone();
+            let rev_upgrade = rev_upgrade.clone();
+            async move {
+                let sts = stss.get("prod-narad").await.ok()?;
+                let value = sts
+                    .spec?
+                    .template
+                    .metadata?
+                    .annotations?
+                    .get("narad.io/restartedAt")
+                    .cloned();
+                let rev = sts.status?.update_revision?;
+                (value.as_deref() == Some("2026-12-06T09:00:00Z") && rev != rev_upgrade)
+                    .then_some(rev)
+            }
+        },
+    )
+    .await;
+    let (st, restart_took) = eventually_within(ROLLOUT_TIMEOUT, "restart complete", || {
+        assert!(!kubelet.is_finished(), "the kubelet stand-in stopped");
+        let f = running_on(new_version.clone());
+        let (pods, rev) = (pods.clone(), rev_restart.clone());
+        async move {
+            let l = pods.list(&Default::default()).await.ok()?;
+            let on_restart = l
+                .items
+                .iter()
+                .filter(|p| p.labels().get("controller-revision-hash") == Some(&rev))
+                .count();
+            if on_restart != NODES {
+                return None;
+            }
+            f().await
+        }
+    })
+    .await;
+    eprintln!(
+        "restart done in {restart_took:?} (from the annotation: {:?}); {}",
+        t_restart.elapsed(),
+        load.progress()
+    );
+    assert!(st.members.iter().all(|m| m.status == "alive"), "{st:?}");
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (report, drained) = load.finish(DRAIN).await;
     done.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -426,8 +490,16 @@ async fn rolling_upgrade_with_the_test_as_kubelet_loses_nothing() {
         .collect();
     assert_eq!(
         deletions.iter().map(|d| d.0).collect::<Vec<_>>(),
-        vec![2, 1, 0],
-        "one pod at a time, highest ordinal first"
+        vec![2, 1, 0, 2, 1, 0],
+        "one pod at a time, highest ordinal first (the upgrade, then the restart)"
+    );
+    let restart_deletions = log
+        .iter()
+        .filter(|e| matches!(e, Seen::Deleted { at, .. } if *at >= t_restart))
+        .count();
+    assert_eq!(
+        restart_deletions, NODES,
+        "the restart replaced each pod once, and nothing rolled before it"
     );
     for (k, (ordinal, rv, members)) in deletions.iter().enumerate() {
         // The cluster was healthy when the operator deleted this pod.
@@ -477,7 +549,11 @@ async fn rolling_upgrade_with_the_test_as_kubelet_loses_nothing() {
             _ => None,
         })
         .collect();
-    assert_eq!(uids.len(), 2 * NODES, "3 original pods and 3 replacements");
+    assert_eq!(
+        uids.len(),
+        3 * NODES,
+        "3 original pods, 3 upgraded and 3 restarted"
+    );
 
     // Past the test harness's capture, so CI logs show the numbers.
     use std::io::Write;

@@ -32,6 +32,11 @@ macro_rules! effective_initial {
     kind = "NaradCluster",
     namespaced,
     status = "NaradClusterStatus",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
     shortname = "nc",
     category = "narad",
     doc = "A Narad cluster: a StatefulSet of broker nodes, its Services, PodDisruptionBudget, ConfigMap and security Secret, managed by narad-operator.",
@@ -62,8 +67,10 @@ macro_rules! effective_initial {
     validation = Rule::new(concat!(effective_initial!("self"), " == ", effective_initial!("oldSelf"))).message("initialClusterSize is immutable"),
 )]
 pub struct NaradClusterSpec {
-    /// Number of broker nodes: 1, or >= 3 and >= initialClusterSize. Scale-in decommissions
-    /// the highest ordinals first.
+    /// Number of broker nodes: 1, or >= 3 and >= initialClusterSize. Also set through the
+    /// `scale` subresource (`kubectl scale nc <name> --replicas 4`, a HorizontalPodAutoscaler).
+    /// Scale-out adds pods at once; scale-in decommissions the highest ordinal first and
+    /// removes its pod only once its member has left the cluster, one at a time.
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 1))]
     pub replicas: i32,
@@ -397,6 +404,16 @@ pub struct NaradClusterStatus {
     /// Pods passing readiness.
     #[serde(default)]
     pub ready_replicas: i32,
+    /// Broker pods that exist (the StatefulSet's `status.replicas`): the current count of
+    /// the `scale` subresource. During a scale-in it stays above `spec.replicas` until the
+    /// decommissioned members have left.
+    #[serde(default)]
+    pub replicas: i32,
+    /// Label selector of the broker pods, as a string (`app.kubernetes.io/instance=<name>,
+    /// app.kubernetes.io/name=narad`): the `scale` subresource's selector, which a
+    /// HorizontalPodAutoscaler uses to find the pods' metrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
     /// Version every member runs, when they agree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,

@@ -109,9 +109,32 @@ pub struct TopicSpec {
     /// Remote children (parents only): copies to topics on other Narad clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub remote_children: Vec<RemoteChild>,
-    /// Delete (default) or Retain the broker topic when the resource is deleted.
+    /// What deleting the resource does to the broker topic: `Delete` (default) deletes it,
+    /// `Retain` keeps it, `DeleteIfEmpty` deletes it once no message waits or is in flight
+    /// (until then the resource stays, reason `NotEmpty`). Unused with
+    /// `managementPolicy: Observe`, which never deletes the broker topic.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// `Manage` (default): the operator creates the broker topic, converges it to this spec
+    /// and deletes it per `deletionPolicy`. `Observe`: it adopts an existing broker topic
+    /// read-only: it never creates, alters, links or deletes it (not on deletion of the
+    /// resource either), reports what it reads in the status (partitions, role, owners,
+    /// children, backlog, pause) with Ready and Synced `True`, reason `Observed` (the
+    /// message lists every declared spec field that differs from the broker, none of which
+    /// is applied), or `False`, reason `NotFound`, while the topic does not exist (looked up
+    /// again every resync period). Switching to `Manage` makes the operator converge it.
+    #[serde(default)]
+    pub management_policy: ManagementPolicy,
+}
+
+/// Whether the operator manages the broker topic or only reads it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ManagementPolicy {
+    /// Create, converge and delete the broker topic.
+    #[default]
+    Manage,
+    /// Read an existing broker topic and report it; never change or delete it.
+    Observe,
 }
 
 /// `deadLetter`: where messages go after their last allowed delivery.

@@ -145,7 +145,9 @@ pub fn check_topic(
             return Err("replica is immutable".into());
         }
     }
-    if applied.topic_name.is_some() && applied.delay_ms != delay {
+    // `replica` is recorded with `delayMs` whenever the operator applied the topic (an
+    // observed one records neither).
+    if applied.replica.is_some() && applied.delay_ms != delay {
         return Err("delay is immutable".into());
     }
     Ok(())
@@ -479,6 +481,14 @@ mod tests {
         assert!(check_topic("orders", &s, &applied)
             .unwrap_err()
             .contains("replica"));
+        // An observed topic (managementPolicy Observe) recorded its name only: nothing was
+        // applied, so there is no delay to keep.
+        let observed = TopicStatus {
+            topic_name: Some("orders".into()),
+            ..Default::default()
+        };
+        let s = topic_spec(serde_json::json!({"parent": "raw", "delay": "2h"}));
+        assert!(check_topic("orders", &s, &observed).is_ok());
     }
 
     #[test]

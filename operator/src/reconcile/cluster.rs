@@ -713,8 +713,9 @@ async fn expand_claims(ctx: &Context, nc: &NaradCluster, ns: &str) -> Result<usi
     Ok(grow.len())
 }
 
-/// `k=v,…` of the selector labels (pods and claims of `nc`).
-fn label_selector(nc: &NaradCluster) -> String {
+/// `k=v,…` of the selector labels (pods and claims of `nc`); also `status.selector`, the
+/// `scale` subresource's label selector.
+pub fn label_selector(nc: &NaradCluster) -> String {
     resources::selector_labels(nc)
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -902,7 +903,9 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         }
         _ => {}
     }
+    let restarted_at = resources::restarted_at(nc, current.as_ref());
     let opts = StatefulSetOptions {
+        restarted_at,
         cluster_domain: ctx
             .cluster_domain
             .clone()
@@ -964,6 +967,9 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     let mut status = cluster_status(nc, &prev, &observed, &now());
     status.initial_cluster_size = Some(nc.spec.effective_initial_cluster_size());
     status.storage_size = Some(nc.spec.storage.size.clone());
+    // The `scale` subresource's current count and selector.
+    status.replicas = st.replicas;
+    status.selector = Some(label_selector(nc));
     if nc.status.as_ref() != Some(&status) {
         patch_status(api, nc, &status).await?;
     }
@@ -1021,6 +1027,15 @@ mod tests {
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::from_second(100).unwrap(),
         )
+    }
+
+    #[test]
+    fn the_scale_selector_is_the_pods_selector() {
+        let nc = cluster(json!({"version": "1"}));
+        assert_eq!(
+            label_selector(&nc),
+            "app.kubernetes.io/instance=prod,app.kubernetes.io/name=narad"
+        );
     }
 
     #[test]

@@ -18,8 +18,8 @@ use crate::crd::validate::{
     check_dead_letter, check_dedup_window, check_retry_backoff, check_topic,
 };
 use crate::crd::{
-    parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, Topic, TopicBacklog,
-    TopicDefaults, TopicStatus, FINALIZER,
+    parse_duration_ms, parse_retention_ms, ChildStatus, DeletionPolicy, ManagementPolicy, Topic,
+    TopicBacklog, TopicDefaults, TopicStatus, FINALIZER,
 };
 
 /// The topic as the broker should have it.
@@ -368,8 +368,16 @@ pub fn plan_remote(
     plan
 }
 
-/// The status fields read from the broker's record.
+/// The status fields read from the broker's record, and the immutables as applied.
 pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRecord) {
+    read_status(status, rec);
+    status.replica = Some(d.replica);
+    status.delay_ms = d.delay_ms;
+}
+
+/// The status fields read from the broker's record (what a `managementPolicy: Observe`
+/// Topic reports: nothing is applied, so nothing applied is recorded).
+pub fn read_status(status: &mut TopicStatus, rec: &TopicRecord) {
     status.topic_name = Some(rec.name.clone());
     status.partitions = Some(rec.partitions as i32);
     status.role = Some(rec.role.clone());
@@ -379,11 +387,123 @@ pub fn observed_status(status: &mut TopicStatus, d: &DesiredTopic, rec: &TopicRe
         .as_ref()
         .map(|ps| ps.iter().map(|p| p.owner_node.clone()).collect())
         .unwrap_or_default();
-    status.replica = Some(d.replica);
-    status.delay_ms = d.delay_ms;
     status.backlog = backlog_status(rec);
     // Reported, never converged: pause and resume belong to the broker's API (see plan_topic).
     status.paused = Some(rec.paused);
+}
+
+/// The status fields of a broker topic that does not exist (an observed one): cleared, so
+/// nothing stale is reported.
+pub fn clear_read_status(status: &mut TopicStatus) {
+    status.partitions = None;
+    status.role = None;
+    status.owner = None;
+    status.partition_owners.clear();
+    status.children.clear();
+    status.backlog = None;
+    status.paused = None;
+}
+
+/// The spec fields of a `managementPolicy: Observe` Topic that differ from the broker's
+/// record, each as `field: spec …, broker …`. Only fields the spec declares are compared
+/// (a left-out retention is not the cluster default here); none of them is ever applied.
+pub fn observed_differences(t: &Topic, d: &DesiredTopic, rec: &TopicRecord) -> Vec<String> {
+    let s = &t.spec;
+    let mut out = Vec::new();
+    let mut differ = |field: &str, spec: String, broker: String| {
+        if spec != broker {
+            out.push(format!("{field}: spec {spec}, broker {broker}"));
+        }
+    };
+    let ms = |v: u64| format!("{v} ms");
+    if let Some(p) = d.partitions {
+        differ("partitions", p.to_string(), rec.partitions.to_string());
+    }
+    if s.retention.is_some() {
+        differ("retention", ms(d.retention_ms), ms(rec.retention_ms));
+    }
+    if let Some(v) = d.visibility_timeout_ms {
+        differ("visibilityTimeout", ms(v), ms(rec.visibility_timeout_ms));
+    }
+    if let Some(v) = d.max_in_flight {
+        differ(
+            "maxInFlightPerPartition",
+            v.to_string(),
+            rec.max_in_flight_per_partition.to_string(),
+        );
+    }
+    if let Some(v) = d.max_acked_ahead {
+        differ(
+            "maxAckedAheadPerPartition",
+            v.to_string(),
+            rec.max_acked_ahead_per_partition.to_string(),
+        );
+    }
+    let backoff = |(min, max): (u64, u64)| {
+        if min == 0 {
+            "none".to_string()
+        } else {
+            format!("{min}-{max} ms")
+        }
+    };
+    if let Some(want) = d.retry_backoff_ms {
+        let have = rec
+            .retry_backoff
+            .as_ref()
+            .and_then(RetryBackoff::to_ms)
+            .unwrap_or((0, 0));
+        differ("retryBackoff", backoff(want), backoff(have));
+    }
+    let dead_letter = |(topic, n): (String, u32)| {
+        if n == 0 {
+            "none".to_string()
+        } else {
+            format!("{topic:?} after {n} deliveries")
+        }
+    };
+    if let Some(want) = &d.dead_letter {
+        let have = rec
+            .dead_letter
+            .as_ref()
+            .map_or((String::new(), 0), |d| (d.topic.clone(), d.max_deliveries));
+        differ("deadLetter", dead_letter(want.clone()), dead_letter(have));
+    }
+    if let Some(v) = d.dedup_window_ms {
+        let have = rec
+            .dedup_window_ms
+            .map_or(narad_api::DEFAULT_DEDUP_WINDOW_MS, |v| v as u64);
+        differ("dedupWindow", ms(v), ms(have));
+    }
+    if let Some(want) = &d.schema {
+        let have: Option<serde_json::Value> = rec
+            .schema
+            .as_ref()
+            .and_then(|s| serde_json::from_str(s.get()).ok());
+        // Named, not printed: a schema can be long.
+        let version = |v: u32| format!("a different one (version {v})");
+        match have {
+            Some(h) if h == *want => {}
+            Some(_) => differ("schema", "set".into(), version(rec.schema_version)),
+            None => differ("schema", "set".into(), "none".into()),
+        }
+    }
+    if let Some(want) = &d.parent {
+        let have = rec.parent.clone().unwrap_or_else(|| "none".into());
+        differ("parent", want.clone(), have);
+    }
+    if let Some(v) = d.delay_ms {
+        differ("delay", ms(v), ms(rec.fanout_delay_ms));
+    }
+    for link in &s.remote_children {
+        if !rec.remote_children.contains(&link.name) {
+            differ(
+                "remoteChildren",
+                format!("link {:?}", link.name),
+                "has no such link".into(),
+            );
+        }
+    }
+    out
 }
 
 /// `status.backlog` from the broker's record.
@@ -529,6 +649,9 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     };
     let desired = desired_topic(t, &broker.cluster.spec.defaults).map_err(Error::Invalid)?;
     let b = &broker.client;
+    if t.spec.management_policy == ManagementPolicy::Observe {
+        return observe(api, t, ctx, b, &desired, status).await;
+    }
     if let Some(parent) = &desired.parent {
         let ready = match get_topic(b, parent).await {
             Ok(p) => p.is_some(),
@@ -582,8 +705,23 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
             return Err(err);
         }
     }
+    read_children(b, &rec, &mut status).await;
+    status.observed_generation = gen;
+    set_ready_synced(
+        &mut status.conditions,
+        (true, "Synced", ""),
+        (true, "Synced", ""),
+        gen,
+    );
+    write(api, t, &status).await?;
+    Ok(Action::requeue(ctx.resync))
+}
+
+/// `status.children` of a parent (kept as they were when the list cannot be read), none
+/// otherwise. Read only.
+async fn read_children(b: &narad_api::Client, rec: &TopicRecord, status: &mut TopicStatus) {
     if rec.role == "parent" {
-        if let Ok(list) = b.list_children(&desired.name).await {
+        if let Ok(list) = b.list_children(&rec.name).await {
             status.children = list
                 .children
                 .into_iter()
@@ -598,11 +736,66 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     } else {
         status.children.clear();
     }
+}
+
+/// `managementPolicy: Observe`: reads the broker topic and reports it, with the declared
+/// spec fields that differ; sends the broker nothing that changes it. A topic that does not
+/// exist is `NotFound` and looked up again after the resync period.
+async fn observe(
+    api: &Api<Topic>,
+    t: &Topic,
+    ctx: &Context,
+    b: &narad_api::Client,
+    d: &DesiredTopic,
+    mut status: TopicStatus,
+) -> Result<Action> {
+    let gen = t.metadata.generation;
+    let rec = match get_topic(b, &d.name).await {
+        Ok(r) => r,
+        Err(e) => {
+            let exists = status.partitions.is_some();
+            return broker_failed(api, t, status, e, exists).await;
+        }
+    };
     status.observed_generation = gen;
+    let Some(rec) = rec else {
+        let msg = format!(
+            "topic {:?} does not exist on the broker; managementPolicy Observe never creates              it (looked up again every {} s)",
+            d.name,
+            ctx.resync.as_secs()
+        );
+        tracing::info!(topic = %d.name, "observed topic not found on the broker");
+        clear_read_status(&mut status);
+        set_ready_synced(
+            &mut status.conditions,
+            (false, "NotFound", &msg),
+            (false, "NotFound", &msg),
+            gen,
+        );
+        write(api, t, &status).await?;
+        return Ok(Action::requeue(ctx.resync));
+    };
+    read_status(&mut status, &rec);
+    read_children(b, &rec, &mut status).await;
+    let differences = observed_differences(t, d, &rec);
+    let msg = if differences.is_empty() {
+        format!(
+            "topic {:?} observed read-only (managementPolicy Observe)",
+            d.name
+        )
+    } else {
+        tracing::info!(topic = %d.name, ?differences, "observed topic differs from the spec; not applied");
+        format!(
+            "topic {:?} observed read-only (managementPolicy Observe); not applied, the spec \
+             differs from the broker in {}",
+            d.name,
+            differences.join("; ")
+        )
+    };
     set_ready_synced(
         &mut status.conditions,
-        (true, "Synced", ""),
-        (true, "Synced", ""),
+        (true, "Observed", &msg),
+        (true, "Observed", &msg),
         gen,
     );
     write(api, t, &status).await?;
@@ -740,6 +933,10 @@ pub fn deletion_blocked(rec: &TopicRecord) -> Option<String> {
 }
 
 async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
+    if t.spec.management_policy == ManagementPolicy::Observe {
+        tracing::info!(topic = %t.topic_name(), "observed topic released; the broker topic is left as it is");
+        return Ok(Action::await_change());
+    }
     if t.spec.deletion_policy == DeletionPolicy::Retain {
         return Ok(Action::await_change());
     }
@@ -1212,6 +1409,74 @@ mod tests {
         assert_eq!(s.paused, Some(false), "resumed on the broker");
         let s = serde_json::to_value(&s).unwrap();
         assert_eq!(s["paused"], json!(false), "{s}");
+    }
+
+    #[test]
+    fn observe_compares_only_declared_fields() {
+        let differences = |spec: serde_json::Value, rec: serde_json::Value| {
+            let t = topic(spec);
+            let d = desired_topic(&t, &TopicDefaults::default()).unwrap();
+            observed_differences(&t, &d, &record(rec))
+        };
+        // Nothing declared: a broker topic with other values than the cluster defaults is
+        // not a difference (the left-out retention is not the default 12h here).
+        assert!(differences(
+            json!({"managementPolicy": "Observe"}),
+            json!({"retention_ms": 3_600_000u64, "partitions": 9})
+        )
+        .is_empty());
+        // Declared and equal: none.
+        assert!(differences(
+            json!({"partitions": 3, "retention": "12h", "visibilityTimeout": "30s"}),
+            json!({})
+        )
+        .is_empty());
+        // Declared and different: each named with both values.
+        let d = differences(
+            json!({"partitions": 6, "retention": "2h", "maxInFlightPerPartition": 10,
+                   "deadLetter": {"topic": "dlq", "maxDeliveries": 3}, "dedupWindow": "10m",
+                   "retryBackoff": {"min": "1s", "max": "1m"}, "parent": "orders-src",
+                   "remoteChildren": [{"name": "dr", "url": "https://dr.example.com"}]}),
+            json!({"dead_letter": {"topic": "other", "max_deliveries": 5}}),
+        );
+        assert_eq!(
+            d,
+            vec![
+                "partitions: spec 6, broker 3",
+                "retention: spec 7200000 ms, broker 43200000 ms",
+                "maxInFlightPerPartition: spec 10, broker 1024",
+                "retryBackoff: spec 1000-60000 ms, broker none",
+                "deadLetter: spec \"dlq\" after 3 deliveries, broker \"other\" after 5 deliveries",
+                "dedupWindow: spec 600000 ms, broker 300000 ms",
+                "parent: spec orders-src, broker none",
+                "remoteChildren: spec link \"dr\", broker has no such link",
+            ]
+        );
+        // A smaller partition count is reported, not refused (nothing is applied).
+        assert_eq!(
+            differences(json!({"partitions": 3}), json!({"partitions": 12})),
+            vec!["partitions: spec 3, broker 12"]
+        );
+    }
+
+    #[test]
+    fn observe_reads_without_recording_anything_applied() {
+        let mut s = TopicStatus::default();
+        read_status(
+            &mut s,
+            &record(json!({"backlog": {"messages": 1, "in_flight": 0,
+                "oldest_unacked_age_seconds": 2}})),
+        );
+        assert_eq!(s.partitions, Some(3));
+        assert_eq!((s.replica, s.delay_ms), (None, None));
+        assert!(s.backlog.is_some());
+        clear_read_status(&mut s);
+        assert_eq!((s.partitions, s.backlog, s.paused), (None, None, None));
+        assert_eq!(
+            s.topic_name.as_deref(),
+            Some("orders"),
+            "the name stays recorded"
+        );
     }
 
     #[test]

@@ -22,6 +22,14 @@ use crate::crd::{parse_duration_ms, parse_retention_ms, NaradCluster};
 /// Annotation on the pod template carrying a hash of the rendered config, so a config change
 /// is a template change (and so a rolling restart).
 pub const CONFIG_HASH_ANNOTATION: &str = "narad.io/config-hash";
+/// Annotation on a NaradCluster asking for a rolling restart of its broker pods: whenever its
+/// value changes (any string; `kubectl rollout restart` style timestamps do), the pods are
+/// replaced through the same gated rollout as an upgrade. Removing it changes nothing.
+pub const RESTART_ANNOTATION: &str = "narad.io/restart";
+/// Annotation on the pod template carrying the value of [`RESTART_ANNOTATION`], so a new
+/// value is a template change (a new StatefulSet revision, rolled pod by pod by the
+/// operator, since the StatefulSet updates `OnDelete`).
+pub const RESTARTED_AT_ANNOTATION: &str = "narad.io/restartedAt";
 /// Name of the data volume claim template (PVCs are `data-<pod>`).
 pub const DATA_VOLUME: &str = "data";
 
@@ -73,6 +81,28 @@ pub struct StatefulSetOptions {
     /// Replicas to apply instead of `spec.replicas`: during a scale-in the StatefulSet
     /// shrinks one drained ordinal at a time.
     pub replicas: Option<i32>,
+    /// The pod template's [`RESTARTED_AT_ANNOTATION`] ([`restarted_at`]).
+    pub restarted_at: Option<String>,
+}
+
+/// The restart value the pod template carries: the NaradCluster's [`RESTART_ANNOTATION`],
+/// else the value the current StatefulSet's template already carries, so that removing the
+/// annotation from the NaradCluster does not roll the pods again.
+pub fn restarted_at(nc: &NaradCluster, current: Option<&StatefulSet>) -> Option<String> {
+    if let Some(v) = nc
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(RESTART_ANNOTATION))
+    {
+        return Some(v.clone());
+    }
+    current
+        .and_then(|s| s.spec.as_ref())
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(RESTARTED_AT_ANNOTATION))
+        .cloned()
 }
 
 impl Default for StatefulSetOptions {
@@ -81,6 +111,7 @@ impl Default for StatefulSetOptions {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.into(),
             claim_size: None,
             replicas: None,
+            restarted_at: None,
         }
     }
 }
@@ -277,6 +308,9 @@ pub fn statefulset(nc: &NaradCluster, opts: &StatefulSetOptions) -> Result<State
         let hash = Sha256::digest(c.as_bytes());
         let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
         annotations.insert(CONFIG_HASH_ANNOTATION.into(), hex);
+    }
+    if let Some(v) = &opts.restarted_at {
+        annotations.insert(RESTARTED_AT_ANNOTATION.into(), v.clone());
     }
     // As the chart: Prometheus scrapes the metrics listener (plain HTTP, no credentials).
     if let Some(p) = s.metrics_port {
@@ -962,6 +996,69 @@ mod tests {
         assert_ne!(
             h1,
             t2.metadata.unwrap().annotations.unwrap()[CONFIG_HASH_ANNOTATION]
+        );
+    }
+
+    fn template_annotations(sts: &StatefulSet) -> BTreeMap<String, String> {
+        sts.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .clone()
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_restart_annotation_reaches_the_pod_template_and_stays() {
+        let with = |v: Option<&str>| {
+            let mut nc = cluster(json!({"version": "1"}));
+            if let Some(v) = v {
+                nc.metadata.annotations =
+                    Some(BTreeMap::from([(RESTART_ANNOTATION.into(), v.into())]));
+            }
+            nc
+        };
+        let build = |nc: &NaradCluster, current: Option<&StatefulSet>| {
+            let opts = StatefulSetOptions {
+                restarted_at: restarted_at(nc, current),
+                ..Default::default()
+            };
+            statefulset(nc, &opts).unwrap()
+        };
+        // Never restarted: no annotation on the template.
+        let plain = build(&with(None), None);
+        assert!(!template_annotations(&plain).contains_key(RESTARTED_AT_ANNOTATION));
+        // A value: carried into the template, so a template (revision) change.
+        let first = build(&with(Some("2026-12-06T09:00:00Z")), Some(&plain));
+        assert_eq!(
+            template_annotations(&first)[RESTARTED_AT_ANNOTATION],
+            "2026-12-06T09:00:00Z"
+        );
+        assert_ne!(
+            first.spec.as_ref().unwrap().template,
+            plain.spec.as_ref().unwrap().template
+        );
+        // The same value again: the same template, nothing rolls.
+        let again = build(&with(Some("2026-12-06T09:00:00Z")), Some(&first));
+        assert_eq!(
+            again.spec.as_ref().unwrap().template,
+            first.spec.as_ref().unwrap().template
+        );
+        // A new value: a new template.
+        let second = build(&with(Some("later")), Some(&first));
+        assert_eq!(
+            template_annotations(&second)[RESTARTED_AT_ANNOTATION],
+            "later"
+        );
+        // The annotation removed: the template keeps the last value (no rollout).
+        let removed = build(&with(None), Some(&second));
+        assert_eq!(
+            removed.spec.as_ref().unwrap().template,
+            second.spec.as_ref().unwrap().template
         );
     }
 
