@@ -37,9 +37,11 @@
   }
   function fill(el, ...kids) { el.replaceChildren(...kids.flat(Infinity).filter((k) => k != null)); }
 
+  let flashedAt = 0;
   function flash(message, kind) {
     flashBox.className = kind || 'ok';
     flashBox.textContent = message;
+    flashedAt = Date.now();
   }
   const fail = (e) => flash(e.status ? `${e.status}: ${e.message}` : String(e.message || e), 'error');
 
@@ -106,6 +108,8 @@
   function route() {
     clearInterval(timer);
     page++;
+    // A message outlives the navigation that its own action started (create → the new topic).
+    if (Date.now() - flashedAt > 1000) flashBox.replaceChildren();
     const parts = (location.hash.slice(1) || '/').split('/').filter(Boolean).map(decodeURIComponent);
     const tab = parts[0] || 'cluster';
     for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.id === 'nav-' + tab);
