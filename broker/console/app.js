@@ -37,11 +37,12 @@
   }
   function fill(el, ...kids) { el.replaceChildren(...kids.flat(Infinity).filter((k) => k != null)); }
 
-  let flashedAt = 0;
-  function flash(message, kind) {
+  // A message is cleared by the next navigation, unless its own action navigates (`keep`).
+  let keepFlash = false;
+  function flash(message, kind, keep) {
     flashBox.className = kind || 'ok';
     flashBox.textContent = message;
-    flashedAt = Date.now();
+    keepFlash = Boolean(keep);
   }
   const fail = (e) => flash(e.status ? `${e.status}: ${e.message}` : String(e.message || e), 'error');
 
@@ -108,8 +109,8 @@
   function route() {
     clearInterval(timer);
     page++;
-    // A message outlives the navigation that its own action started (create → the new topic).
-    if (Date.now() - flashedAt > 1000) flashBox.replaceChildren();
+    if (!keepFlash) flashBox.replaceChildren();
+    keepFlash = false;
     const parts = (location.hash.slice(1) || '/').split('/').filter(Boolean).map(decodeURIComponent);
     const tab = parts[0] || 'cluster';
     for (const a of document.querySelectorAll('nav a')) a.classList.toggle('active', a.id === 'nav-' + tab);
@@ -171,7 +172,7 @@
       if (parent.value.trim()) body.parent = parent.value.trim();
       try {
         const r = await api('POST', '/v1/topics', body);
-        flash(`Created topic ${r.data.name} (${r.data.partitions} partitions).`);
+        flash(`Created topic ${r.data.name} (${r.data.partitions} partitions).`, 'ok', true);
         location.hash = topicHref(r.data.name);
       } catch (e) { fail(e); }
     } },
@@ -303,7 +304,7 @@
       }
       try {
         await api('DELETE', topicPath(name));
-        flash(`Deleted topic ${name}.`);
+        flash(`Deleted topic ${name}.`, 'ok', true);
         location.hash = '#/topics';
       } catch (e) { fail(e); }
     } }, 'Delete topic');

@@ -314,11 +314,12 @@ async fn drive(b: &Browser, ui: &str, api: &Http, mode: &str, topic: &str) {
     assert!(refused.contains("partitions"), "{refused}");
     no_console_errors(b, "refused alter", &["status of 400"]).await;
 
-    // Users and grants.
+    // Users and grants; the refusal's message goes with the navigation.
     b.click("#nav-users").await.unwrap();
     b.wait_text("#user-list", UI_WAIT, |t| !t.is_empty())
         .await
         .unwrap();
+    assert_eq!(b.text("#flash").await.unwrap(), "");
     no_console_errors(b, "users page", &[]).await;
     shot("users").await;
 }
