@@ -209,6 +209,9 @@ pub struct HttpConfig {
     /// 64 MiB): batch-produce bytes (received plus decoded) this node holds at once; a batch
     /// beyond it is `503` with `Retry-After: 1`, nothing stored.
     pub max_batch_bytes_in_flight: u64,
+    /// `http.console_enabled` / `NARAD_HTTP_CONSOLE_ENABLED` (ext, default true): serve the
+    /// web console at `/ui` (behind the API's authentication); false leaves `/ui` unrouted.
+    pub console_enabled: bool,
 }
 
 impl HttpConfig {
@@ -336,6 +339,7 @@ impl Default for Config {
                 metrics_addr: None,
                 advertise_addr: None,
                 max_batch_bytes_in_flight: 64 * 1024 * 1024,
+                console_enabled: true,
             },
             cluster: ClusterConfig {
                 node_id: String::new(),
@@ -477,6 +481,7 @@ mod file {
         pub metrics_addr: Option<String>,
         pub advertise_addr: Option<String>,
         pub max_batch_bytes_in_flight: Option<u64>,
+        pub console_enabled: Option<bool>,
     }
     #[derive(Debug, Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -707,6 +712,9 @@ impl Config {
             if let Some(v) = h.max_batch_bytes_in_flight {
                 self.http.max_batch_bytes_in_flight = v;
             }
+            if let Some(v) = h.console_enabled {
+                self.http.console_enabled = v;
+            }
             for (key, v, slot) in [
                 (
                     "http.read_timeout",
@@ -864,6 +872,9 @@ impl Config {
         if let Some(v) = get("NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT") {
             self.http.max_batch_bytes_in_flight =
                 parse_num("NARAD_HTTP_MAX_BATCH_BYTES_IN_FLIGHT", &v)?;
+        }
+        if let Some(v) = get("NARAD_HTTP_CONSOLE_ENABLED") {
+            self.http.console_enabled = parse_bool("NARAD_HTTP_CONSOLE_ENABLED", &v)?;
         }
         for (key, slot) in [
             ("NARAD_HTTP_READ_TIMEOUT", &mut self.http.read_timeout),
@@ -1297,6 +1308,38 @@ mod tests {
                 "{name} is set for the broker by the chart or the operator, but the broker never reads it"
             );
         }
+    }
+
+    #[test]
+    fn console_enabled_from_file_and_env() {
+        assert!(
+            load(ServerArgs::default(), &[])
+                .unwrap()
+                .http
+                .console_enabled
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.json");
+        std::fs::write(&f, r#"{"http":{"console_enabled":false}}"#).unwrap();
+        let args = ServerArgs {
+            config: Some(f),
+            ..Default::default()
+        };
+        assert!(!load(args.clone(), &[]).unwrap().http.console_enabled);
+        let c = load(args, &[("NARAD_HTTP_CONSOLE_ENABLED", "true")]).unwrap();
+        assert!(c.http.console_enabled);
+        let c = load(
+            ServerArgs::default(),
+            &[("NARAD_HTTP_CONSOLE_ENABLED", "false")],
+        )
+        .unwrap();
+        assert!(!c.http.console_enabled);
+        let e = load(
+            ServerArgs::default(),
+            &[("NARAD_HTTP_CONSOLE_ENABLED", "maybe")],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("NARAD_HTTP_CONSOLE_ENABLED"), "{e}");
     }
 
     #[test]

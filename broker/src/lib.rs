@@ -7,6 +7,8 @@
 //! - `housekeeping`: frontier persistence, retention, idle-log eviction, metadata apply.
 //! - `api` (HTTP) and `node_rpc` (the cluster port's server side): the two adapters. They
 //!   parse, authorize, call a service and render; they own no state.
+//! - `console`: the web console at `/ui` (ext), static files embedded from `console/` whose
+//!   script calls `/v1`; it owns no state.
 //! - `app`: `App`, the handles to the services both adapters are given.
 //! - `queries`: topic statistics from every owner, children's lag, remote links' state,
 //!   waiting for the members to apply a topic change.
@@ -61,6 +63,7 @@ pub mod children;
 pub mod clock;
 pub mod cluster;
 pub mod config;
+pub mod console;
 pub mod dedup;
 pub mod delayed;
 pub mod delivery;

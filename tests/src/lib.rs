@@ -4,6 +4,9 @@
 //! Module map (what each owns):
 //! - [`auth_matrix`]: the authorization matrix (every route × every kind of caller, with the
 //!   exact status), its users and topics, shared by the one-node and the cluster test.
+//! - [`browser`]: a headless Chromium under chromedriver (WebDriver over HTTP) for the
+//!   console tests: find, click, type, wait on the DOM, console log, screenshots; skipped
+//!   where the browser is missing unless `NARAD_REQUIRE_CHROMIUM=1`.
 //! - [`server`]: one `narad server start --dev` process (or a secured one,
 //!   [`ServerOpts::secured`]) — binary lookup, port choice, temp data dir, log file,
 //!   start/kill -9/SIGTERM/restart; printing the log tail on failure.
@@ -31,6 +34,7 @@
 
 pub mod api;
 pub mod auth_matrix;
+pub mod browser;
 pub mod certs;
 pub mod checks;
 pub mod cluster_port;

@@ -61,7 +61,7 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     } else {
         routes.route("/metrics", get(system::metrics))
     };
-    routes
+    crate::console::mount(routes, &app)
         .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             app.clone(),
