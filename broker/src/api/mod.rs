@@ -261,13 +261,16 @@ async fn not_found() -> ApiError {
 }
 
 /// The `route` label of a request: its route's template (as the OpenAPI document lists it),
-/// or `unmatched`.
+/// `/ui` for the console, or `unmatched`.
 fn route_label(path: Option<&MatchedPath>) -> &'static str {
     static ROUTES: std::sync::OnceLock<std::collections::HashSet<String>> =
         std::sync::OnceLock::new();
     let routes = ROUTES.get_or_init(|| openapi::build().paths.paths.into_keys().collect());
-    path.and_then(|p| routes.get(p.as_str()))
-        .map_or("unmatched", String::as_str)
+    match path.map(MatchedPath::as_str) {
+        Some(p) if p.starts_with("/ui") => "/ui",
+        Some(p) => routes.get(p).map_or("unmatched", String::as_str),
+        None => "unmatched",
+    }
 }
 
 fn method_label(m: &Method) -> &'static str {
