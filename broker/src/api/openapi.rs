@@ -248,8 +248,9 @@ shared_response!(
 );
 shared_response!(
     MaybeApplied,
-    "The outcome is unknown (an answer lost on the way, a metadata write not confirmed in \
-     time): the change may still be applied."
+    "The outcome is unknown (an answer lost on the way from the node that acted, a metadata \
+     write not confirmed in time): the change may still be applied, a forwarded consume may \
+     have leased a message (it comes back when the lease expires)."
 );
 shared_response!(
     Unavailable,
@@ -260,7 +261,8 @@ shared_response!(
 
 /// Adds what every `/v1` operation shares: HTTP Basic security, and the answers any of them
 /// can give (as references to `components.responses`) where the operation does not declare
-/// them itself. Writes (POST, PUT, PATCH, DELETE) add `408` and `502`.
+/// them itself; `502` too, since any request may be forwarded to another node and its answer
+/// lost (a forwarded consume may have leased). Writes (POST, PUT, PATCH, DELETE) add `408`.
 struct CommonAnswers;
 
 impl CommonAnswers {
@@ -309,10 +311,11 @@ impl Modify for CommonAnswers {
                 ("429", "Throttled"),
                 ("500", "Internal"),
                 ("501", "CodingNotImplemented"),
+                ("502", "MaybeApplied"),
                 ("503", "Unavailable"),
             ];
             if write {
-                common.extend([("408", "BodyTimeout"), ("502", "MaybeApplied")]);
+                common.push(("408", "BodyTimeout"));
             }
             for (status, name) in common {
                 op.responses
