@@ -263,12 +263,12 @@ async fn not_found() -> ApiError {
 /// The `route` label of a request: its route's template (as the OpenAPI document lists it),
 /// `/ui` for the console, or `unmatched`.
 fn route_label(path: Option<&MatchedPath>) -> &'static str {
-    static ROUTES: std::sync::OnceLock<std::collections::HashSet<String>> =
-        std::sync::OnceLock::new();
-    let routes = ROUTES.get_or_init(|| openapi::build().paths.paths.into_keys().collect());
+    let routes = &openapi::model().paths.paths;
     match path.map(MatchedPath::as_str) {
         Some(p) if p.starts_with("/ui") => "/ui",
-        Some(p) => routes.get(p).map_or("unmatched", String::as_str),
+        Some(p) => routes
+            .get_key_value(p)
+            .map_or("unmatched", |(k, _)| k.as_str()),
         None => "unmatched",
     }
 }

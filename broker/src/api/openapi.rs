@@ -11,8 +11,8 @@
 
 use std::sync::OnceLock;
 
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use utoipa::openapi::path::{HttpMethod, Operation};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
@@ -114,12 +114,15 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .routes(routes!(document))
 }
 
-/// The whole document: [`routes`]' operations plus `/metrics`.
-pub fn build() -> utoipa::openapi::OpenApi {
-    let mut doc = routes().split_for_parts().1;
-    doc.merge(MetricsDoc::openapi());
-    CommonAnswers.modify(&mut doc);
-    doc
+/// The whole document, built once: [`routes`]' operations plus `/metrics`.
+pub fn model() -> &'static utoipa::openapi::OpenApi {
+    static DOC: OnceLock<utoipa::openapi::OpenApi> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = routes().split_for_parts().1;
+        doc.merge(MetricsDoc::openapi());
+        CommonAnswers.modify(&mut doc);
+        doc
+    })
 }
 
 #[derive(OpenApi)]
@@ -130,7 +133,7 @@ struct MetricsDoc;
 pub fn json() -> &'static str {
     static JSON: OnceLock<String> = OnceLock::new();
     JSON.get_or_init(|| {
-        let mut s = build()
+        let mut s = model()
             .to_pretty_json()
             .expect("the OpenAPI document serializes");
         s.push('\n');
@@ -148,12 +151,7 @@ pub fn json() -> &'static str {
     responses((status = 200, description = "The OpenAPI 3.1 document of this API.", content_type = "application/json")),
 )]
 pub async fn document() -> Response {
-    let mut r = (StatusCode::OK, json()).into_response();
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    super::json_response(StatusCode::OK, json().as_bytes().to_vec())
 }
 
 fn error_response(description: &str) -> utoipa::openapi::response::Response {
