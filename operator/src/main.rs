@@ -154,10 +154,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .or_else(hostname_or_none)
         .unwrap_or_else(|| format!("narad-operator-{}", std::process::id()));
     let mut ctx = Context::new(client.clone());
-    ctx.recorder = kube::runtime::events::Recorder::new(
-        client.clone(),
-        narad_operator::reconcile::reporter(Some(identity.clone())),
-    );
+    ctx.reporter = narad_operator::reconcile::reporter(Some(identity.clone()));
     ctx.allow_external_endpoints = args.allow_external_endpoints;
     if args.allow_external_endpoints {
         tracing::warn!("external endpoints allowed: NaradClusters with spec.allowExternalEndpoint choose where their admin credentials go");

@@ -11,7 +11,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{apply, client, eventually, install_crds, secret};
+use common::{apply, client, eventually, expect_event, install_crds, secret};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret, Service};
 use kube::api::{
@@ -226,6 +226,68 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     assert_eq!(st.initial_cluster_size, Some(3));
     assert!(st.leader.is_some(), "{st:?}");
 
+    // --- Events (`kubectl describe nc prod`): every object created, and a change made to
+    // one behind the operator's back set back (the client Service's port here).
+    let prod_ref = ("NaradCluster", "prod");
+    for what in [
+        "Service prod-narad-headless",
+        "Service prod-narad",
+        "ServiceAccount prod-narad",
+        "PodDisruptionBudget prod-narad",
+        "StatefulSet prod-narad",
+    ] {
+        let note = format!("created {what}");
+        eventually(&format!("Event Created: {note}"), || async {
+            common::events(&c, &ns, prod_ref.0, prod_ref.1)
+                .await
+                .iter()
+                .any(|(t, r, n)| (t.as_str(), r.as_str(), n) == ("Normal", "Created", &note))
+                .then_some(())
+        })
+        .await;
+    }
+    let patch_service = |body: serde_json::Value| {
+        let svcs = svcs.clone();
+        async move {
+            svcs.patch("prod-narad", &PatchParams::default(), &Patch::Merge(body))
+                .await
+                .unwrap();
+        }
+    };
+    let selector = |svc: Service| svc.spec?.selector?.get("app.kubernetes.io/name").cloned();
+    patch_service(json!({"spec": {"selector": {"app.kubernetes.io/name": "drifted"}}})).await;
+    eventually("the client Service's selector set back", || async {
+        (selector(svcs.get("prod-narad").await.ok()?)?.as_str() == "narad").then_some(())
+    })
+    .await;
+    expect_event(
+        &c,
+        &ns,
+        prod_ref,
+        "Normal",
+        "DriftCorrected",
+        "Service prod-narad had been changed outside the operator",
+    )
+    .await;
+    // An edit that makes the operator's own version invalid (a second port named `api`):
+    // the API server's refusal is a Warning Event, until the edit is undone.
+    patch_service(json!({"spec": {"ports": [
+        {"name": "api", "port": 9999, "targetPort": 9999, "protocol": "TCP"}]}}))
+    .await;
+    expect_event(
+        &c,
+        &ns,
+        prod_ref,
+        "Warning",
+        "ReconcileFailed",
+        "Duplicate value",
+    )
+    .await;
+    patch_service(json!({"spec": {"ports": [
+        {"name": "api", "port": narad_operator::resources::API_PORT, "targetPort": "api",
+         "protocol": "TCP"}]}}))
+    .await;
+
     // --- storage.size growth reaches the claims (the claim template is immutable). The
     // StatefulSet controller creates the claims; the test provisions a volume for each
     // (pre-bound, so the binder binds them), as a real provisioner would.
@@ -296,6 +358,7 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (reason(&n.status?.conditions, cond::READY) == "Invalid").then_some(())
     })
     .await;
+    expect_event(&c, &ns, prod_ref, "Warning", "Invalid", "storage").await;
     assert!(pvcs
         .list(&Default::default())
         .await
@@ -470,6 +533,16 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
     .await;
     let rec = admin.get_topic("orders", None).await.unwrap();
     assert_eq!((rec.partitions, rec.retention_ms), (3, 7_200_000));
+    let orders_ref = ("Topic", "orders");
+    expect_event(
+        &c,
+        &ns,
+        orders_ref,
+        "Normal",
+        "Created",
+        "created topic orders",
+    )
+    .await;
     apply(&topics, "orders", json!({"apiVersion": "narad.io/v1alpha1", "kind": "Topic",
         "metadata": {"name": "orders"}, "spec": {"clusterRef": {"name": "prod"}, "partitions": 6, "retention": "2h",
             "retryBackoff": {"min": "1s", "max": "1m"}}})).await;
@@ -504,6 +577,24 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .filter(|r| r.retention_ms == 7_200_000)
             .map(drop)
     })
+    .await;
+    expect_event(
+        &c,
+        &ns,
+        orders_ref,
+        "Normal",
+        "Updated",
+        "partitions, retryBackoff",
+    )
+    .await;
+    expect_event(
+        &c,
+        &ns,
+        orders_ref,
+        "Normal",
+        "DriftCorrected",
+        "set back to the spec: retention",
+    )
     .await;
     // A dead-letter topic, then the setting that names it.
     apply(
@@ -804,6 +895,15 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         .then_some(())
     })
     .await;
+    expect_event(
+        &c,
+        &ns,
+        ("User", "billing"),
+        "Normal",
+        "Created",
+        "created user billing",
+    )
+    .await;
     let billing =
         narad_api::Client::new(&broker.url(), Some(("billing".into(), "pw-1".into()))).unwrap();
     billing
@@ -830,6 +930,23 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .ok()
             .filter(|u| u.grants.len() == 2)
             .map(drop)
+    })
+    .await;
+    // Whichever reconciler repaired it (the User's or a Grant's) said so.
+    eventually("an Event for the grant repair", || async {
+        let mut n = 0;
+        for obj in [
+            ("User", "billing"),
+            ("Grant", "billing-produce"),
+            ("Grant", "billing-consume"),
+        ] {
+            n += common::events(&c, &ns, obj.0, obj.1)
+                .await
+                .iter()
+                .filter(|(_, r, note)| r == "GrantsSet" && note.contains("audit-*"))
+                .count();
+        }
+        (n > 0).then_some(())
     })
     .await;
     // spec.quotas reaches the broker, and its drift is repaired.
@@ -998,6 +1115,15 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
         (reason(&t.status?.conditions, cond::READY) == "NotEmpty").then_some(())
     })
     .await;
+    expect_event(
+        &c,
+        &ns,
+        ("Topic", "drained"),
+        "Warning",
+        "NotEmpty",
+        "1 messages waiting",
+    )
+    .await;
     assert!(
         admin.get_topic("drained", None).await.is_ok(),
         "kept while not empty"
@@ -1020,6 +1146,15 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             && admin.get_topic("drained", None).await.err()?.status() == Some(404))
         .then_some(())
     })
+    .await;
+    expect_event(
+        &c,
+        &ns,
+        ("Topic", "drained"),
+        "Normal",
+        "Deleted",
+        "deleted topic drained",
+    )
     .await;
     users
         .delete("billing", &DeleteParams::default())

@@ -288,17 +288,9 @@ pub fn cluster_status(
         gen,
         now,
     );
+    // The spec was accepted and applied (a refusal or a pause sets it False).
+    set_condition(c, cond::SYNCED, true, "Synced", "", gen, now);
     s
-}
-
-/// A Kubernetes Event to publish about the NaradCluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
-    /// `Rollout` or `Scale`.
-    pub action: &'static str,
 }
 
 /// The Events of a pass: every action (a pod replaced, a decommission started) and every
@@ -313,7 +305,7 @@ pub fn notices(prev: &NaradClusterStatus, o: &Observed) -> Vec<Notice> {
         if prev_reason(cond::UPGRADING) != Some("Stalled") {
             out.push(Notice {
                 warning: true,
-                reason: "Stalled",
+                reason: "Stalled".into(),
                 message: m.clone(),
                 action: "Rollout",
             });
@@ -322,7 +314,7 @@ pub fn notices(prev: &NaradClusterStatus, o: &Observed) -> Vec<Notice> {
         if ACTION_REASONS.contains(&w.reason) || prev_reason(cond::UPGRADING) != Some(w.reason) {
             out.push(Notice {
                 warning: false,
-                reason: w.reason,
+                reason: w.reason.into(),
                 message: w.message.clone(),
                 action: "Rollout",
             });
@@ -332,7 +324,7 @@ pub fn notices(prev: &NaradClusterStatus, o: &Observed) -> Vec<Notice> {
         if ACTION_REASONS.contains(&w.reason) || prev_reason(cond::PROGRESSING) != Some(w.reason) {
             out.push(Notice {
                 warning: false,
-                reason: w.reason,
+                reason: w.reason.into(),
                 message: w.message.clone(),
                 action: "Scale",
             });
@@ -729,7 +721,7 @@ pub async fn reconcile(nc: Arc<NaradCluster>, ctx: Arc<Context>) -> Result<Actio
     let api: Api<NaradCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*nc);
     if paused(&*nc) {
-        return hold_paused(&api, &*nc, nc.status.as_ref()).await;
+        return hold_paused(&ctx, &api, &*nc).await;
     }
     let r = finalizer(&api, FINALIZER, nc, |event| async {
         match event {
@@ -745,21 +737,98 @@ pub async fn reconcile(nc: Arc<NaradCluster>, ctx: Arc<Context>) -> Result<Actio
     r
 }
 
-async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<()>
+/// What a server-side apply changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Changed,
+    Unchanged,
+}
+
+/// Applies `obj` server-side as this operator's field manager and says what that changed:
+/// the object is read first and compared with the result ([`applied`]).
+async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<Applied>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    api.patch(
-        &obj.name_any(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await?;
+    let name = obj.name_any();
+    let before = api.get_opt(&name).await?;
+    let after = api
+        .patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(obj),
+        )
+        .await?;
+    Ok(applied(before.as_ref(), &after))
+}
+
+/// `Created` without a `before`; otherwise whether the object differs, leaving out what the
+/// server maintains by itself (`status`, `resourceVersion`, `generation`, `managedFields`).
+pub fn applied<K: serde::Serialize>(before: Option<&K>, after: &K) -> Applied {
+    fn content<K: serde::Serialize>(o: &K) -> serde_json::Value {
+        let mut v = serde_json::to_value(o).unwrap_or_default();
+        if let Some(m) = v.as_object_mut() {
+            m.remove("status");
+            if let Some(meta) = m.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                for k in ["resourceVersion", "generation", "managedFields"] {
+                    meta.remove(k);
+                }
+            }
+        }
+        v
+    }
+    match before {
+        None => Applied::Created,
+        Some(b) if content(b) != content(after) => Applied::Changed,
+        Some(_) => Applied::Unchanged,
+    }
+}
+
+/// The Event of an applied child object `what` (e.g. `StatefulSet narad-prod`), if it
+/// changed: `Created`, `Updated` after a spec change, `DriftCorrected` otherwise.
+pub fn applied_notice(nc: &NaradCluster, applied: Applied, what: &str) -> Option<Notice> {
+    let observed = nc.status.as_ref().and_then(|s| s.observed_generation);
+    match applied {
+        Applied::Unchanged => None,
+        Applied::Created => Some(Notice::normal(
+            "Created",
+            "Create",
+            format!("created {what}"),
+        )),
+        Applied::Changed => {
+            let reason = change_reason(nc.metadata.generation, observed);
+            let message = if reason == "Updated" {
+                format!("applied the changed spec to {what}")
+            } else {
+                format!("{what} had been changed outside the operator; the spec was reapplied")
+            };
+            Some(Notice::normal(reason, "Update", message))
+        }
+    }
+}
+
+/// Applies `obj`, a `kind`, ([`ssa`]) and announces what changed ([`applied_notice`]).
+async fn apply_child<K>(
+    ctx: &Context,
+    nc: &NaradCluster,
+    api: &Api<K>,
+    kind: &str,
+    obj: &K,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let what = format!("{kind} {}", obj.name_any());
+    if let Some(n) = applied_notice(nc, ssa(api, obj).await?, &what) {
+        ctx.publish(nc, &n).await;
+    }
     Ok(())
 }
 
 /// Writes `Ready=False` with `reason` and `msg`, changing nothing else: the spec is refused.
 async fn refuse(
+    ctx: &Context,
     api: &Api<NaradCluster>,
     nc: &NaradCluster,
     prev: &NaradClusterStatus,
@@ -767,29 +836,26 @@ async fn refuse(
     msg: &str,
 ) -> Result<()> {
     let mut s = prev.clone();
-    set_condition(
+    set_ready_synced(
         &mut s.conditions,
-        cond::READY,
-        false,
-        reason,
-        msg,
+        (false, reason, msg),
+        (false, reason, msg),
         nc.metadata.generation,
-        &now(),
     );
-    patch_status(api, nc, &s).await
+    write_status(ctx, api, nc, &s).await
 }
 
 async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Result<Action> {
     let ns = nc.namespace().unwrap_or_else(|| "default".into());
     let prev = nc.status.clone().unwrap_or_default();
     if let Err(msg) = check_cluster(&nc.spec, Some(&prev)) {
-        refuse(api, nc, &prev, "Invalid", &msg).await?;
+        refuse(ctx, api, nc, &prev, "Invalid", &msg).await?;
         return Err(Error::Invalid(msg));
     }
     // Nothing is read for, applied for or sent to an endpoint the operator may not use.
     if let Err(msg) = nc.check_endpoint(ctx.cluster_domain.as_deref(), ctx.allow_external_endpoints)
     {
-        refuse(api, nc, &prev, "EndpointNotAllowed", &msg).await?;
+        refuse(ctx, api, nc, &prev, "EndpointNotAllowed", &msg).await?;
         return Err(Error::Invalid(msg));
     }
     let c = &ctx.client;
@@ -797,19 +863,19 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     // The Secrets the pods mount, only those the rules of `secrets` allow; the security
     // Secret first, since the pods read it at start.
     if let Err(r) = secrets::check_tls_secret(ctx, nc).await? {
-        refuse(api, nc, &prev, r.reason, &r.message).await?;
+        refuse(ctx, api, nc, &prev, r.reason, &r.message).await?;
         return Err(Error::Waiting(r.message));
     }
     // The API-TLS Secret is mounted too, and its ca.crt is what the operator trusts when it
     // calls the brokers: one that is missing or unusable stops here, with its reason.
     if let Some(Err(r)) = secrets::api_tls_secret(ctx, nc).await? {
-        refuse(api, nc, &prev, r.reason, &r.message).await?;
+        refuse(ctx, api, nc, &prev, r.reason, &r.message).await?;
         return Err(Error::Waiting(r.message));
     }
     if nc.spec.security.enabled {
         let existing = match secrets::security_secret(ctx, nc).await? {
             Some(Err(r)) => {
-                refuse(api, nc, &prev, r.reason, &r.message).await?;
+                refuse(ctx, api, nc, &prev, r.reason, &r.message).await?;
                 return Err(Error::Waiting(r.message));
             }
             Some(Ok(s)) => Some(s),
@@ -827,6 +893,10 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
                 let user_provided = nc.spec.security.secret_ref.is_some();
                 let secret = resources::security_secret(nc, missing, user_provided);
                 api_secrets.create(&Default::default(), &secret).await?;
+                let what = format!("Secret {secret_name} with the generated credentials");
+                let n = applied_notice(nc, Applied::Created, &what);
+                ctx.publish(nc, &n.expect("invariant: a creation is announced"))
+                    .await;
             }
             // Generated keys are added; the Secret this operator created before Secrets
             // were labelled gets the label.
@@ -838,32 +908,55 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
                 api_secrets
                     .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
+                if !missing.is_empty() {
+                    let keys = missing.keys().cloned().collect::<Vec<_>>().join(", ");
+                    let n = Notice::normal(
+                        "Updated",
+                        "Update",
+                        format!("added the generated {keys} to Secret {secret_name}"),
+                    );
+                    ctx.publish(nc, &n).await;
+                }
             }
             Some(_) => {}
         }
     }
 
     if let Some(cm) = resources::configmap(nc) {
-        ssa(&Api::<ConfigMap>::namespaced(c.clone(), &ns), &cm).await?;
+        let cms = Api::<ConfigMap>::namespaced(c.clone(), &ns);
+        apply_child(ctx, nc, &cms, "ConfigMap", &cm).await?;
     }
     let services: Api<Service> = Api::namespaced(c.clone(), &ns);
-    ssa(&services, &resources::headless_service(nc)).await?;
-    ssa(&services, &resources::client_service(nc)).await?;
+    apply_child(
+        ctx,
+        nc,
+        &services,
+        "Service",
+        &resources::headless_service(nc),
+    )
+    .await?;
+    apply_child(
+        ctx,
+        nc,
+        &services,
+        "Service",
+        &resources::client_service(nc),
+    )
+    .await?;
     // Before the StatefulSet: its pods name it.
-    ssa(
-        &Api::<ServiceAccount>::namespaced(c.clone(), &ns),
+    let sas = Api::<ServiceAccount>::namespaced(c.clone(), &ns);
+    apply_child(
+        ctx,
+        nc,
+        &sas,
+        "ServiceAccount",
         &resources::service_account(nc),
     )
     .await?;
     let pdb_ar = resources::pdb_api_resource(&ctx.pdb_api_version);
     let pdbs: Api<DynamicObject> = Api::namespaced_with(c.clone(), &ns, &pdb_ar);
     let pdb = resources::pdb_dynamic(nc, &ctx.pdb_api_version);
-    pdbs.patch(
-        &nc.fullname(),
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&pdb),
-    )
-    .await?;
+    apply_child(ctx, nc, &pdbs, "PodDisruptionBudget", &pdb).await?;
 
     let stss: Api<StatefulSet> = Api::namespaced(c.clone(), &ns);
     let current = stss.get_opt(&nc.fullname()).await?;
@@ -914,7 +1007,7 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         replicas: Some(step.replicas()),
     };
     let sts = resources::statefulset(nc, &opts).map_err(Error::Invalid)?;
-    ssa(&stss, &sts).await?;
+    apply_child(ctx, nc, &stss, "StatefulSet", &sts).await?;
     let sts = stss.get(&nc.fullname()).await?;
     let st = sts.status.clone().unwrap_or_default();
     let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
@@ -970,9 +1063,7 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
     // The `scale` subresource's current count and selector.
     status.replicas = st.replicas;
     status.selector = Some(label_selector(nc));
-    if nc.status.as_ref() != Some(&status) {
-        patch_status(api, nc, &status).await?;
-    }
+    write_status(ctx, api, nc, &status).await?;
     for n in notices(&prev, &observed) {
         ctx.publish(nc, &n).await;
     }
@@ -1721,6 +1812,51 @@ mod tests {
         );
     }
 
+    #[test]
+    fn applied_children_are_announced_as_created_updated_or_drift_corrected() {
+        use k8s_openapi::api::core::v1::Service;
+        let svc = |port: i32, rv: &str| -> Service {
+            serde_json::from_value(json!({
+                "metadata": {"name": "prod-narad", "resourceVersion": rv, "managedFields": [
+                    {"manager": "narad-operator", "time": format!("2026-12-06T10:00:0{rv}Z")}]},
+                "spec": {"ports": [{"port": port}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": rv}]}}
+            }))
+            .unwrap()
+        };
+        assert_eq!(applied(None, &svc(8080, "1")), Applied::Created);
+        // Only what the server maintains moved: unchanged.
+        assert_eq!(
+            applied(Some(&svc(8080, "1")), &svc(8080, "2")),
+            Applied::Unchanged
+        );
+        assert_eq!(
+            applied(Some(&svc(9090, "1")), &svc(8080, "2")),
+            Applied::Changed
+        );
+
+        let mut nc = cluster(json!({"version": "1"}));
+        nc.metadata.generation = Some(4);
+        nc.status = Some(NaradClusterStatus {
+            observed_generation: Some(4),
+            ..Default::default()
+        });
+        assert_eq!(
+            applied_notice(&nc, Applied::Unchanged, "Service prod-narad"),
+            None
+        );
+        let n = applied_notice(&nc, Applied::Created, "Service prod-narad").unwrap();
+        assert_eq!((n.reason.as_str(), n.warning), ("Created", false));
+        assert!(n.message.contains("Service prod-narad"), "{}", n.message);
+        // The spec did not change since it was applied: someone else changed the object.
+        let n = applied_notice(&nc, Applied::Changed, "StatefulSet prod-narad").unwrap();
+        assert_eq!(n.reason, "DriftCorrected");
+        assert!(n.message.contains("outside the operator"), "{}", n.message);
+        nc.metadata.generation = Some(5);
+        let n = applied_notice(&nc, Applied::Changed, "StatefulSet prod-narad").unwrap();
+        assert_eq!(n.reason, "Updated");
+    }
+
     /// Issue 14, bug 8: every wait names the pod or member in the conditions, and becomes
     /// an Event once per reason (actions: every time).
     #[test]
@@ -1750,7 +1886,10 @@ mod tests {
         }
         let n = notices(&running(), &o);
         assert_eq!(n.len(), 1);
-        assert_eq!((n[0].reason, n[0].action), ("PodNotReady", "Rollout"));
+        assert_eq!(
+            (n[0].reason.as_str(), n[0].action),
+            ("PodNotReady", "Rollout")
+        );
         // The same wait on the next pass: no second Event.
         assert!(notices(&s, &o).is_empty());
         // A pod replaced: an Event every time.

@@ -80,13 +80,45 @@ pub async fn sync_grants(
     Ok(true)
 }
 
+/// `produce: a, b; consume: c` (or `none`), for Events.
+pub fn describe(grants: &[narad_api::Grant]) -> String {
+    if grants.is_empty() {
+        return "none".into();
+    }
+    grants
+        .iter()
+        .map(|g| match g.patterns.is_empty() {
+            true => g.action.clone(),
+            false => format!("{}: {}", g.action, g.patterns.join(", ")),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The Event of a grant change made for `g` (`removed`: while it is deleted).
+fn grants_notice(g: &Grant, username: &str, want: &[narad_api::Grant], removed: bool) -> Notice {
+    let (reason, action, verb) = match removed {
+        false => ("GrantsSet", "Update", "applied"),
+        true => ("Revoked", "Delete", "removed"),
+    };
+    Notice::normal(
+        reason,
+        action,
+        format!(
+            "Grant {} {verb}: the grants of user {username} are now {}",
+            g.name_any(),
+            describe(want)
+        ),
+    )
+}
+
 /// The controller's entry point for Grants.
 pub async fn reconcile(grant: Arc<Grant>, ctx: Arc<Context>) -> Result<Action> {
     let ns = grant.namespace().unwrap_or_else(|| "default".into());
     let api: Api<Grant> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*grant);
     if paused(&*grant) {
-        return hold_paused(&api, &*grant, grant.status.as_ref()).await;
+        return hold_paused(&ctx, &api, &*grant).await;
     }
     let r = finalizer(&api, FINALIZER, grant, |event| async {
         match event {
@@ -102,14 +134,8 @@ pub async fn reconcile(grant: Arc<Grant>, ctx: Arc<Context>) -> Result<Action> {
     r
 }
 
-async fn write(api: &Api<Grant>, g: &Grant, status: &GrantStatus) -> Result<()> {
-    if g.status.as_ref() != Some(status) {
-        patch_status(api, g, status).await?;
-    }
-    Ok(())
-}
-
 async fn not_ready(
+    ctx: &Context,
     api: &Api<Grant>,
     g: &Grant,
     mut status: GrantStatus,
@@ -123,14 +149,23 @@ async fn not_ready(
         (false, reason, &msg),
         g.metadata.generation,
     );
-    write(api, g, &status).await?;
+    write_status(ctx, api, g, &status).await?;
     Err(err)
 }
 
 async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
     let status = g.status.clone().unwrap_or_default();
     if let Err(msg) = check_grant(&g.spec) {
-        return not_ready(api, g, status, "Invalid", msg.clone(), Error::Invalid(msg)).await;
+        return not_ready(
+            ctx,
+            api,
+            g,
+            status,
+            "Invalid",
+            msg.clone(),
+            Error::Invalid(msg),
+        )
+        .await;
     }
     let ns = g.namespace().unwrap_or_else(|| "default".into());
     let users: Api<User> = Api::namespaced(ctx.client.clone(), &ns);
@@ -139,6 +174,7 @@ async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
         _ => {
             let msg = format!("User {} does not exist", g.spec.user);
             return not_ready(
+                ctx,
                 api,
                 g,
                 status,
@@ -156,6 +192,7 @@ async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
     if !user_ready {
         let msg = format!("User {} is not ready", g.spec.user);
         return not_ready(
+            ctx,
             api,
             g,
             status,
@@ -169,13 +206,26 @@ async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
         Ok(b) => b,
         Err(u) => {
             let (reason, msg) = u.condition(&g.spec.cluster_ref.name);
-            return not_ready(api, g, status, reason, msg.clone(), Error::Waiting(msg)).await;
+            return not_ready(
+                ctx,
+                api,
+                g,
+                status,
+                reason,
+                msg.clone(),
+                Error::Waiting(msg),
+            )
+            .await;
         }
     };
     let all = list_grants(&ctx.client, &ns).await?;
     let want = union_grants(&g.spec.user, &g.spec.cluster_ref.name, &all);
     match sync_grants(&broker.client, &user.username(), &want).await {
-        Ok(_) => {
+        Ok(changed) => {
+            if changed {
+                let n = grants_notice(g, &user.username(), &want, false);
+                ctx.publish(g, &n).await;
+            }
             let mut status = status;
             status.observed_generation = g.metadata.generation;
             set_ready_synced(
@@ -184,12 +234,12 @@ async fn apply(api: &Api<Grant>, g: &Grant, ctx: &Context) -> Result<Action> {
                 (true, "Synced", ""),
                 g.metadata.generation,
             );
-            write(api, g, &status).await?;
+            write_status(ctx, api, g, &status).await?;
             Ok(Action::requeue(ctx.resync))
         }
         Err(e) => {
             let reason = broker_reason(&e, "UserNotFound");
-            not_ready(api, g, status, reason, e.to_string(), Error::Broker(e)).await
+            not_ready(ctx, api, g, status, reason, e.to_string(), Error::Broker(e)).await
         }
     }
 }
@@ -208,7 +258,13 @@ async fn cleanup(g: &Grant, ctx: &Context) -> Result<Action> {
     let all = list_grants(&ctx.client, &ns).await?;
     let want = union_grants(&g.spec.user, &g.spec.cluster_ref.name, &all);
     match sync_grants(&broker.client, &user.username(), &want).await {
-        Ok(_) => Ok(Action::await_change()),
+        Ok(changed) => {
+            if changed {
+                let n = grants_notice(g, &user.username(), &want, true);
+                ctx.publish(g, &n).await;
+            }
+            Ok(Action::await_change())
+        }
         Err(e) if e.status() == Some(404) => Ok(Action::await_change()),
         Err(e) => Err(e.into()),
     }

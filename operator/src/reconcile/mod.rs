@@ -78,12 +78,14 @@ pub struct Context {
     /// point the operator at an endpoint other than its own client Service, whatever its
     /// spec says (set by whoever installs the operator: `--allow-external-endpoints`).
     pub allow_external_endpoints: bool,
-    /// Publishes the Kubernetes Events of the reconcilers (`kubectl describe`).
-    pub recorder: kube::runtime::events::Recorder,
+    /// Who publishes the reconcilers' Kubernetes Events (`kubectl describe`).
+    pub reporter: kube::runtime::events::Reporter,
     /// The operator's metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Consecutive failures per object, for the retry backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// The Kubernetes API failure last announced per object (see [`error_policy`]).
+    reported: Mutex<HashMap<String, String>>,
 }
 
 impl Context {
@@ -97,9 +99,10 @@ impl Context {
             wait_retry: Duration::from_secs(5),
             pdb_api_version: "policy/v1".into(),
             allow_external_endpoints: false,
-            recorder: kube::runtime::events::Recorder::new(client.clone(), reporter(None)),
+            reporter: reporter(None),
             metrics: Arc::new(crate::metrics::Metrics::new()),
             failures: Mutex::new(HashMap::new()),
+            reported: Mutex::new(HashMap::new()),
         }
     }
 
@@ -111,8 +114,16 @@ impl Context {
         backoff_for(*n)
     }
 
-    /// Publishes `n` as an Event of `nc`; a failure is logged, never fails the reconcile.
-    pub async fn publish(&self, nc: &NaradCluster, n: &cluster::Notice) {
+    /// Publishes `n` as an Event of `obj`; a failure is logged, never fails the reconcile.
+    /// Each is an Event object of its own: the reconcilers publish only actions and changes
+    /// of a condition, never the same wait on every pass, and a recorder that outlives one
+    /// call would fold Events of the same reason within six minutes into a series that
+    /// keeps the first one's note (the pods of a rollout, the objects created, two different
+    /// refusals would all read as the first).
+    pub async fn publish<K>(&self, obj: &K, n: &Notice)
+    where
+        K: Resource<DynamicType = ()>,
+    {
         use kube::runtime::events::{Event, EventType};
         let ev = Event {
             type_: if n.warning {
@@ -120,13 +131,15 @@ impl Context {
             } else {
                 EventType::Normal
             },
-            reason: n.reason.to_string(),
+            reason: n.reason.clone(),
             note: Some(n.message.chars().take(1000).collect()),
             action: n.action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &nc.object_ref(&())).await {
-            tracing::warn!(object = %object_key(nc), reason = n.reason, error = %e, "could not publish an event");
+        let recorder =
+            kube::runtime::events::Recorder::new(self.client.clone(), self.reporter.clone());
+        if let Err(e) = recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(object = %object_key(obj), reason = %n.reason, error = %e, "could not publish an event");
         }
     }
 
@@ -136,6 +149,82 @@ impl Context {
             .lock()
             .expect("invariant: lock not poisoned")
             .remove(key);
+        self.reported
+            .lock()
+            .expect("invariant: lock not poisoned")
+            .remove(key);
+    }
+}
+
+/// A Kubernetes Event to publish about a resource (`kubectl describe` shows it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+    /// What the operator did or tried: `Create`, `Update`, `Delete`, `Reconcile`,
+    /// `Rollout`, `Scale`.
+    pub action: &'static str,
+}
+
+impl Notice {
+    /// A Normal Event: something done, or a wait that is expected to end by itself.
+    pub fn normal(reason: impl Into<String>, action: &'static str, message: String) -> Notice {
+        Notice {
+            warning: false,
+            reason: reason.into(),
+            message,
+            action,
+        }
+    }
+}
+
+/// `Synced=False` reasons that are waits expected to end by themselves: announced as Normal
+/// Events. Every other `False` reason is a refusal or a failure, announced as a Warning.
+pub const WAIT_REASONS: [&str; 6] = [
+    "Paused",
+    "WaitingForParent",
+    "WaitingForUser",
+    "ClusterNotReady",
+    "NotFound",
+    "Observed",
+];
+
+/// The Event for a change of the `Synced` condition between `prev` and `next` (its status
+/// or reason), so a refusal, a wait or a recovery is announced once, not on every pass. A
+/// first `Synced=True` is not announced: the actions that got there were.
+pub fn synced_notice(prev: &[Condition], next: &[Condition]) -> Option<Notice> {
+    let n = crate::crd::condition(next, crate::crd::cond::SYNCED)?;
+    let p = crate::crd::condition(prev, crate::crd::cond::SYNCED);
+    if p.is_some_and(|p| p.status == n.status && p.reason == n.reason) {
+        return None;
+    }
+    let ok = n.status == "True";
+    if ok && p.is_none() {
+        return None;
+    }
+    // An empty message is stored as the reason (`set_condition`).
+    let plain = n.message.is_empty() || n.message == n.reason;
+    let message = match (ok && plain, p) {
+        (true, Some(p)) => format!("in sync with the spec again (was {})", p.reason),
+        _ => n.message.clone(),
+    };
+    Some(Notice {
+        warning: !ok && !WAIT_REASONS.contains(&n.reason.as_str()),
+        reason: n.reason.clone(),
+        message,
+        action: "Reconcile",
+    })
+}
+
+/// The reason of an Event for a change the operator made to match the spec: `Updated` when
+/// the spec changed since it was last applied (`generation` ≠ `observed`), otherwise
+/// `DriftCorrected` (the broker or the object was changed behind the operator's back).
+pub fn change_reason(generation: Option<i64>, observed: Option<i64>) -> &'static str {
+    if generation == observed {
+        "DriftCorrected"
+    } else {
+        "Updated"
     }
 }
 
@@ -154,17 +243,66 @@ pub fn backoff_for(n: u32) -> Duration {
 
 /// The requeue after an error: backoff for broker and API failures, the short retry for
 /// waits, the resync period for invalid specs.
-pub fn error_policy<K: Resource>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action
+///
+/// A failure the conditions do not show, the Kubernetes API refusing what the operator
+/// sends (e.g. an object someone edited so that the operator's version of it is invalid),
+/// is also announced as a Warning Event `ReconcileFailed`, once per distinct message until
+/// a reconcile succeeds.
+pub fn error_policy<K>(obj: Arc<K>, err: &Error, ctx: Arc<Context>) -> Action
 where
-    K::DynamicType: Default,
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {
     let key = object_key(&*obj);
     tracing::warn!(object = %key, error = %err, kind = err.metric_label(), "reconcile failed");
+    if let Some(message) = kube_failure(err) {
+        let new = ctx
+            .reported
+            .lock()
+            .expect("invariant: lock not poisoned")
+            .insert(key.clone(), message.clone())
+            .as_ref()
+            != Some(&message);
+        if new {
+            let n = Notice {
+                warning: true,
+                reason: "ReconcileFailed".into(),
+                message,
+                action: "Reconcile",
+            };
+            let (ctx, obj) = (ctx.clone(), obj.clone());
+            tokio::spawn(async move { ctx.publish(&*obj, &n).await });
+        }
+    }
     match err {
         Error::Waiting(_) => Action::requeue(ctx.wait_retry),
         Error::Invalid(_) => Action::requeue(ctx.resync),
         _ => Action::requeue(ctx.backoff(&key)),
     }
+}
+
+/// What the Kubernetes API answered, when a call to it is what failed: the errors the
+/// reconcilers do not write into the conditions themselves (broker failures, waits and
+/// refused specs they do).
+pub fn kube_failure(err: &Error) -> Option<String> {
+    use kube::runtime::finalizer::Error as F;
+    let e = match err {
+        Error::Kube(e) => e,
+        Error::Finalizer(f) => match &**f {
+            F::ApplyFailed(e) | F::CleanupFailed(e) => return kube_failure(e),
+            F::AddFinalizer(e) | F::RemoveFinalizer(e) => e,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(match e {
+        kube::Error::Api(s) if !s.message.is_empty() => {
+            format!(
+                "the Kubernetes API refused a call ({}): {}",
+                s.code, s.message
+            )
+        }
+        other => format!("a Kubernetes API call failed: {other}"),
+    })
 }
 
 /// `Kind/namespace/name`, the key of an object in logs and the backoff table.
@@ -329,34 +467,68 @@ pub fn paused<K: Resource>(obj: &K) -> bool {
 
 /// A status with conditions (every kind's).
 pub trait Conditions {
+    fn conditions(&self) -> &[Condition];
     fn conditions_mut(&mut self) -> &mut Vec<Condition>;
 }
 
-macro_rules! conditions {
-    ($($t:ty),*) => {$(
-        impl Conditions for $t {
+/// A kind this operator reconciles: its status carries conditions.
+pub trait Stateful:
+    Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug
+{
+    type Status: Conditions + Clone + Default + PartialEq + Serialize;
+    fn status(&self) -> Option<&Self::Status>;
+}
+
+macro_rules! stateful {
+    ($($k:ty => $s:ty),*) => {$(
+        impl Conditions for $s {
+            fn conditions(&self) -> &[Condition] {
+                &self.conditions
+            }
             fn conditions_mut(&mut self) -> &mut Vec<Condition> {
                 &mut self.conditions
             }
         }
+        impl Stateful for $k {
+            type Status = $s;
+            fn status(&self) -> Option<&$s> {
+                self.status.as_ref()
+            }
+        }
     )*};
 }
-conditions!(
-    crate::crd::NaradClusterStatus,
-    crate::crd::TopicStatus,
-    crate::crd::UserStatus,
-    crate::crd::GrantStatus
+stateful!(
+    crate::crd::NaradCluster => crate::crd::NaradClusterStatus,
+    crate::crd::Topic => crate::crd::TopicStatus,
+    crate::crd::User => crate::crd::UserStatus,
+    crate::crd::Grant => crate::crd::GrantStatus
 );
+
+/// Writes `status` when it differs from the one `obj` carries, and announces a change of
+/// its `Synced` condition as an Event ([`synced_notice`]).
+pub async fn write_status<K: Stateful>(
+    ctx: &Context,
+    api: &Api<K>,
+    obj: &K,
+    status: &K::Status,
+) -> Result<()> {
+    let prev = obj.status();
+    if prev == Some(status) {
+        return Ok(());
+    }
+    patch_status(api, obj, status).await?;
+    let before = prev.map(|s| s.conditions()).unwrap_or_default();
+    if let Some(n) = synced_notice(before, status.conditions()) {
+        ctx.publish(obj, &n).await;
+    }
+    Ok(())
+}
 
 /// A paused resource (see [`paused`]): nothing is created, changed or deleted on the broker or
 /// in the cluster, a deletion waits (the finalizer stays), and the status says `Synced=False`
 /// with reason `Paused`. Reconciled again when the resource changes (e.g. the annotation goes).
-pub async fn hold_paused<K, S>(api: &Api<K>, obj: &K, status: Option<&S>) -> Result<Action>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-    S: Conditions + Clone + Default + PartialEq + Serialize,
-{
-    let mut s = status.cloned().unwrap_or_default();
+pub async fn hold_paused<K: Stateful>(ctx: &Context, api: &Api<K>, obj: &K) -> Result<Action> {
+    let mut s = obj.status().cloned().unwrap_or_default();
     crate::crd::set_condition(
         s.conditions_mut(),
         crate::crd::cond::SYNCED,
@@ -367,9 +539,7 @@ where
         obj.meta().generation,
         &now(),
     );
-    if status != Some(&s) {
-        patch_status(api, obj, &s).await?;
-    }
+    write_status(ctx, api, obj, &s).await?;
     Ok(Action::await_change())
 }
 
@@ -443,6 +613,88 @@ mod tests {
         ] {
             assert!(!paused(&topic(other.clone())), "{other}");
         }
+    }
+
+    fn synced(status: bool, reason: &str, message: &str) -> Vec<Condition> {
+        let mut c = Vec::new();
+        crate::crd::set_condition(
+            &mut c,
+            crate::crd::cond::SYNCED,
+            status,
+            reason,
+            message,
+            Some(1),
+            &now(),
+        );
+        c
+    }
+
+    #[test]
+    fn a_synced_change_is_announced_once() {
+        // The first success: its actions were announced already.
+        assert_eq!(synced_notice(&[], &synced(true, "Synced", "")), None);
+        // A refusal: a Warning, with the condition's message.
+        let refused = synced(false, "Invalid", "partitions may not shrink");
+        let n = synced_notice(&synced(true, "Synced", ""), &refused).unwrap();
+        assert!(n.warning);
+        assert_eq!(
+            (n.reason.as_str(), n.message.as_str()),
+            ("Invalid", "partitions may not shrink")
+        );
+        // The same refusal on the next pass: nothing.
+        assert_eq!(
+            synced_notice(&refused, &synced(false, "Invalid", "other text")),
+            None
+        );
+        // Another reason: announced again.
+        let n = synced_notice(&refused, &synced(false, "NotEmpty", "3 waiting")).unwrap();
+        assert!(n.warning && n.reason == "NotEmpty");
+        // Waits are Normal.
+        for wait in WAIT_REASONS {
+            let n = synced_notice(&[], &synced(false, wait, "m")).unwrap();
+            assert!(!n.warning, "{wait}");
+        }
+        // A recovery is Normal and says from what.
+        let n = synced_notice(&refused, &synced(true, "Synced", "")).unwrap();
+        assert!(!n.warning);
+        assert_eq!(n.reason, "Synced");
+        assert!(n.message.contains("was Invalid"), "{}", n.message);
+        // Without a Synced condition there is nothing to announce.
+        assert_eq!(synced_notice(&refused, &[]), None);
+    }
+
+    #[test]
+    fn only_kubernetes_api_failures_are_announced_by_the_error_policy() {
+        let refused = || {
+            kube::Error::Api(Box::new(kube::core::Status::failure(
+                "Service \"prod-narad\" is invalid: spec.ports[1].name: Duplicate value: \"api\"",
+                "Invalid",
+            ).with_code(422)))
+        };
+        let m = kube_failure(&Error::Kube(refused())).unwrap();
+        assert!(
+            m.contains("refused a call (422)") && m.contains("Duplicate value"),
+            "{m}"
+        );
+        let wrapped = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::ApplyFailed(
+            Error::Kube(refused()),
+        )));
+        assert_eq!(kube_failure(&wrapped), Some(m));
+        // The reconcilers put these in the conditions (and their Events) themselves.
+        for other in [Error::Waiting("w".into()), Error::Invalid("i".into())] {
+            assert_eq!(kube_failure(&other), None);
+        }
+        let inner = Error::Finalizer(Box::new(kube::runtime::finalizer::Error::ApplyFailed(
+            Error::Invalid("i".into()),
+        )));
+        assert_eq!(kube_failure(&inner), None);
+    }
+
+    #[test]
+    fn changes_are_updates_after_a_spec_change_and_drift_otherwise() {
+        assert_eq!(change_reason(Some(3), Some(2)), "Updated");
+        assert_eq!(change_reason(Some(3), None), "Updated");
+        assert_eq!(change_reason(Some(3), Some(3)), "DriftCorrected");
     }
 
     #[test]

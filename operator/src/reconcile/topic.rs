@@ -81,6 +81,35 @@ impl AlterFields {
         *self == AlterFields::default()
     }
 
+    /// The names of the fields set, as the spec calls them.
+    pub fn names(&self) -> Vec<&'static str> {
+        let AlterFields {
+            partitions,
+            retention_ms,
+            visibility_timeout_ms,
+            max_in_flight,
+            max_acked_ahead,
+            schema,
+            retry_backoff_ms,
+            dead_letter,
+            dedup_window_ms,
+        } = self;
+        [
+            ("partitions", partitions.is_some()),
+            ("retention", retention_ms.is_some()),
+            ("visibilityTimeout", visibility_timeout_ms.is_some()),
+            ("maxInFlightPerPartition", max_in_flight.is_some()),
+            ("maxAckedAheadPerPartition", max_acked_ahead.is_some()),
+            ("schema", schema.is_some()),
+            ("retryBackoff", retry_backoff_ms.is_some()),
+            ("deadLetter", dead_letter.is_some()),
+            ("dedupWindow", dedup_window_ms.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(n, set)| set.then_some(n))
+        .collect()
+    }
+
     /// The wire request.
     pub fn request(&self) -> AlterTopicRequest {
         let (schema, base) = match &self.schema {
@@ -552,10 +581,51 @@ async fn run_action(
     }
 }
 
+/// The Event of an action `run_action` took for `t`.
+pub fn action_notice(t: &Topic, d: &DesiredTopic, a: &TopicAction) -> Notice {
+    let name = &d.name;
+    match a {
+        TopicAction::Create => Notice::normal(
+            "Created",
+            "Create",
+            match &d.parent {
+                Some(p) => format!("created topic {name} on the broker, a replica child of {p}"),
+                None => format!("created topic {name} on the broker"),
+            },
+        ),
+        TopicAction::Alter(f) => {
+            let observed = t.status.as_ref().and_then(|s| s.observed_generation);
+            let reason = change_reason(t.metadata.generation, observed);
+            let fields = f.names().join(", ");
+            let message = if reason == "Updated" {
+                format!("altered topic {name} on the broker to the changed spec: {fields}")
+            } else {
+                format!(
+                    "topic {name} had been changed on the broker outside the operator; \
+                     set back to the spec: {fields}"
+                )
+            };
+            Notice::normal(reason, "Update", message)
+        }
+        TopicAction::Attach { parent, .. } => Notice::normal(
+            "Attached",
+            "Update",
+            format!("attached topic {name} to {parent} as a replica child"),
+        ),
+        TopicAction::Detach { parent } => Notice::normal(
+            "Detached",
+            "Update",
+            format!("detached topic {name} from {parent}"),
+        ),
+    }
+}
+
 /// Converges the broker topic: plan, run; a `409` on create reads back and re-plans once.
+/// Each action that succeeded is pushed to `done`, also when a later one fails.
 pub async fn converge(
     b: &narad_api::Client,
     d: &DesiredTopic,
+    done: &mut Vec<TopicAction>,
 ) -> Result<Result<TopicRecord, String>, narad_api::Error> {
     let mut observed = get_topic(b, &d.name).await?;
     for _attempt in 0..2 {
@@ -572,6 +642,7 @@ pub async fn converge(
                 }
                 r => r?,
             }
+            done.push(a.clone());
         }
         observed = get_topic(b, &d.name).await?;
         if !conflict {
@@ -594,7 +665,7 @@ pub async fn reconcile(topic: Arc<Topic>, ctx: Arc<Context>) -> Result<Action> {
     let api: Api<Topic> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*topic);
     if paused(&*topic) {
-        return hold_paused(&api, &*topic, topic.status.as_ref()).await;
+        return hold_paused(&ctx, &api, &*topic).await;
     }
     let r = finalizer(&api, FINALIZER, topic, |event| async {
         match event {
@@ -610,13 +681,6 @@ pub async fn reconcile(topic: Arc<Topic>, ctx: Arc<Context>) -> Result<Action> {
     r
 }
 
-async fn write(api: &Api<Topic>, t: &Topic, status: &TopicStatus) -> Result<()> {
-    if t.status.as_ref() != Some(status) {
-        patch_status(api, t, status).await?;
-    }
-    Ok(())
-}
-
 async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     let gen = t.metadata.generation;
     let mut status = t.status.clone().unwrap_or_default();
@@ -629,7 +693,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
             (false, "Invalid", &msg),
             gen,
         );
-        write(api, t, &status).await?;
+        write_status(ctx, api, t, &status).await?;
         return Err(Error::Invalid(msg));
     }
     let ns = t.namespace().unwrap_or_else(|| "default".into());
@@ -643,7 +707,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
                 (false, reason, &msg),
                 gen,
             );
-            write(api, t, &status).await?;
+            write_status(ctx, api, t, &status).await?;
             return Err(Error::Waiting(msg));
         }
     };
@@ -655,7 +719,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
     if let Some(parent) = &desired.parent {
         let ready = match get_topic(b, parent).await {
             Ok(p) => p.is_some(),
-            Err(e) => return broker_failed(api, t, status, e, exists).await,
+            Err(e) => return broker_failed(ctx, api, t, status, e, exists).await,
         };
         if !ready {
             let msg = format!("parent topic {parent:?} does not exist yet");
@@ -665,11 +729,16 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
                 (false, "WaitingForParent", &msg),
                 gen,
             );
-            write(api, t, &status).await?;
+            write_status(ctx, api, t, &status).await?;
             return Err(Error::Waiting(msg));
         }
     }
-    let rec = match converge(b, &desired).await {
+    let mut done = Vec::new();
+    let converged = converge(b, &desired, &mut done).await;
+    for a in &done {
+        ctx.publish(t, &action_notice(t, &desired, a)).await;
+    }
+    let rec = match converged {
         Ok(Ok(rec)) => rec,
         Ok(Err(refusal)) => {
             set_ready_synced(
@@ -678,10 +747,10 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
                 (false, "Invalid", &refusal),
                 gen,
             );
-            write(api, t, &status).await?;
+            write_status(ctx, api, t, &status).await?;
             return Err(Error::Invalid(refusal));
         }
-        Err(e) => return broker_failed(api, t, status, e, exists).await,
+        Err(e) => return broker_failed(ctx, api, t, status, e, exists).await,
     };
     observed_status(&mut status, &desired, &rec);
     let links = desired_remote_links(t);
@@ -691,7 +760,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
                 Ok(r) => r
                     .err()
                     .map(|r| (r.reason, r.message.clone(), Error::Waiting(r.message))),
-                Err(Error::Broker(e)) => return broker_failed(api, t, status, e, true).await,
+                Err(Error::Broker(e)) => return broker_failed(ctx, api, t, status, e, true).await,
                 Err(other) => Some(("KubernetesError", other.to_string(), other)),
             };
         if let Some((reason, msg, err)) = refused {
@@ -701,7 +770,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
                 (false, reason, &msg),
                 gen,
             );
-            write(api, t, &status).await?;
+            write_status(ctx, api, t, &status).await?;
             return Err(err);
         }
     }
@@ -713,7 +782,7 @@ async fn apply(api: &Api<Topic>, t: &Topic, ctx: &Context) -> Result<Action> {
         (true, "Synced", ""),
         gen,
     );
-    write(api, t, &status).await?;
+    write_status(ctx, api, t, &status).await?;
     Ok(Action::requeue(ctx.resync))
 }
 
@@ -754,7 +823,7 @@ async fn observe(
         Ok(r) => r,
         Err(e) => {
             let exists = status.partitions.is_some();
-            return broker_failed(api, t, status, e, exists).await;
+            return broker_failed(ctx, api, t, status, e, exists).await;
         }
     };
     status.observed_generation = gen;
@@ -772,7 +841,7 @@ async fn observe(
             (false, "NotFound", &msg),
             gen,
         );
-        write(api, t, &status).await?;
+        write_status(ctx, api, t, &status).await?;
         return Ok(Action::requeue(ctx.resync));
     };
     read_status(&mut status, &rec);
@@ -798,7 +867,7 @@ async fn observe(
         (true, "Observed", &msg),
         gen,
     );
-    write(api, t, &status).await?;
+    write_status(ctx, api, t, &status).await?;
     Ok(Action::requeue(ctx.resync))
 }
 
@@ -897,6 +966,7 @@ async fn converge_remote(
 }
 
 async fn broker_failed(
+    ctx: &Context,
     api: &Api<Topic>,
     t: &Topic,
     mut status: TopicStatus,
@@ -911,7 +981,7 @@ async fn broker_failed(
         (false, reason, &msg),
         t.metadata.generation,
     );
-    write(api, t, &status).await?;
+    write_status(ctx, api, t, &status).await?;
     Err(Error::Broker(e))
 }
 
@@ -963,7 +1033,7 @@ async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
                     (false, "NotEmpty", &msg),
                     t.metadata.generation,
                 );
-                write(&api, t, &status).await?;
+                write_status(ctx, &api, t, &status).await?;
                 return Err(Error::Waiting(msg));
             }
         }
@@ -977,6 +1047,15 @@ async fn cleanup(t: &Topic, ctx: &Context) -> Result<Action> {
             Err(e) if e.status() != Some(404) => return Err(e.into()),
             _ => {}
         }
+        let n = Notice::normal(
+            "Deleted",
+            "Delete",
+            format!(
+                "deleted topic {name} on the broker (deletionPolicy {:?})",
+                t.spec.deletion_policy
+            ),
+        );
+        ctx.publish(t, &n).await;
     }
     Ok(Action::await_change())
 }
@@ -997,6 +1076,46 @@ mod tests {
             "spec": s,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn every_action_has_an_event_naming_what_changed() {
+        let mut t = topic(json!({"name": "orders", "partitions": 6}));
+        let d = desired(json!({"name": "orders", "partitions": 6}));
+        let n = action_notice(&t, &d, &TopicAction::Create);
+        assert_eq!(
+            (n.reason.as_str(), n.action, n.warning),
+            ("Created", "Create", false)
+        );
+        assert!(n.message.contains("orders"), "{}", n.message);
+        let alter = TopicAction::Alter(AlterFields {
+            partitions: Some(6),
+            retention_ms: Some(1),
+            ..Default::default()
+        });
+        // Applied at this generation already: the broker was changed behind the operator.
+        t.metadata.generation = Some(2);
+        t.status = Some(TopicStatus {
+            observed_generation: Some(2),
+            ..Default::default()
+        });
+        let n = action_notice(&t, &d, &alter);
+        assert_eq!(n.reason, "DriftCorrected");
+        assert!(
+            n.message.ends_with("partitions, retention"),
+            "{}",
+            n.message
+        );
+        t.metadata.generation = Some(3);
+        assert_eq!(action_notice(&t, &d, &alter).reason, "Updated");
+        let parent = "raw".to_string();
+        let attach = TopicAction::Attach {
+            parent: parent.clone(),
+            delay_ms: 0,
+        };
+        assert_eq!(action_notice(&t, &d, &attach).reason, "Attached");
+        let n = action_notice(&t, &d, &TopicAction::Detach { parent });
+        assert!(n.reason == "Detached" && n.message.contains("raw"), "{n:?}");
     }
 
     fn desired(spec: serde_json::Value) -> DesiredTopic {

@@ -77,7 +77,7 @@ pub async fn reconcile(user: Arc<User>, ctx: Arc<Context>) -> Result<Action> {
     let api: Api<User> = Api::namespaced(ctx.client.clone(), &ns);
     let key = object_key(&*user);
     if paused(&*user) {
-        return hold_paused(&api, &*user, user.status.as_ref()).await;
+        return hold_paused(&ctx, &api, &*user).await;
     }
     let r = finalizer(&api, FINALIZER, user, |event| async {
         match event {
@@ -93,14 +93,8 @@ pub async fn reconcile(user: Arc<User>, ctx: Arc<Context>) -> Result<Action> {
     r
 }
 
-async fn write(api: &Api<User>, u: &User, status: &UserStatus) -> Result<()> {
-    if u.status.as_ref() != Some(status) {
-        patch_status(api, u, status).await?;
-    }
-    Ok(())
-}
-
 async fn not_ready(
+    ctx: &Context,
     api: &Api<User>,
     u: &User,
     mut status: UserStatus,
@@ -115,7 +109,7 @@ async fn not_ready(
         (false, reason, &msg),
         u.metadata.generation,
     );
-    write(api, u, &status).await?;
+    write_status(ctx, api, u, &status).await?;
     Err(err)
 }
 
@@ -136,6 +130,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
     let username = u.username();
     if let Err(msg) = check_user(&username, &status) {
         return not_ready(
+            ctx,
             api,
             u,
             status,
@@ -152,6 +147,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
         Err(un) => {
             let (reason, msg) = un.condition(&u.spec.cluster_ref.name);
             return not_ready(
+                ctx,
                 api,
                 u,
                 status,
@@ -168,6 +164,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
         Ok(s) => s,
         Err(r) => {
             return not_ready(
+                ctx,
                 api,
                 u,
                 status,
@@ -188,6 +185,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
     let Some(password) = password else {
         let msg = format!("Secret {} has no key {}", sref.name, sref.key);
         return not_ready(
+            ctx,
             api,
             u,
             status,
@@ -203,6 +201,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
     let want = union_grants(&u.name_any(), &u.spec.cluster_ref.name, &grants);
     let want_quotas = u.spec.quotas.as_ref().map(|q| q.wire());
     let b = &broker.client;
+    let mut done = Vec::new();
     let result: Result<(), narad_api::Error> = async {
         let mut observed = get_user(b, &username).await?;
         let mut applied = status.password_secret_version.clone();
@@ -216,7 +215,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
                 &version,
             );
             for a in plan {
-                match a {
+                match &a {
                     UserAction::Create => {
                         let req = CreateUserRequest {
                             username: username.clone(),
@@ -240,6 +239,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
                         b.put_quotas(&username, &q).await.map(drop)?
                     }
                 }
+                done.push(a);
             }
             if !conflict {
                 break;
@@ -249,6 +249,9 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
         Ok(())
     }
     .await;
+    for a in &done {
+        ctx.publish(u, &action_notice(u, &username, &want, a)).await;
+    }
     match result {
         Ok(()) => {
             let mut status = status;
@@ -261,12 +264,13 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
                 (true, "Synced", ""),
                 u.metadata.generation,
             );
-            write(api, u, &status).await?;
+            write_status(ctx, api, u, &status).await?;
             Ok(Action::requeue(ctx.resync))
         }
         Err(e) => {
             let reason = broker_reason(&e, "UserNotFound");
             not_ready(
+                ctx,
                 api,
                 u,
                 status,
@@ -299,7 +303,53 @@ async fn cleanup(u: &User, ctx: &Context) -> Result<Action> {
     }
     match broker.client.delete_user(&name).await {
         Err(e) if e.status() != Some(404) => Err(e.into()),
-        _ => Ok(Action::await_change()),
+        r => {
+            if r.is_ok() {
+                let msg = format!("deleted user {name} on the broker");
+                ctx.publish(u, &Notice::normal("Deleted", "Delete", msg))
+                    .await;
+            }
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// The Event of an action taken for `u` (broker user `username`, grants `want`). Never
+/// names the password, only the Secret it came from.
+pub fn action_notice(
+    u: &User,
+    username: &str,
+    want: &[narad_api::Grant],
+    a: &UserAction,
+) -> Notice {
+    let secret = &u.spec.password_secret_ref.name;
+    match a {
+        UserAction::Create => Notice::normal(
+            "Created",
+            "Create",
+            format!("created user {username} on the broker, password from Secret {secret}"),
+        ),
+        UserAction::SetPassword => Notice::normal(
+            "PasswordSet",
+            "Update",
+            format!("set the password of user {username} from Secret {secret}"),
+        ),
+        UserAction::PutGrants => Notice::normal(
+            "GrantsSet",
+            "Update",
+            format!(
+                "set the grants of user {username} to the union of its Grants: {}",
+                crate::reconcile::grant::describe(want)
+            ),
+        ),
+        UserAction::PutQuotas => {
+            let observed = u.status.as_ref().and_then(|s| s.observed_generation);
+            Notice::normal(
+                change_reason(u.metadata.generation, observed),
+                "Update",
+                format!("set the quotas of user {username} to the spec"),
+            )
+        }
     }
 }
 

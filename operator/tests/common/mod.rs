@@ -160,3 +160,58 @@ pub async fn start_operator(
     ));
     (task, minor)
 }
+
+/// The operator's Events about `kind`/`name` in `ns` (events.k8s.io/v1): `(type, reason,
+/// note)` each, oldest first.
+pub async fn events(c: &Client, ns: &str, kind: &str, name: &str) -> Vec<(String, String, String)> {
+    use k8s_openapi::api::events::v1::Event;
+    let api: Api<Event> = Api::namespaced(c.clone(), ns);
+    let mut list = match api.list(&Default::default()).await {
+        Ok(l) => l.items,
+        Err(_) => return Vec::new(),
+    };
+    list.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+    list.into_iter()
+        .filter(|e| {
+            e.reporting_controller.as_deref() == Some("narad-operator")
+                && e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                })
+        })
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// Waits (at most [`WAIT`]) for an Event about `kind`/`name` of `type_` and `reason` whose
+/// note contains `note`; returns the note. A timeout lists the Events there were.
+pub async fn expect_event(
+    c: &Client,
+    ns: &str,
+    (kind, name): (&str, &str),
+    type_: &str,
+    reason: &str,
+    note: &str,
+) -> String {
+    let start = Instant::now();
+    loop {
+        let seen = events(c, ns, kind, name).await;
+        if let Some((_, _, n)) = seen
+            .iter()
+            .find(|(t, r, n)| t == type_ && r == reason && n.contains(note))
+        {
+            return n.clone();
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "timed out waiting for a {type_} Event {reason} ({note}) about {kind} {name}; \
+             its Events: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
