@@ -86,6 +86,10 @@ grep -B12 'publishNotReadyAddresses: true' "$d0/narad.yaml" | grep 'name: ci-nar
 if "$HELM" template ci charts/narad --set narad.shutdownDelay=5 > /dev/null 2>&1; then
   echo "a shutdownDelay without a unit rendered" >&2; exit 1
 fi
+# The console: on by default, off with narad.consoleEnabled=false.
+grep -A1 'name: NARAD_HTTP_CONSOLE_ENABLED' "$d0/narad.yaml" | grep 'value: "true"' > /dev/null
+"$HELM" template ci charts/narad --set narad.consoleEnabled=false \
+  | grep -A1 'name: NARAD_HTTP_CONSOLE_ENABLED' | grep 'value: "false"' > /dev/null
 # The operator: external endpoints off unless switched on; Events and ServiceAccounts in RBAC.
 "$HELM" template ci charts/narad-operator > "$d0/op.yaml"
 if grep -q NARAD_OPERATOR_ALLOW_EXTERNAL_ENDPOINTS "$d0/op.yaml"; then
