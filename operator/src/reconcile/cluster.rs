@@ -344,6 +344,34 @@ pub struct PodView {
     pub terminating: bool,
     /// Seconds since the pod was created.
     pub age_secs: i64,
+    /// What keeps a container from running, as the kubelet says ([`waiting`]).
+    pub waiting: Option<String>,
+}
+
+/// The first container (init containers first) the kubelet reports waiting, with its
+/// reason and message: `container narad: ImagePullBackOff (Back-off pulling image ...)`.
+pub fn waiting(p: &Pod) -> Option<String> {
+    let st = p.status.as_ref()?;
+    let init = st.init_container_statuses.iter().flatten();
+    init.chain(st.container_statuses.iter().flatten())
+        .find_map(|c| {
+            let w = c.state.as_ref()?.waiting.as_ref()?;
+            let reason = w.reason.as_deref().unwrap_or("Waiting");
+            Some(match w.message.as_deref().filter(|m| !m.is_empty()) {
+                Some(m) => format!("container {}: {reason} ({m})", c.name),
+                None => format!("container {}: {reason}", c.name),
+            })
+        })
+}
+
+impl PodView {
+    /// ` (container narad: ErrImagePull ...)`, or nothing.
+    fn why_not_ready(&self) -> String {
+        self.waiting
+            .as_ref()
+            .map(|w| format!(": {w}"))
+            .unwrap_or_default()
+    }
 }
 
 /// The pods of the StatefulSet `<prefix><ordinal>` as the rollout sees them: `updated` when
@@ -381,6 +409,7 @@ pub fn pod_views(
                     .as_ref()
                     .map(|t| now_secs - t.0.as_second())
                     .unwrap_or(0),
+                waiting: waiting(p),
                 name,
             })
         })
@@ -440,13 +469,19 @@ pub fn next_rollout_step(
     if let Some(p) = pods.iter().find(|p| !p.ready && p.updated) {
         if p.age_secs >= ROLLOUT_STALL.as_secs() as i64 {
             return RolloutStep::Stalled(format!(
-                "pod {} not ready {} s after its replacement",
-                p.name, p.age_secs
+                "pod {} not ready {} s after its replacement{}",
+                p.name,
+                p.age_secs,
+                p.why_not_ready()
             ));
         }
         return RolloutStep::Wait(Why::new(
             "PodNotReady",
-            format!("pod {} (new revision) is not ready yet", p.name),
+            format!(
+                "pod {} (new revision) is not ready yet{}",
+                p.name,
+                p.why_not_ready()
+            ),
         ));
     }
     let known = members.unwrap_or(&[]);
@@ -1386,6 +1421,38 @@ mod tests {
             ready,
             terminating: false,
             age_secs: 30,
+            waiting: None,
+        }
+    }
+
+    /// Seen on real pods: a rollout to an image that cannot be pulled waits on a pod whose
+    /// container the kubelet reports waiting; the condition and its Event say why.
+    #[test]
+    fn a_not_ready_pod_says_what_its_container_waits_for() {
+        let mut p = k8s_pod(2, "rev-2", false);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![serde_json::from_value(json!({
+            "name": "narad", "image": "narad:0.1.0-missing", "imageID": "", "ready": false,
+            "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                                  "message": "Back-off pulling image \"narad:0.1.0-missing\""}}
+        }))
+        .unwrap()]);
+        let views = pod_views(&[p], "prod-narad-", Some("rev-2"), 100);
+        assert_eq!(
+            views[0].waiting.as_deref(),
+            Some("container narad: ImagePullBackOff (Back-off pulling image \"narad:0.1.0-missing\")")
+        );
+        let mut pods = vec![pod(0, false, true), pod(1, false, true)];
+        pods.extend(views);
+        let w = waits(next_rollout_step(&pods, 3, Some(&healthy("1")), "2"));
+        assert_eq!(w.reason, "PodNotReady");
+        assert!(w.message.ends_with("is not ready yet: container narad: ImagePullBackOff (Back-off pulling image \"narad:0.1.0-missing\")"), "{}", w.message);
+        let mut old = pods[2].clone();
+        old.age_secs = ROLLOUT_STALL.as_secs() as i64;
+        pods[2] = old;
+        match next_rollout_step(&pods, 3, Some(&healthy("1")), "2") {
+            RolloutStep::Stalled(m) => assert!(m.contains("ImagePullBackOff"), "{m}"),
+            other => panic!("expected a stall, got {other:?}"),
         }
     }
 
