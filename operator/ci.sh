@@ -154,6 +154,11 @@ if [ -n "${K8S_TESTENV:-}" ]; then
   test "$(kubectl -n helm-ci auth can-i delete secrets --as system:serviceaccount:helm-ci:op-narad-operator)" = no
   test "$(kubectl -n helm-ci auth can-i create events.events.k8s.io --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
   test "$(kubectl -n helm-ci auth can-i patch serviceaccounts --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
+  # Every owned kind is read before it is applied (its Event says whether it was created,
+  # changed or left alone).
+  for kind in services configmaps serviceaccounts statefulsets.apps poddisruptionbudgets.policy; do
+    test "$(kubectl -n helm-ci auth can-i get "$kind" --as system:serviceaccount:helm-ci:op-narad-operator)" = yes
+  done
   "$HELM" uninstall nd -n helm-ci
   "$HELM" uninstall op -n helm-ci
   kubectl delete namespace helm-ci --wait=false
