@@ -18,7 +18,7 @@ operator/build-node.sh "$out"
 exec 9>/tmp/k8s.lock
 flock 9
 # Persistent volumes the test claims (a claimed one is never reused): NaradCluster prod up to
-# 4, secure 3, the broker chart's releases nd 3 and nds 3.
+# 4, secure 3, the broker chart's releases nd 3 and nds 3; then the README's quick start 3.
 # The node's bridge is knode0 unless something already holds that name (a node another run
 # left behind, or one still running): then the first free knodeN, on its own 10.244.N.0/24.
 if [ -z "${K8S_NODE_BRIDGE:-}" ]; then
@@ -31,7 +31,7 @@ if [ -z "${K8S_NODE_BRIDGE:-}" ]; then
   [ "$K8S_NODE_BRIDGE" = knode0 ] || ip -br link | grep knode | sed 's/^/  (taken: /;s/$/)/'
   echo "the node's bridge: $K8S_NODE_BRIDGE ($K8S_NODE_NET.0/24)"
 fi
-PV_COUNT=16 bash "$node/start-node.sh" "$out" "$state"
+PV_COUNT=20 bash "$node/start-node.sh" "$out" "$state"
 trap 'bash "$node/stop-node.sh" "$state" --purge' EXIT
 # shellcheck disable=SC1091
 . "$state/env.sh"
@@ -47,4 +47,6 @@ NARAD_K8S_NODE_KUBECONFIG="$KUBECONFIG" NARAD_K8S_NODE_VERSION="$version" HELM="
   cargo test --release --workspace --test pods -- --nocapture
 # (--workspace, not -p narad-operator: a package-scoped build resolves the dependencies'
 # features differently and compiles most of the workspace again, ~4 min on 2 cores.)
+echo "== the README's Kubernetes quick start, as written [${SECONDS}s]"
+HELM="$(operator/helm.sh)" KUBECTL="$out/bin/kubectl" operator/quickstart.sh
 echo "operator/pods.sh: passed [${SECONDS}s]"

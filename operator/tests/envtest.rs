@@ -578,24 +578,12 @@ async fn operator_reconciles_against_a_real_api_server_and_broker() {
             .map(drop)
     })
     .await;
-    expect_event(
-        &c,
-        &ns,
-        orders_ref,
-        "Normal",
-        "Updated",
-        "partitions, retryBackoff",
-    )
-    .await;
-    expect_event(
-        &c,
-        &ns,
-        orders_ref,
-        "Normal",
-        "DriftCorrected",
-        "set back to the spec: retention",
-    )
-    .await;
+    for (reason, note) in [
+        ("Updated", "partitions, retryBackoff"),
+        ("DriftCorrected", "set back to the spec: retention"),
+    ] {
+        expect_event(&c, &ns, orders_ref, "Normal", reason, note).await;
+    }
     // A dead-letter topic, then the setting that names it.
     apply(
         &topics,

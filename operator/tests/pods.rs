@@ -8,8 +8,10 @@
 //! - waits for install → Ready and checks produce and consume from a pod;
 //! - rolls an upgrade to a second image of the same binary (`NARAD_TEST_VERSION`) and kills
 //!   the leading operator pod in the middle of it;
-//! - scales 3 → 4 → 3 twice, killing the leading operator pod in the middle of the last
-//!   scale-in;
+//! - scales 3 → 4 → 3 twice, by the spec and then through the scale subresource (an HPA
+//!   scales out, `kubectl scale` scales in), killing the leading operator pod in the middle
+//!   of the last scale-in;
+//! - restarts every pod with the `narad.io/restart` annotation (a gated rollout);
 //! - drains and counts;
 //! - installs a cluster with mutual TLS on the cluster port, HTTPS on the API and a separate
 //!   metrics port, once through the operator and once through the broker chart (after its
@@ -35,6 +37,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::{apply, eventually_within, secret};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
@@ -333,6 +336,36 @@ fn kubectl(ns: &str, args: &[&str]) -> String {
         .unwrap_or_else(|e| e.to_string())
 }
 
+/// Runs kubectl in `ns` and fails the test with its output if it fails.
+fn kubectl_ok(ns: &str, args: &[&str]) {
+    let o = Command::new("kubectl")
+        .arg("-n")
+        .arg(ns)
+        .args(args)
+        .output()
+        .expect("kubectl");
+    assert!(
+        o.status.success(),
+        "kubectl {args:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// An HPA (autoscaling/v1) on NaradCluster [`CLUSTER`] holding it at `n` replicas.
+async fn hpa(hpas: &Api<HorizontalPodAutoscaler>, n: usize) {
+    apply(
+        hpas,
+        CLUSTER,
+        json!({"apiVersion": "autoscaling/v1", "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": CLUSTER},
+            "spec": {"scaleTargetRef": {"apiVersion": "narad.io/v1alpha1", "kind": "NaradCluster",
+                                        "name": CLUSTER},
+                     "minReplicas": n, "maxReplicas": n, "targetCPUUtilizationPercentage": 80}}),
+    )
+    .await;
+}
+
 /// The ClusterIP of NaradCluster `name`'s client Service and its root admin password (from
 /// the security Secret the operator generates), once both exist.
 async fn service_and_admin(c: &Client, ns: &str, name: &str) -> (String, String) {
@@ -581,13 +614,25 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
         load.progress()
     );
 
-    // --- Scale 3 → 4 → 3, twice.
+    // --- Scale 3 → 4 → 3, twice: by the spec, then through the scale subresource (an
+    // HPA scales out, `kubectl scale` scales in).
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(c.clone(), &ns);
     let mut scale_times = Vec::new();
     for round in 1..=2 {
         for n in [REPLICAS + 1, REPLICAS] {
             let t = Instant::now();
             spec["spec"]["replicas"] = json!(n);
-            apply(&clusters, CLUSTER, spec.clone()).await;
+            match (round, n > REPLICAS) {
+                (1, _) => apply(&clusters, CLUSTER, spec.clone()).await,
+                // An HPA whose minimum is above the current count scales to it without
+                // metrics (none are served here), through the scale subresource.
+                (_, true) => hpa(&hpas, n).await,
+                (_, false) => {
+                    let _ = hpas.delete(CLUSTER, &DeleteParams::default()).await;
+                    let replicas = format!("--replicas={n}");
+                    kubectl_ok(&ns, &["scale", "nc", CLUSTER, &replicas]);
+                }
+            }
             let what = format!("scale round {round} to {n}");
             if round == 2 && n == REPLICAS {
                 // The operator dies in the middle of a scale-in: its successor must finish
@@ -611,6 +656,55 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
             scale_times.push((what, took));
         }
     }
+    // The scale subresource's spec is what the HPA and kubectl wrote; the applies below
+    // take spec.replicas back.
+    eventually_within(STEP, "the scale subresource at 3", || async {
+        let scale = clusters.get_scale(CLUSTER).await.ok()?;
+        (scale.spec?.replicas == Some(REPLICAS as i32) && scale.status?.replicas == REPLICAS as i32)
+            .then_some(())
+    })
+    .await;
+
+    // --- narad.io/restart: every pod replaced once, through the gated rollout, under load.
+    let t = Instant::now();
+    let uids = |l: &[Pod]| -> Vec<(String, String)> {
+        let prefix = format!("{CLUSTER}-narad-");
+        let mut v: Vec<_> = l
+            .iter()
+            .filter(|p| p.name_any().starts_with(&prefix))
+            .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+            .collect();
+        v.sort();
+        v
+    };
+    let before = uids(
+        &cluster
+            .pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items,
+    );
+    let old_revision = update_revision().await.expect("the StatefulSet's revision");
+    spec["metadata"]["annotations"] = json!({"narad.io/restart": "pods-test-restart-1"});
+    apply(&clusters, CLUSTER, spec.clone()).await;
+    eventually_within(STEP, "the restart's new revision", || async {
+        update_revision().await.filter(|r| *r != old_revision)
+    })
+    .await;
+    let (members, _) = cluster.wait_settled("restart", REPLICAS, &next).await;
+    eventually_within(STEP, "every pod replaced by the restart", || async {
+        let now = uids(&cluster.pods.list(&ListParams::default()).await.ok()?.items);
+        (now.len() == before.len() && now.iter().zip(&before).all(|(a, b)| a.1 != b.1))
+            .then_some(())
+    })
+    .await;
+    let t_restart = t.elapsed();
+    check_routable(&problems, &members, CLUSTER, &ns);
+    phases.caught_up("Running").await;
+    phases.check(&problems, "restart", t, &["Running", "Upgrading"]);
+    eprintln!("restart (3 pods): {t_restart:?}; {}", load.progress());
+
     phases.check(
         &problems,
         "the whole run",
@@ -624,7 +718,8 @@ async fn narad_on_real_pods_installs_upgrades_and_scales_under_load_losing_nothi
     use std::io::Write;
     let _ = writeln!(
         std::io::stderr(),
-        "real pods: install → Ready {t_ready:?}, upgrade {t_upgrade:?}, scale steps {scale_times:?}\n\
+        "real pods: install → Ready {t_ready:?}, upgrade {t_upgrade:?}, scale steps {scale_times:?}, \
+         restart {t_restart:?}\n\
          real pods under load: {report}"
     );
     if let Err(e) = &drained {
