@@ -19,7 +19,7 @@ use crate::partition::{Registry, TopicRuntime};
 use crate::placement::{Controller, Moves};
 use crate::queries::Queries;
 use crate::queries::MEMBER_CATCH_UP;
-use crate::security::Authenticator;
+use crate::security::{Authenticator, Caller};
 use crate::wal::Wal;
 
 /// Handles to the node's services: what the HTTP routes and the node-RPC handlers are given.
@@ -63,6 +63,23 @@ impl App {
     /// Whether requests need credentials (`config.security.enabled`; off with `--dev`).
     pub fn security_on(&self) -> bool {
         self.config.security.enabled
+    }
+
+    /// Who sent a request with `headers` (SPEC §4.1): with security on, the user its Basic
+    /// credentials prove, or the error that refuses it (`401`, `429` when throttled). The
+    /// API's and the console's authentication.
+    pub async fn caller_of(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Caller, crate::security::AuthError> {
+        if !self.security_on() {
+            return Ok(Caller::SecurityOff);
+        }
+        let view = self.meta.view();
+        self.auth
+            .authenticate_headers(&view, headers)
+            .await
+            .map(Caller::User)
     }
 
     pub fn topic(&self, name: &str) -> ApiResult<Arc<Topic>> {

@@ -126,7 +126,7 @@ pub fn mount(routes: Router<Arc<App>>, app: &Arc<App>) -> Router<Arc<App>> {
 /// credentials of any user (`401` with `WWW-Authenticate`, `429` when throttled). What a
 /// user may see or change is decided by the `/v1` calls the page makes.
 async fn authenticate(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    match crate::api::caller_of(&app, req.headers()).await {
+    match app.caller_of(req.headers()).await {
         Ok(_) => next.run(req).await,
         Err(e) => with_policy(e.into_response()),
     }

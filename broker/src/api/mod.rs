@@ -228,28 +228,12 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
     if !needs_auth(req.uri().path()) {
         return next.run(req).await;
     }
-    let caller = match caller_of(&app, req.headers()).await {
+    let caller = match app.caller_of(req.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
     req.extensions_mut().insert(caller);
     next.run(req).await
-}
-
-/// Who sent a request with `headers` (SPEC §4.1): with security on, the user its Basic
-/// credentials prove, or the error that refuses it (`401`, `429` when throttled).
-pub(crate) async fn caller_of(
-    app: &App,
-    headers: &axum::http::HeaderMap,
-) -> Result<Caller, crate::security::AuthError> {
-    if !app.security_on() {
-        return Ok(Caller::SecurityOff);
-    }
-    let view = app.meta.view();
-    app.auth
-        .authenticate_headers(&view, headers)
-        .await
-        .map(Caller::User)
 }
 
 /// Handlers take the [`Caller`] the [`authenticate`] middleware left in the request.
