@@ -93,16 +93,21 @@ pub async fn reconcile(user: Arc<User>, ctx: Arc<Context>) -> Result<Action> {
     r
 }
 
+/// Writes `Ready` (`ready`) and `Synced=False` with `reason` and the message of `err`, then
+/// returns `err`.
 async fn not_ready(
     ctx: &Context,
     api: &Api<User>,
     u: &User,
     mut status: UserStatus,
-    ready: bool,
-    reason: &str,
-    msg: String,
+    (ready, reason): (bool, &str),
     err: Error,
 ) -> Result<Action> {
+    let msg = match &err {
+        Error::Invalid(m) | Error::Waiting(m) => m.clone(),
+        Error::Broker(e) => e.to_string(),
+        other => other.to_string(),
+    };
     set_ready_synced(
         &mut status.conditions,
         (ready, reason, &msg),
@@ -134,9 +139,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
             api,
             u,
             status,
-            exists,
-            "Invalid",
-            msg.clone(),
+            (exists, "Invalid"),
             Error::Invalid(msg),
         )
         .await;
@@ -146,17 +149,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
         Ok(b) => b,
         Err(un) => {
             let (reason, msg) = un.condition(&u.spec.cluster_ref.name);
-            return not_ready(
-                ctx,
-                api,
-                u,
-                status,
-                false,
-                reason,
-                msg.clone(),
-                Error::Waiting(msg),
-            )
-            .await;
+            return not_ready(ctx, api, u, status, (false, reason), Error::Waiting(msg)).await;
         }
     };
     let sref = &u.spec.password_secret_ref;
@@ -168,9 +161,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
                 api,
                 u,
                 status,
-                exists,
-                r.reason,
-                r.message.clone(),
+                (exists, r.reason),
                 Error::Waiting(r.message),
             )
             .await;
@@ -189,9 +180,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
             api,
             u,
             status,
-            exists,
-            "SecretNotFound",
-            msg.clone(),
+            (exists, "SecretNotFound"),
             Error::Waiting(msg),
         )
         .await;
@@ -269,17 +258,7 @@ async fn apply(api: &Api<User>, u: &User, ctx: &Context) -> Result<Action> {
         }
         Err(e) => {
             let reason = broker_reason(&e, "UserNotFound");
-            not_ready(
-                ctx,
-                api,
-                u,
-                status,
-                exists,
-                reason,
-                e.to_string(),
-                Error::Broker(e),
-            )
-            .await
+            not_ready(ctx, api, u, status, (exists, reason), Error::Broker(e)).await
         }
     }
 }
