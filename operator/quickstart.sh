@@ -47,7 +47,10 @@ echo "== a stuck rollout, as kubectl describe tells it [${SECONDS}s]"
 kubectl patch nc prod --type merge -p '{"spec":{"version":"0.1.0-missing"}}' >/dev/null
 for _ in $(seq 1 120); do
   d=$(kubectl describe nc prod)
-  if grep -q 'ReplacingPod' <<<"$d" && grep -q 'PodNotReady' <<<"$d"; then
+  # The condition names what the replaced pod's container waits for, once the kubelet
+  # has tried the pull.
+  if grep -q 'ReplacingPod' <<<"$d" && grep -q 'PodNotReady' <<<"$d" &&
+     grep -qE 'ErrImagePull|ImagePullBackOff' <<<"$d"; then
     echo "$d"
     echo "quickstart: the stuck rollout is described [${SECONDS}s]"
     exit 0
@@ -55,5 +58,5 @@ for _ in $(seq 1 120); do
   sleep 2
 done
 kubectl describe nc prod
-echo "quickstart: the stuck rollout never showed ReplacingPod and PodNotReady" >&2
+echo "quickstart: the stuck rollout never showed ReplacingPod, PodNotReady and the pull error" >&2
 exit 1
