@@ -780,22 +780,21 @@ pub enum Applied {
     Unchanged,
 }
 
-/// Applies `obj` server-side as this operator's field manager and says what that changed:
-/// the object is read first and compared with the result ([`applied`]).
-async fn ssa<K>(api: &Api<K>, obj: &K) -> Result<Applied>
+/// Applies `obj` server-side as this operator's field manager and says what that changed
+/// against `before` (the object as read before, `None`: absent), with the object as applied
+/// ([`applied`]).
+async fn ssa<K>(api: &Api<K>, obj: &K, before: Option<&K>) -> Result<(Applied, K)>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    let name = obj.name_any();
-    let before = api.get_opt(&name).await?;
     let after = api
         .patch(
-            &name,
+            &obj.name_any(),
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(obj),
         )
         .await?;
-    Ok(applied(before.as_ref(), &after))
+    Ok((applied(before, &after), after))
 }
 
 /// `Created` without a `before`; otherwise whether the object differs, leaving out what the
@@ -823,42 +822,57 @@ pub fn applied<K: serde::Serialize>(before: Option<&K>, after: &K) -> Applied {
 /// The Event of an applied child object `what` (e.g. `StatefulSet narad-prod`), if it
 /// changed: `Created`, `Updated` after a spec change, `DriftCorrected` otherwise.
 pub fn applied_notice(nc: &NaradCluster, applied: Applied, what: &str) -> Option<Notice> {
-    let observed = nc.status.as_ref().and_then(|s| s.observed_generation);
     match applied {
         Applied::Unchanged => None,
-        Applied::Created => Some(Notice::normal(
-            "Created",
-            "Create",
-            format!("created {what}"),
+        Applied::Created => Some(created(what)),
+        Applied::Changed => Some(change_notice(
+            nc.metadata.generation,
+            nc.status.as_ref().and_then(|s| s.observed_generation),
+            format!("applied the changed spec to {what}"),
+            format!("{what} had been changed outside the operator; the spec was reapplied"),
         )),
-        Applied::Changed => {
-            let reason = change_reason(nc.metadata.generation, observed);
-            let message = if reason == "Updated" {
-                format!("applied the changed spec to {what}")
-            } else {
-                format!("{what} had been changed outside the operator; the spec was reapplied")
-            };
-            Some(Notice::normal(reason, "Update", message))
-        }
     }
 }
 
-/// Applies `obj`, a `kind`, ([`ssa`]) and announces what changed ([`applied_notice`]).
+/// The Event of an object the operator created.
+fn created(what: &str) -> Notice {
+    Notice::normal("Created", "Create", format!("created {what}"))
+}
+
+/// Reads `obj` (a `kind`), applies it ([`apply_child_over`]) and returns it as applied.
 async fn apply_child<K>(
     ctx: &Context,
     nc: &NaradCluster,
     api: &Api<K>,
     kind: &str,
     obj: &K,
-) -> Result<()>
+) -> Result<K>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
+    let before = api.get_opt(&obj.name_any()).await?;
+    apply_child_over(ctx, nc, api, kind, obj, before.as_ref()).await
+}
+
+/// Applies `obj` (a `kind`) over `before`, as read ([`ssa`]), announces what changed
+/// ([`applied_notice`]) and returns it as applied.
+async fn apply_child_over<K>(
+    ctx: &Context,
+    nc: &NaradCluster,
+    api: &Api<K>,
+    kind: &str,
+    obj: &K,
+    before: Option<&K>,
+) -> Result<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let (applied, after) = ssa(api, obj, before).await?;
     let what = format!("{kind} {}", obj.name_any());
-    if let Some(n) = applied_notice(nc, ssa(api, obj).await?, &what) {
+    if let Some(n) = applied_notice(nc, applied, &what) {
         ctx.publish(nc, &n).await;
     }
-    Ok(())
+    Ok(after)
 }
 
 /// Writes `Ready=False` with `reason` and `msg`, changing nothing else: the spec is refused.
@@ -929,9 +943,7 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
                 let secret = resources::security_secret(nc, missing, user_provided);
                 api_secrets.create(&Default::default(), &secret).await?;
                 let what = format!("Secret {secret_name} with the generated credentials");
-                let n = applied_notice(nc, Applied::Created, &what);
-                ctx.publish(nc, &n.expect("invariant: a creation is announced"))
-                    .await;
+                ctx.publish(nc, &created(&what)).await;
             }
             // Generated keys are added; the Secret this operator created before Secrets
             // were labelled gets the label.
@@ -1042,8 +1054,8 @@ async fn apply(api: &Api<NaradCluster>, nc: &NaradCluster, ctx: &Context) -> Res
         replicas: Some(step.replicas()),
     };
     let sts = resources::statefulset(nc, &opts).map_err(Error::Invalid)?;
-    apply_child(ctx, nc, &stss, "StatefulSet", &sts).await?;
-    let sts = stss.get(&nc.fullname()).await?;
+    // Read once, above, for its claim size; the apply answers with it as it is now.
+    let sts = apply_child_over(ctx, nc, &stss, "StatefulSet", &sts, current.as_ref()).await?;
     let st = sts.status.clone().unwrap_or_default();
     let replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0);
     // Whether a rollout is pending is read from the pods' revision labels: with `OnDelete`

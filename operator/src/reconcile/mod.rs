@@ -217,14 +217,20 @@ pub fn synced_notice(prev: &[Condition], next: &[Condition]) -> Option<Notice> {
     })
 }
 
-/// The reason of an Event for a change the operator made to match the spec: `Updated` when
+/// The Event of a change the operator made to match the spec: `Updated` with `updated` when
 /// the spec changed since it was last applied (`generation` ≠ `observed`), otherwise
-/// `DriftCorrected` (the broker or the object was changed behind the operator's back).
-pub fn change_reason(generation: Option<i64>, observed: Option<i64>) -> &'static str {
+/// `DriftCorrected` with `drifted` (the broker or the object was changed behind the
+/// operator's back).
+pub fn change_notice(
+    generation: Option<i64>,
+    observed: Option<i64>,
+    updated: String,
+    drifted: String,
+) -> Notice {
     if generation == observed {
-        "DriftCorrected"
+        Notice::normal("DriftCorrected", "Update", drifted)
     } else {
-        "Updated"
+        Notice::normal("Updated", "Update", updated)
     }
 }
 
@@ -692,9 +698,17 @@ mod tests {
 
     #[test]
     fn changes_are_updates_after_a_spec_change_and_drift_otherwise() {
-        assert_eq!(change_reason(Some(3), Some(2)), "Updated");
-        assert_eq!(change_reason(Some(3), None), "Updated");
-        assert_eq!(change_reason(Some(3), Some(3)), "DriftCorrected");
+        let n = |g, o| change_notice(g, o, "u".into(), "d".into());
+        for (g, o) in [(Some(3), Some(2)), (Some(3), None)] {
+            let n = n(g, o);
+            assert_eq!((n.reason.as_str(), n.message.as_str()), ("Updated", "u"));
+        }
+        let n = n(Some(3), Some(3));
+        assert_eq!(
+            (n.reason.as_str(), n.message.as_str()),
+            ("DriftCorrected", "d")
+        );
+        assert!(!n.warning && n.action == "Update");
     }
 
     #[test]

@@ -594,18 +594,16 @@ pub fn action_notice(t: &Topic, d: &DesiredTopic, a: &TopicAction) -> Notice {
             },
         ),
         TopicAction::Alter(f) => {
-            let observed = t.status.as_ref().and_then(|s| s.observed_generation);
-            let reason = change_reason(t.metadata.generation, observed);
             let fields = f.names().join(", ");
-            let message = if reason == "Updated" {
-                format!("altered topic {name} on the broker to the changed spec: {fields}")
-            } else {
+            change_notice(
+                t.metadata.generation,
+                t.status.as_ref().and_then(|s| s.observed_generation),
+                format!("altered topic {name} on the broker to the changed spec: {fields}"),
                 format!(
                     "topic {name} had been changed on the broker outside the operator; \
                      set back to the spec: {fields}"
-                )
-            };
-            Notice::normal(reason, "Update", message)
+                ),
+            )
         }
         TopicAction::Attach { parent, .. } => Notice::normal(
             "Attached",

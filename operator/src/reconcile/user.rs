@@ -322,11 +322,12 @@ pub fn action_notice(
             ),
         ),
         UserAction::PutQuotas => {
-            let observed = u.status.as_ref().and_then(|s| s.observed_generation);
-            Notice::normal(
-                change_reason(u.metadata.generation, observed),
-                "Update",
-                format!("set the quotas of user {username} to the spec"),
+            let msg = format!("set the quotas of user {username} to the spec");
+            change_notice(
+                u.metadata.generation,
+                u.status.as_ref().and_then(|s| s.observed_generation),
+                msg.clone(),
+                msg,
             )
         }
     }
