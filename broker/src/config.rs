@@ -59,8 +59,11 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tuning {
     /// `NARAD_WAL_LANES` (1–8, default 2): WAL writer threads, each with its own segment
-    /// files. With two, a produce that arrives while one lane waits for its fsync is
-    /// written and fsynced by the other at once.
+    /// files. The first lane writes alone while it keeps up; the others stand by and take
+    /// what is staged once a produce has waited 1 ms for the first lane's running fsync or
+    /// 8 requests wait for it. Lanes taking turns at every fsync wrote ~1.15 records per
+    /// fsync at 4,000 produces/s on 2 CPUs; with a standby, ~2, for 26 % fewer context
+    /// switches and ~10 % less CPU per produce.
     pub wal_lanes: usize,
     /// `NARAD_DISPATCH_LINGER_US` (0–1,000,000, default 5,000): least time between the
     /// starts of two commits of WAL records into one partition. A partition whose last
