@@ -564,19 +564,7 @@ impl Writer {
     /// The first lane: takes everything queued, writes it as one frame, fsyncs, answers.
     fn run_first(mut self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
         let mut carry: Option<Staged> = None;
-        loop {
-            let batch = {
-                // A lane that panicked while holding it left the queue intact.
-                let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-                let first = match carry.take() {
-                    Some(s) => s,
-                    None => match rx.blocking_recv() {
-                        Some(s) => s,
-                        None => break,
-                    },
-                };
-                self.take_batch(&mut rx, first, &mut carry)
-            };
+        while let Some(batch) = self.take_batch(&rx, &mut carry, true) {
             self.shared.standby.first_lane_busy(true);
             self.commit_group(batch);
             self.shared.standby.first_lane_busy(false);
@@ -589,19 +577,9 @@ impl Writer {
     fn run_standby(mut self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
         let mut carry: Option<Staged> = None;
         while self.shared.standby.wait_call() {
-            // What did not fit into one frame goes into the next at once.
-            loop {
-                let batch = {
-                    let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-                    let first = match carry.take() {
-                        Some(s) => s,
-                        None => match rx.try_recv() {
-                            Ok(s) => s,
-                            Err(_) => break, // the first lane took it meanwhile
-                        },
-                    };
-                    self.take_batch(&mut rx, first, &mut carry)
-                };
+            // What did not fit into one frame goes into the next at once. (Nothing staged:
+            // the first lane took it meanwhile.)
+            while let Some(batch) = self.take_batch(&rx, &mut carry, false) {
                 self.commit_group(batch);
                 if carry.is_none() {
                     break;
@@ -610,14 +588,23 @@ impl Writer {
         }
     }
 
-    /// `first` and whatever else is queued, up to a frame's bytes (the rest is carried).
-    /// Waits first while the dispatcher is far behind (back-pressure).
+    /// What the last batch carried, else the next staged request (waiting for one if
+    /// `block`), and whatever else is queued, up to a frame's bytes (the rest is carried).
+    /// Waits first while the dispatcher is far behind (back-pressure). `None`: nothing
+    /// staged (`block`: the queue closed).
     fn take_batch(
         &self,
-        rx: &mut mpsc::UnboundedReceiver<Staged>,
-        first: Staged,
+        rx: &std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>,
         carry: &mut Option<Staged>,
-    ) -> Vec<Staged> {
+        block: bool,
+    ) -> Option<Vec<Staged>> {
+        // A lane that panicked while holding it left the queue intact.
+        let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+        let first = match carry.take() {
+            Some(s) => s,
+            None if block => rx.blocking_recv()?,
+            None => rx.try_recv().ok()?,
+        };
         while self.shared.pending_bytes.load(Ordering::Acquire) > self.opts.max_pending_bytes {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -635,7 +622,7 @@ impl Writer {
         if bytes > self.opts.max_frame_bytes && batch.len() > 1 {
             *carry = batch.pop();
         }
-        batch
+        Some(batch)
     }
 
     fn commit_group(&mut self, batch: Vec<Staged>) {
@@ -1211,19 +1198,7 @@ mod tests {
         let committed: Vec<DurableRecord>;
         {
             let mut o = Wal::open(dir.path(), opts.clone()).unwrap();
-            let mut tasks = Vec::new();
-            for t in 0..16u64 {
-                let wal = o.wal.clone();
-                tasks.push(tokio::spawn(async move {
-                    for i in 0..50u64 {
-                        let p = format!("{t}-{i}");
-                        wal.append(vec![rec(t, 0, None, &p)]).await.unwrap();
-                    }
-                }));
-            }
-            for t in tasks {
-                t.await.unwrap();
-            }
+            produce_concurrently(&o.wal, 16, 50).await;
             let mut got = Vec::new();
             while got.len() < 800 {
                 got.extend(o.durable_rx.recv().await.unwrap());
@@ -1242,12 +1217,7 @@ mod tests {
         want.extend(committed.iter().map(|r| r.lsn).filter(|l| *l >= cp));
         want.sort();
         assert_eq!(lsns, want);
-        let mut payloads: Vec<_> = o
-            .recovered
-            .iter()
-            .map(|r| r.record.payload.clone())
-            .collect();
-        payloads.sort();
+        let mut payloads = recovered_payloads(&o);
         payloads.dedup();
         assert_eq!(
             payloads.len(),
@@ -1266,30 +1236,11 @@ mod tests {
             ..Default::default()
         };
         {
-            let o = Wal::open(dir.path(), lanes(3)).unwrap();
             // The first lane stalls on its first write, so that the records staged during it
             // go to the standby lanes.
-            *o.wal.shared.stall_first_lane.lock() = Some(Duration::from_millis(300));
-            let wal = o.wal.clone();
-            let stalled =
-                tokio::spawn(async move { wal.append(vec![rec(9, 0, None, "9-0")]).await });
-            while o.wal.shared.standby.running().is_none() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            let mut tasks = Vec::new();
-            for t in 0..8u64 {
-                let wal = o.wal.clone();
-                tasks.push(tokio::spawn(async move {
-                    for i in 0..20u64 {
-                        wal.append(vec![rec(t, 0, None, &format!("{t}-{i}"))])
-                            .await
-                            .unwrap();
-                    }
-                }));
-            }
-            for t in tasks {
-                t.await.unwrap();
-            }
+            let (o, stalled) =
+                stall_first_write(dir.path(), lanes(3), Duration::from_millis(300), "9-0").await;
+            produce_concurrently(&o.wal, 8, 20).await;
             stalled.await.unwrap().unwrap();
             o.wal.close();
         }
@@ -1343,18 +1294,41 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn quick_fsyncs_leave_the_standby_lanes_asleep() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = WalOptions {
-            lanes: 3,
-            standby_after: Duration::from_secs(3600),
-            standby_behind: 100,
-            ..Default::default()
-        };
+        let opts = standby(3, Duration::from_secs(3600), 100);
         let o = Wal::open(dir.path(), opts).unwrap();
+        produce_concurrently(&o.wal, 8, 25).await;
+        let frames = o.wal.metrics().frames.load(Ordering::Relaxed);
+        assert!(frames > 1, "{frames} frames: the test proves nothing");
+        assert_eq!(lanes_that_wrote(dir.path()), BTreeSet::from(["0".into()]));
+    }
+
+    /// The payloads a reopened WAL recovered, sorted.
+    fn recovered_payloads(o: &Opened) -> Vec<Bytes> {
+        let mut payloads: Vec<_> = o
+            .recovered
+            .iter()
+            .map(|r| r.record.payload.clone())
+            .collect();
+        payloads.sort();
+        payloads
+    }
+
+    fn standby(lanes: usize, after: Duration, behind: usize) -> WalOptions {
+        WalOptions {
+            lanes,
+            standby_after: after,
+            standby_behind: behind,
+            ..Default::default()
+        }
+    }
+
+    /// `producers` tasks at once, each appending `each` records `"<task>-<i>"` one by one.
+    async fn produce_concurrently(wal: &Wal, producers: u64, each: u64) {
         let mut tasks = Vec::new();
-        for t in 0..8u64 {
-            let wal = o.wal.clone();
+        for t in 0..producers {
+            let wal = wal.clone();
             tasks.push(tokio::spawn(async move {
-                for i in 0..25u64 {
+                for i in 0..each {
                     wal.append(vec![rec(t, 0, None, &format!("{t}-{i}"))])
                         .await
                         .unwrap();
@@ -1364,24 +1338,21 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        let frames = o.wal.metrics().frames.load(Ordering::Relaxed);
-        assert!(frames > 1, "{frames} frames: the test proves nothing");
-        assert_eq!(lanes_that_wrote(dir.path()), BTreeSet::from(["0".into()]));
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_record_staged_during_a_stalled_fsync_is_written_by_a_standby_lane() {
-        let dir = tempfile::tempdir().unwrap();
-        let opts = WalOptions {
-            lanes: 2,
-            standby_after: Duration::from_millis(20),
-            ..Default::default()
-        };
-        let o = Wal::open(dir.path(), opts).unwrap();
-        *o.wal.shared.stall_first_lane.lock() = Some(Duration::from_secs(3));
+    /// Opens a WAL in `dir` whose first lane stalls `stall` in its first write, and starts
+    /// a produce of `payload` that it waits for there: returns once the lane is in it.
+    async fn stall_first_write(
+        dir: &Path,
+        opts: WalOptions,
+        stall: Duration,
+        payload: &str,
+    ) -> (Opened, tokio::task::JoinHandle<Result<(), WalError>>) {
+        let o = Wal::open(dir, opts).unwrap();
+        *o.wal.shared.stall_first_lane.lock() = Some(stall);
         let wal = o.wal.clone();
-        let stalled = tokio::spawn(async move { wal.append(vec![rec(1, 0, None, "a")]).await });
-        // Wait until the first lane is in its (stalled) write.
+        let r = rec(1, 0, None, payload);
+        let stalled = tokio::spawn(async move { wal.append(vec![r]).await });
         let started = std::time::Instant::now();
         while o.wal.shared.standby.running().is_none() {
             assert!(
@@ -1390,6 +1361,14 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        (o, stalled)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_record_staged_during_a_stalled_fsync_is_written_by_a_standby_lane() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = standby(2, Duration::from_millis(20), STANDBY_BEHIND);
+        let (o, stalled) = stall_first_write(dir.path(), opts, Duration::from_secs(3), "a").await;
         o.wal.append(vec![rec(1, 0, None, "b")]).await.unwrap();
         assert!(
             !stalled.is_finished(),
@@ -1403,36 +1382,15 @@ mod tests {
         // Both come back from a restart.
         drop(o);
         let o = Wal::open(dir.path(), WalOptions::default()).unwrap();
-        let mut payloads: Vec<_> = o
-            .recovered
-            .iter()
-            .map(|r| r.record.payload.clone())
-            .collect();
-        payloads.sort();
+        let payloads = recovered_payloads(&o);
         assert_eq!(payloads, vec![Bytes::from("a"), Bytes::from("b")]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn requests_piling_up_behind_the_first_lane_call_a_standby_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let opts = WalOptions {
-            lanes: 2,
-            standby_after: Duration::from_secs(3600),
-            standby_behind: 3,
-            ..Default::default()
-        };
-        let o = Wal::open(dir.path(), opts).unwrap();
-        *o.wal.shared.stall_first_lane.lock() = Some(Duration::from_secs(3));
-        let wal = o.wal.clone();
-        let stalled = tokio::spawn(async move { wal.append(vec![rec(1, 0, None, "a")]).await });
-        let started = std::time::Instant::now();
-        while o.wal.shared.standby.running().is_none() {
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "lane 0 never wrote"
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        let opts = standby(2, Duration::from_secs(3600), 3);
+        let (o, stalled) = stall_first_write(dir.path(), opts, Duration::from_secs(3), "a").await;
         // Two behind the stalled write: both wait for it.
         let (w1, w2) = (o.wal.clone(), o.wal.clone());
         let b = tokio::spawn(async move { w1.append(vec![rec(1, 0, None, "b")]).await });
