@@ -247,12 +247,15 @@ impl Standby {
         self.busy_since.store(since, Ordering::Release);
     }
 
-    /// A request was staged. If the first lane is writing and `behind` requests now wait
-    /// for it, a standby lane is called; else the running write, if no staged record
-    /// watches it yet: this caller then does (see [`Self::running`]).
+    /// A request was staged. If the first lane is writing, and has been for `after`, or
+    /// another `behind` requests now wait for it, a standby lane is called (again for
+    /// each such request, so that a standby keeps writing through a long stall); else the
+    /// running write, if no staged record watches it yet: this caller then does (see
+    /// [`Self::running`]).
     fn staged(&self) -> Option<(u64, std::time::Instant)> {
         let (write, due) = self.running()?;
-        if self.staged_behind.fetch_add(1, Ordering::AcqRel) + 1 == self.behind {
+        let behind = self.staged_behind.fetch_add(1, Ordering::AcqRel) + 1;
+        if behind.is_multiple_of(self.behind) || std::time::Instant::now() >= due {
             self.call();
             return None;
         }
@@ -1374,6 +1377,11 @@ mod tests {
             !stalled.is_finished(),
             "b was answered only after a's write: no standby lane took it"
         );
+        // The stall goes on, and so does the standby.
+        for p in ["c", "d"] {
+            o.wal.append(vec![rec(1, 0, None, p)]).await.unwrap();
+        }
+        assert!(!stalled.is_finished(), "c and d waited for a's write");
         stalled.await.unwrap().unwrap();
         assert_eq!(
             lanes_that_wrote(dir.path()),
@@ -1383,7 +1391,7 @@ mod tests {
         drop(o);
         let o = Wal::open(dir.path(), WalOptions::default()).unwrap();
         let payloads = recovered_payloads(&o);
-        assert_eq!(payloads, vec![Bytes::from("a"), Bytes::from("b")]);
+        assert_eq!(payloads, ["a", "b", "c", "d"].map(Bytes::from).to_vec());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
