@@ -155,6 +155,9 @@ impl Default for WalOptions {
     }
 }
 
+/// The staged requests the lanes take from, one lane at a time.
+type Queue = std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>;
+
 struct Staged {
     records: Vec<WalRecord>,
     done: oneshot::Sender<Result<(), WalError>>,
@@ -213,8 +216,8 @@ struct Standby {
     watched: AtomicU64,
     /// Requests staged during the first lane's running write.
     staged_behind: std::sync::atomic::AtomicUsize,
-    /// Calls no standby lane has taken yet (at most one outstanding).
-    calls: std::sync::Mutex<usize>,
+    /// A call no standby lane has taken yet (at most one is outstanding).
+    called_pending: std::sync::Mutex<bool>,
     called: std::sync::Condvar,
     /// The first lane has stopped (the queue closed): so do the standbys.
     stopped: AtomicBool,
@@ -230,7 +233,7 @@ impl Standby {
             epoch: std::time::Instant::now(),
             busy_since: AtomicU64::new(0),
             watched: AtomicU64::new(0),
-            calls: std::sync::Mutex::new(0),
+            called_pending: std::sync::Mutex::new(false),
             called: std::sync::Condvar::new(),
             stopped: AtomicBool::new(false),
         }
@@ -276,27 +279,32 @@ impl Standby {
     }
 
     fn call(&self) {
-        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        if *calls == 0 {
-            *calls = 1;
+        let mut pending = self
+            .called_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !*pending {
+            *pending = true;
             self.called.notify_one();
         }
     }
 
     /// A standby lane waits to be called: false once the WAL stops.
     fn wait_call(&self) -> bool {
-        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self
+            .called_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         loop {
             if self.stopped.load(Ordering::Acquire) {
                 return false;
             }
-            if *calls > 0 {
-                *calls -= 1;
+            if std::mem::take(&mut *pending) {
                 return true;
             }
-            calls = self
+            pending = self
                 .called
-                .wait_timeout(calls, Duration::from_secs(1))
+                .wait_timeout(pending, Duration::from_secs(1))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
@@ -304,7 +312,10 @@ impl Standby {
 
     fn stop(&self) {
         self.stopped.store(true, Ordering::Release);
-        let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let _pending = self
+            .called_pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         self.called.notify_all();
     }
 }
@@ -556,7 +567,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn run(self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
+    fn run(self, rx: Arc<Queue>) {
         if self.lane == 0 {
             self.run_first(rx)
         } else {
@@ -565,7 +576,7 @@ impl Writer {
     }
 
     /// The first lane: takes everything queued, writes it as one frame, fsyncs, answers.
-    fn run_first(mut self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
+    fn run_first(mut self, rx: Arc<Queue>) {
         let mut carry: Option<Staged> = None;
         while let Some(batch) = self.take_batch(&rx, &mut carry, true) {
             self.shared.standby.first_lane_busy(true);
@@ -577,7 +588,7 @@ impl Writer {
 
     /// A standby lane: called when a record would wait too long for the first lane's
     /// write, takes everything queued then, writes it, and waits for the next call.
-    fn run_standby(mut self, rx: Arc<std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>>) {
+    fn run_standby(mut self, rx: Arc<Queue>) {
         let mut carry: Option<Staged> = None;
         while self.shared.standby.wait_call() {
             // What did not fit into one frame goes into the next at once. (Nothing staged:
@@ -597,7 +608,7 @@ impl Writer {
     /// staged (`block`: the queue closed).
     fn take_batch(
         &self,
-        rx: &std::sync::Mutex<mpsc::UnboundedReceiver<Staged>>,
+        rx: &Queue,
         carry: &mut Option<Staged>,
         block: bool,
     ) -> Option<Vec<Staged>> {
