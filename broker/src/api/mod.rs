@@ -1,12 +1,12 @@
 //! The HTTP API (SPEC §3): routing, request parsing and the error edge. It owns no state:
 //! every handler works through the [`App`](crate::app::App) handles.
 //!
-//! Security (SPEC §4): the [`authenticate`] middleware runs on every `/v1` request (probes
-//! and `/metrics` stay open). With security on it checks the Basic credentials against the
-//! local metadata view (`security::Authenticator`: cache, throttle; `401`/`429`); with security
-//! off it lets everything through as [`Caller::SecurityOff`]. It leaves the [`Caller`] in the
-//! request extensions, where handlers take it as an extractor and ask `security::authz`
-//! (`403`/`404`) before doing anything else.
+//! Security (SPEC §4): [`authenticate`], a step of the [`edge`] middleware, runs on every
+//! `/v1` request (probes and `/metrics` stay open). With security on it checks the Basic
+//! credentials against the local metadata view (`security::Authenticator`: cache, throttle;
+//! `401`/`429`); with security off it lets everything through as [`Caller::SecurityOff`]. It
+//! leaves the [`Caller`] in the request extensions, where handlers take it as an extractor
+//! and ask `security::authz` (`403`/`404`) before doing anything else.
 
 mod children;
 pub mod consume;
@@ -63,12 +63,7 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     };
     crate::console::mount(routes, &app)
         .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(
-            app.clone(),
-            authenticate,
-        ))
-        .layer(axum::middleware::from_fn(refuse_codings))
-        .layer(axum::middleware::from_fn_with_state(app.clone(), observe))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), edge))
         .layer(Extension(Arc::new(encoding::Bodies {
             budget: encoding::BatchBudget::new(app.config.http.max_batch_bytes_in_flight),
             decoders,
@@ -84,8 +79,8 @@ fn takes_coded_body(path: Option<&MatchedPath>) -> bool {
     )
 }
 
-/// Refuses a request whose body comes in a coding the server does not decode, before
-/// authentication or any handler reads it:
+/// The answer refusing a request whose body comes in a coding the server does not decode,
+/// before authentication or any handler reads it:
 /// - `Transfer-Encoding` other than exactly `chunked` (RFC 9112 §6.1: a transfer coding the
 ///   server does not understand is `501`; `chunked` applied twice is `400`). hyper itself
 ///   answers `400` when the last coding is not `chunked`, since the body's length is then
@@ -93,26 +88,22 @@ fn takes_coded_body(path: Option<&MatchedPath>) -> bool {
 /// - `Content-Encoding` this route does not decode: `415` with the `Accept-Encoding` it takes
 ///   (RFC 9110 §15.5.16). Produce and batch produce decode one of `gzip`, `zstd` (and
 ///   `identity`); every other route takes `identity` only.
-async fn refuse_codings(req: Request, next: Next) -> Response {
+fn refusal(req: &Request) -> Option<Response> {
     let coded = takes_coded_body(req.extensions().get::<MatchedPath>());
-    match unsupported_coding(req.headers(), coded) {
-        Some(e) => {
-            let accept = e.code == ErrorCode::UnsupportedMediaType;
-            let mut r = e.into_response();
-            if accept {
-                r.headers_mut().insert(
-                    header::ACCEPT_ENCODING,
-                    HeaderValue::from_static(if coded {
-                        encoding::ACCEPTED
-                    } else {
-                        "identity"
-                    }),
-                );
-            }
-            r
-        }
-        None => next.run(req).await,
+    let e = unsupported_coding(req.headers(), coded)?;
+    let accept = e.code == ErrorCode::UnsupportedMediaType;
+    let mut r = e.into_response();
+    if accept {
+        r.headers_mut().insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static(if coded {
+                encoding::ACCEPTED
+            } else {
+                "identity"
+            }),
+        );
     }
+    Some(r)
 }
 
 /// The codings of every `name` field, lower-cased, in order (`None` if one is not text).
@@ -130,7 +121,7 @@ fn codings(headers: &axum::http::HeaderMap, name: header::HeaderName) -> Option<
 }
 
 /// The error for a request body in a coding this server does not decode (see
-/// [`refuse_codings`]).
+/// [`refusal`]).
 fn unsupported_coding(headers: &axum::http::HeaderMap, coded: bool) -> Option<ApiError> {
     if headers.contains_key(header::TRANSFER_ENCODING) {
         let te = codings(headers, header::TRANSFER_ENCODING);
@@ -193,8 +184,10 @@ pub fn metrics_router(app: AppState) -> Router {
     Router::new()
         .route("/metrics", get(system::metrics))
         .fallback(not_found)
-        .layer(axum::middleware::from_fn(refuse_codings))
-        .layer(axum::middleware::from_fn_with_state(app.clone(), observe))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            metrics_edge,
+        ))
         .with_state(app)
 }
 
@@ -220,23 +213,23 @@ fn needs_auth(path: &str) -> bool {
     (path == "/v1" || path.starts_with("/v1/")) && path != openapi::PATH
 }
 
-/// Authenticates every `/v1` request (SPEC §4.1) and leaves the [`Caller`] for the handler.
+/// Authenticates a `/v1` request (SPEC §4.1) and leaves the [`Caller`] for the handler.
 /// With security on: no, malformed or wrong credentials → `401` with
 /// `WWW-Authenticate: Basic realm="narad"`; throttled → `429` with `Retry-After`. A keep-alive
 /// client with a verified password pays one HMAC and a map lookup, no argon2.
-async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+async fn authenticate(app: &App, req: &mut Request) -> Result<(), Response> {
     if !needs_auth(req.uri().path()) {
-        return next.run(req).await;
+        return Ok(());
     }
-    let caller = match app.caller_of(req.headers()).await {
-        Ok(c) => c,
-        Err(e) => return e.into_response(),
-    };
+    let caller = app
+        .caller_of(req.headers())
+        .await
+        .map_err(IntoResponse::into_response)?;
     req.extensions_mut().insert(caller);
-    next.run(req).await
+    Ok(())
 }
 
-/// Handlers take the [`Caller`] the [`authenticate`] middleware left in the request.
+/// Handlers take the [`Caller`] [`authenticate`] left in the request.
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = ApiError;
 
@@ -280,8 +273,26 @@ fn method_label(m: &Method) -> &'static str {
     }
 }
 
-/// Metrics for every request, and the JSON error body for the router's own 405s.
-async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Response {
+/// The one middleware every API request passes through, in this order: metrics for every
+/// request (refusals included), the [`refusal`] of a body coding this route does not decode,
+/// [`authenticate`], the route; on the way out `Connection: close` while the node stops, and
+/// the JSON error body for the router's own 405s. One layer rather than one per step: each
+/// layer costs a request a boxed service clone and a boxed future.
+async fn edge(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    through_edge(app, req, next, true).await
+}
+
+/// [`edge`] for the metrics listener, which takes no credentials.
+async fn metrics_edge(State(app): State<AppState>, req: Request, next: Next) -> Response {
+    through_edge(app, req, next, false).await
+}
+
+async fn through_edge(
+    app: AppState,
+    mut req: Request,
+    next: Next,
+    authenticated: bool,
+) -> Response {
     let started = Instant::now();
     let route = route_label(req.extensions().get::<MatchedPath>());
     let method = method_label(req.method());
@@ -293,7 +304,15 @@ async fn observe(State(app): State<AppState>, req: Request, next: Next) -> Respo
         .unwrap_or(0);
     let m = &app.metrics;
     m.http_in_flight.inc();
-    let mut resp = next.run(req).await;
+    let admitted = match refusal(&req) {
+        Some(refused) => Err(refused),
+        None if authenticated => authenticate(&app, &mut req).await,
+        None => Ok(()),
+    };
+    let mut resp = match admitted {
+        Ok(()) => next.run(req).await,
+        Err(r) => r,
+    };
     m.http_in_flight.dec();
     if app.health.is_stopping() {
         // Shutting down (SIGTERM, `http.shutdown_delay`): keep-alive clients reconnect for
