@@ -260,10 +260,14 @@ impl Dispatcher {
         if self.forced.contains(key) {
             return Ok(());
         }
-        let linger = if self.router.lazy(key.0, key.1) {
-            self.idle_linger
-        } else {
-            self.linger
+        // Asked only when the answer depends on it: this runs for every pending partition
+        // at every turn of the loop, and the router looks the topic up.
+        let linger = || {
+            if self.router.lazy(key.0, key.1) {
+                self.idle_linger
+            } else {
+                self.linger
+            }
         };
         due(self.last_start.get(key).copied(), linger, queued, now)
     }
@@ -335,18 +339,11 @@ impl Dispatcher {
         let mut jobs: JoinSet<Outcome> = JoinSet::new();
         let mut open = true;
         loop {
-            self.start_jobs(&mut jobs);
+            let next_linger = self.start_jobs(&mut jobs);
             self.answer_waiting();
             if !open && jobs.is_empty() && self.pending.is_empty() {
                 return;
             }
-            let now = Instant::now();
-            let next_linger = self
-                .pending
-                .iter()
-                .filter(|(k, _)| !self.busy.contains_key(k))
-                .filter_map(|(k, q)| self.due(k, q.len(), now).err())
-                .min();
             let next_retry = self
                 .faults
                 .next_retry()
@@ -391,34 +388,54 @@ impl Dispatcher {
         }
     }
 
-    fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) {
+    /// When the earliest partition that is not committing lingers until.
+    fn lingering(&self, now: Instant) -> Option<Instant> {
+        self.pending
+            .iter()
+            .filter(|(k, _)| !self.busy.contains_key(k))
+            .filter_map(|(k, q)| self.due(k, q.len(), now).err())
+            .min()
+    }
+
+    /// Starts the commits that are due; returns when the earliest lingering partition is due
+    /// (`None`: none lingers).
+    fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) -> Option<Instant> {
+        let mut lingering = None;
         // Rerouting moves records to other keys, which may then be ready too.
         for _ in 0..4 {
-            if !self.start_jobs_once(jobs) {
+            let (rerouted, until) = self.start_jobs_once(jobs);
+            lingering = lingering.into_iter().chain(until).min();
+            if !rerouted {
                 break;
             }
         }
+        lingering
     }
 
-    /// One pass; returns whether records were rerouted (worth another pass).
-    fn start_jobs_once(&mut self, jobs: &mut JoinSet<Outcome>) -> bool {
-        if jobs.len() >= MAX_PARALLEL {
-            return false;
-        }
+    /// One pass; returns whether records were rerouted (worth another pass) and when the
+    /// earliest partition left lingering is due. Each pending partition's [`Self::due`] is
+    /// asked once a pass: it may look its topic up.
+    fn start_jobs_once(&mut self, jobs: &mut JoinSet<Outcome>) -> (bool, Option<Instant>) {
         let now = Instant::now();
+        if jobs.len() >= MAX_PARALLEL {
+            // Nothing starts; a commit ending wakes the loop to look again.
+            return (false, self.lingering(now));
+        }
         self.faults.expire_stuck(now);
         let linger = self.idle_linger;
         self.last_start.retain(|_, at| *at + linger > now);
-        let ready: Vec<Key> = self
-            .pending
-            .iter()
-            .filter(|(k, q)| {
-                !self.busy.contains_key(k)
-                    && (!self.faults.waiting(k) || self.faults.is_stuck(k))
-                    && self.due(k, q.len(), now).is_ok()
-            })
-            .map(|(k, _)| *k)
-            .collect();
+        let mut lingering = None;
+        let mut ready: Vec<Key> = Vec::new();
+        for (k, q) in &self.pending {
+            if self.busy.contains_key(k) {
+                continue;
+            }
+            match self.due(k, q.len(), now) {
+                Ok(()) if !self.faults.waiting(k) || self.faults.is_stuck(k) => ready.push(*k),
+                Ok(()) => {}
+                Err(until) => lingering = lingering.into_iter().chain([until]).min(),
+            }
+        }
         let mut rerouted = false;
         for key in ready {
             if jobs.len() >= MAX_PARALLEL {
@@ -495,7 +512,7 @@ impl Dispatcher {
                 }
             }
         }
-        rerouted
+        (rerouted, lingering)
     }
 
     /// Takes the next batch of `key`'s pending records.
@@ -680,12 +697,19 @@ impl Faults {
 /// visibility, never a `202`.
 fn due(
     last_start: Option<Instant>,
-    linger: Duration,
+    linger: impl FnOnce() -> Duration,
     queued: usize,
     now: Instant,
 ) -> Result<(), Instant> {
     match last_start {
-        Some(at) if queued < LINGER_RECORDS && at + linger > now => Err(at + linger),
+        Some(at) if queued < LINGER_RECORDS => {
+            let until = at + linger();
+            if until > now {
+                Err(until)
+            } else {
+                Ok(())
+            }
+        }
         _ => Ok(()),
     }
 }
@@ -776,20 +800,24 @@ mod tests {
         let t0 = Instant::now();
         let l = Duration::from_millis(5);
         // Never committed, or idle for a linger or longer: at once.
-        assert_eq!(due(None, l, 1, t0), Ok(()));
-        assert_eq!(due(Some(t0), l, 1, t0 + l), Ok(()));
-        assert_eq!(due(Some(t0), l, 1, t0 + 3 * l), Ok(()));
+        assert_eq!(due(None, || l, 1, t0), Ok(()));
+        assert_eq!(due(Some(t0), || l, 1, t0 + l), Ok(()));
+        assert_eq!(due(Some(t0), || l, 1, t0 + 3 * l), Ok(()));
         // Committed less than a linger ago: when the linger since that start is over.
         let ms = Duration::from_millis(1);
-        assert_eq!(due(Some(t0), l, 1, t0 + ms), Err(t0 + l));
+        assert_eq!(due(Some(t0), || l, 1, t0 + ms), Err(t0 + l));
         assert_eq!(
-            due(Some(t0), l, LINGER_RECORDS - 1, t0 + 4 * ms),
+            due(Some(t0), || l, LINGER_RECORDS - 1, t0 + 4 * ms),
             Err(t0 + l)
         );
         // A full queue does not wait.
-        assert_eq!(due(Some(t0), l, LINGER_RECORDS, t0 + ms), Ok(()));
+        assert_eq!(due(Some(t0), || l, LINGER_RECORDS, t0 + ms), Ok(()));
         // No linger: never waits.
-        assert_eq!(due(Some(t0), Duration::ZERO, 1, t0), Ok(()));
+        assert_eq!(due(Some(t0), || Duration::ZERO, 1, t0), Ok(()));
+        // Whether the partition is lazy is not asked where the answer does not depend on it.
+        let unasked = || -> Duration { panic!("the linger was asked for") };
+        assert_eq!(due(None, unasked, 1, t0), Ok(()));
+        assert_eq!(due(Some(t0), unasked, LINGER_RECORDS, t0), Ok(()));
     }
 }
 
