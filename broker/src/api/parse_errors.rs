@@ -64,8 +64,9 @@ impl PendingRequests {
 /// Where the response stream stands.
 #[derive(Debug, PartialEq, Eq)]
 enum Out {
-    /// Collecting a response head (`matched` bytes of `\r\n\r\n` seen at its end).
-    Head { buf: Vec<u8>, matched: u8 },
+    /// Collecting a response head, in `out` from `start` on (`matched` bytes of `\r\n\r\n`
+    /// seen at its end). Nothing from `start` on goes out before the head is complete.
+    Head { start: usize, matched: u8 },
     /// Passing this many body bytes through.
     Body(u64),
     /// No longer following the stream: everything passes through.
@@ -74,22 +75,14 @@ enum Out {
     Discard,
 }
 
-impl Out {
-    fn head() -> Out {
-        Out::Head {
-            buf: Vec::new(),
-            matched: 0,
-        }
-    }
-}
-
 /// An I/O stream whose writes are followed as HTTP/1.1 responses, with hyper's own parse-error
 /// answers replaced by JSON ones (see the module doc).
 pub struct JsonParseErrors<I> {
     inner: I,
     pending: Arc<PendingRequests>,
     state: Out,
-    /// Bytes accepted from hyper and not yet written to `inner` (heads).
+    /// Bytes accepted from hyper and not yet written to `inner` (heads, and the head being
+    /// collected). Kept between answers, so that following a head allocates nothing.
     out: Vec<u8>,
     out_pos: usize,
 }
@@ -99,9 +92,28 @@ impl<I> JsonParseErrors<I> {
         JsonParseErrors {
             inner,
             pending,
-            state: Out::head(),
+            state: Out::Head {
+                start: 0,
+                matched: 0,
+            },
             out: Vec::new(),
             out_pos: 0,
+        }
+    }
+
+    /// Collecting the next response head, from what is queued now on.
+    fn next_head(&self) -> Out {
+        Out::Head {
+            start: self.out.len(),
+            matched: 0,
+        }
+    }
+
+    /// How much of `out` may be written: all but a head still being collected.
+    fn settled(&self) -> usize {
+        match self.state {
+            Out::Head { start, .. } => start,
+            _ => self.out.len(),
         }
     }
 
@@ -113,8 +125,8 @@ impl<I> JsonParseErrors<I> {
             let mut i = 0;
             while i < b.len() {
                 match &mut self.state {
-                    Out::Head { buf, matched } => {
-                        let start = i;
+                    Out::Head { start, matched } => {
+                        let from = i;
                         let mut done = false;
                         while i < b.len() {
                             let c = b[i];
@@ -130,15 +142,14 @@ impl<I> JsonParseErrors<I> {
                                 break;
                             }
                         }
-                        buf.extend_from_slice(&b[start..i]);
-                        took += i - start;
-                        let stray = buf.len() >= 5 && !buf.starts_with(b"HTTP/");
+                        let start = *start;
+                        self.out.extend_from_slice(&b[from..i]);
+                        took += i - from;
+                        let head = &self.out[start..];
+                        let stray = head.len() >= 5 && !head.starts_with(b"HTTP/");
                         if done {
-                            let head = std::mem::take(buf);
-                            self.finish_head(head);
-                        } else if stray || buf.len() > MAX_RESPONSE_HEAD {
-                            let head = std::mem::take(buf);
-                            self.out.extend_from_slice(&head);
+                            self.finish_head(start);
+                        } else if stray || head.len() > MAX_RESPONSE_HEAD {
                             self.state = Out::Through;
                         }
                     }
@@ -153,57 +164,64 @@ impl<I> JsonParseErrors<I> {
         took
     }
 
-    /// A complete response head: queue it (or its JSON replacement) and follow its body.
-    fn finish_head(&mut self, head: Vec<u8>) {
-        let Some(status) = status_of(&head) else {
-            self.out.extend_from_slice(&head);
+    /// The response head in `out` from `start` on is complete: leave it queued (or put its
+    /// JSON replacement in its place) and follow its body.
+    fn finish_head(&mut self, start: usize) {
+        let head = &self.out[start..];
+        let Some(status) = status_of(head) else {
             self.state = Out::Through;
             return;
         };
         if status == 101 {
-            self.out.extend_from_slice(&head);
             self.state = Out::Through;
             return;
         }
         if (100..200).contains(&status) {
             // Interim (`100 Continue`): the final answer follows.
-            self.out.extend_from_slice(&head);
-            self.state = Out::head();
+            self.state = self.next_head();
             return;
         }
         let Some(is_head) = self.pending.answered() else {
             // No request waits for an answer: this is hyper's own, for a head it refused.
-            self.out.extend_from_slice(&json_answer(status, &head));
+            let answer = json_answer(status, head);
+            self.out.truncate(start);
+            self.out.extend_from_slice(&answer);
             self.state = Out::Discard;
             return;
         };
-        self.out.extend_from_slice(&head);
-        self.state = if is_head || status == 204 || status == 304 {
-            Out::head()
-        } else if header(&head, "transfer-encoding").is_some() {
-            Out::Through
+        let body = if is_head || status == 204 || status == 304 {
+            Some(0)
+        } else if header(head, "transfer-encoding").is_some() {
+            None
         } else {
-            match header(&head, "content-length").and_then(|v| v.parse::<u64>().ok()) {
-                Some(0) => Out::head(),
-                Some(n) => Out::Body(n),
-                None => Out::Through,
-            }
+            header(head, "content-length").and_then(|v| v.parse::<u64>().ok())
+        };
+        self.state = match body {
+            Some(0) => self.next_head(),
+            Some(n) => Out::Body(n),
+            None => Out::Through,
         };
     }
 }
 
 impl<I: AsyncWrite + Unpin> JsonParseErrors<I> {
-    /// Writes what is queued in `out`.
+    /// Writes what is queued in `out`, but a head still being collected.
     fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.out_pos < self.out.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.out[self.out_pos..]))?;
+        let settled = self.settled();
+        while self.out_pos < settled {
+            let n =
+                ready!(Pin::new(&mut self.inner).poll_write(cx, &self.out[self.out_pos..settled]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             self.out_pos += n;
         }
-        self.out.clear();
+        // What is left is the start of a head: it moves to the front.
+        self.out.drain(..settled);
         self.out_pos = 0;
+        if let Out::Head { start, .. } = &mut self.state {
+            *start = 0;
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -255,7 +273,7 @@ impl<I: AsyncWrite + Unpin> JsonParseErrors<I> {
                 if let Out::Body(rest) = &mut self.state {
                     *rest -= passed as u64;
                     if *rest == 0 {
-                        self.state = Out::head();
+                        self.state = self.next_head();
                     }
                 }
                 return Poll::Ready(Ok(passed));
@@ -284,7 +302,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<I> {
             Out::Through => this.poll_pass(cx, bufs, u64::MAX),
             Out::Body(n) => this.poll_pass(cx, bufs, n),
             Out::Head { .. } | Out::Discard => {
-                if this.out.len() - this.out_pos > MAX_RESPONSE_HEAD {
+                if this.settled() - this.out_pos > MAX_RESPONSE_HEAD {
                     ready!(this.poll_drain(cx))?;
                 }
                 // Taken into `out`; it goes out with the body that follows, or on flush.
@@ -334,12 +352,18 @@ fn status_of(head: &[u8]) -> Option<u16> {
     std::str::from_utf8(code).ok()?.parse().ok()
 }
 
-/// The value of header `name` (lower case) in a response head.
+/// The value of header `name` (lower case) in a response head. Byte by byte, without
+/// validating the whole head as text: every answer's head passes here.
 fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
-    let text = std::str::from_utf8(head).ok()?;
-    text.split("\r\n").skip(1).find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
+        let colon = line.iter().position(|&b| b == b':')?;
+        if !line[..colon]
+            .trim_ascii()
+            .eq_ignore_ascii_case(name.as_bytes())
+        {
+            return None;
+        }
+        std::str::from_utf8(line[colon + 1..].trim_ascii()).ok()
     })
 }
 
@@ -419,6 +443,23 @@ mod tests {
         let bytes: Vec<&[u8]> = whole.chunks(1).collect();
         let chunks: Vec<&[&[u8]]> = bytes.iter().map(std::slice::from_ref).collect();
         assert_eq!(through(&[false], &chunks).await.as_bytes(), whole);
+    }
+
+    #[tokio::test]
+    async fn a_flush_sends_no_half_collected_head() {
+        let pending = Arc::new(PendingRequests::default());
+        pending.arrived(false);
+        pending.arrived(false);
+        let mut w = JsonParseErrors::new(Vec::<u8>::new(), pending);
+        let body = b"{\"a\":\"bcd\"}";
+        // A whole answer and the start of the next head, then a flush: only the answer goes.
+        w.write_all(&[OK, body, &OK[..20]].concat()).await.unwrap();
+        w.flush().await.unwrap();
+        assert_eq!(w.inner, [OK, body].concat());
+        // The rest of that head and its body: both answers, whole, in order.
+        w.write_all(&[&OK[20..], body].concat()).await.unwrap();
+        w.flush().await.unwrap();
+        assert_eq!(w.inner, [OK, body, OK, body].concat());
     }
 
     #[tokio::test]
