@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 
 use crate::error::{io_err, Result, StorageError};
 use crate::frame::{
-    encode_frame, encode_frame_zstd, FrameLen, FRAME_HEADER_LEN, FRAME_MAX_RECORDS,
+    encode_frame, encode_frame_zstd, DecodedFrame, FrameLen, FRAME_HEADER_LEN, FRAME_MAX_RECORDS,
     FRAME_TARGET_BYTES, MAX_ATTRS_BYTES, MAX_RECORD_BYTES,
 };
 use crate::recovery::{self, sync_dir};
@@ -24,7 +25,7 @@ use crate::segment::{
 };
 use crate::{Codec, LogConfig, LogStats, NewRecord, RetentionOutcome, SegmentFile, StoredRecord};
 
-/// Decoded frames (or damaged ranges) kept for readers.
+/// Decoded frames (or damaged ranges) kept for readers: the last ones read, or committed.
 const CACHE_ENTRIES: usize = 4;
 /// Segments never grow past this (index positions are u32; one frame may overshoot).
 const MAX_SEGMENT_BYTES: u64 = 1 << 31;
@@ -300,7 +301,7 @@ impl PartitionLog {
             return Ok(hwm);
         }
         match self.sync_and_verify(&mut w, hwm, next) {
-            Ok((segs, frames)) => {
+            Ok((segs, frames, tail)) => {
                 for s in &segs {
                     s.readable
                         .store(s.size.load(Ordering::Acquire), Ordering::Release);
@@ -325,6 +326,10 @@ impl PartitionLog {
                 w.ckpt = Checkpoint::of(active);
                 w.pending = false;
                 self.hwm.store(next, Ordering::Release);
+                // Readers that keep up read what was just committed: from here, not the file.
+                for f in tail {
+                    self.cache_put(&Entry::Frame(Arc::new(f)));
+                }
                 Ok(next)
             }
             Err(e) => {
@@ -335,13 +340,14 @@ impl PartitionLog {
         }
     }
 
-    /// The segments of the range and how many frames it holds.
+    /// The segments of the range, how many frames it holds, and its last frames (as many as
+    /// the cache keeps), decoded.
     fn sync_and_verify(
         &self,
         w: &mut Writer,
         hwm: u64,
         next: u64,
-    ) -> Result<(Vec<Arc<Segment>>, usize)> {
+    ) -> Result<(Vec<Arc<Segment>>, usize, Vec<DecodedFrame>)> {
         let segs: Vec<Arc<Segment>> = self
             .segments
             .read()
@@ -356,6 +362,7 @@ impl PartitionLog {
             .map_err(io_err(&last.log_path))?;
         let mut expected = hwm;
         let mut frames = 0;
+        let mut tail = Vec::new();
         for s in &segs {
             let start = if s.base == w.ckpt.seg_base {
                 w.ckpt.pos
@@ -365,6 +372,7 @@ impl PartitionLog {
             let end = s.size.load(Ordering::Acquire);
             let mut rd = self.verify_reader(w, s, start, end)?;
             let mut pos = start;
+            let mut last_frames = VecDeque::with_capacity(CACHE_ENTRIES);
             while pos < end {
                 let fail = |reason: String| StorageError::VerifyFailed {
                     path: s.log_path.clone(),
@@ -373,6 +381,10 @@ impl PartitionLog {
                 };
                 match probe(&mut rd, pos).map_err(io_err(&s.log_path))? {
                     Probe::Valid(h) if h.base_offset == expected => {
+                        if last_frames.len() == CACHE_ENTRIES {
+                            last_frames.pop_front();
+                        }
+                        last_frames.push_back((pos, h.len as usize));
                         pos += h.len as u64;
                         expected = h.end_offset();
                         frames += 1;
@@ -386,6 +398,9 @@ impl PartitionLog {
                     Probe::Invalid(r) => return Err(fail(format!("frame at byte {pos}: {r}"))),
                 }
             }
+            if Arc::ptr_eq(s, last) {
+                tail = decoded_copies(&mut rd, &last_frames);
+            }
         }
         if expected != next {
             return Err(StorageError::VerifyFailed {
@@ -394,7 +409,7 @@ impl PartitionLog {
                 reason: format!("read back ends at offset {expected}, appended up to {next}"),
             });
         }
-        Ok((segs, frames))
+        Ok((segs, frames, tail))
     }
 
     /// The reader a commit verifies `[start, end)` of segment `s` with. From the device, not
@@ -931,6 +946,7 @@ mod tests {
         let log = PartitionLog::open(tmp.path(), LogConfig::default()).unwrap();
         log.append(&recs(200), 1).unwrap(); // frames of 64, 64, 64, 8 records
         log.commit().unwrap();
+        log.close(); // empties the cache the commit filled
         for o in 0..200 {
             assert_eq!(
                 log.read(o).unwrap().unwrap().payload,
@@ -950,6 +966,32 @@ mod tests {
         // and leaves its last frame in the cache for the next single reads
         log.read(199).unwrap().unwrap();
         assert_eq!(log.loads.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_commit_leaves_its_last_frames_for_readers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let log = PartitionLog::open(tmp.path(), LogConfig::default()).unwrap();
+        log.append(&recs(400), 1).unwrap(); // 6 frames of 64 records, then one of 16
+        log.commit().unwrap();
+        // The last CACHE_ENTRIES frames (offsets 192..400) are read without the file.
+        for o in 192..400 {
+            assert_eq!(
+                log.read(o).unwrap().unwrap().payload,
+                Bytes::from(format!("r{o}"))
+            );
+        }
+        assert_eq!(log.loads.load(Ordering::Relaxed), 0);
+        // An earlier one is loaded.
+        assert_eq!(log.read(0).unwrap().unwrap().payload, Bytes::from("r0"));
+        assert_eq!(log.loads.load(Ordering::Relaxed), 1);
+        // The next commit's frame joins them.
+        log.append(&recs(1), 1).unwrap();
+        log.commit().unwrap();
+        assert_eq!(log.read(400).unwrap().unwrap().payload, Bytes::from("r0"));
+        assert_eq!(log.loads.load(Ordering::Relaxed), 1);
+        // Past the high watermark, nothing.
+        assert!(log.read(401).unwrap().is_none());
     }
 
     #[test]
@@ -1147,6 +1189,18 @@ mod tests {
 }
 
 /// Logs written with zstd (frame codec 1), alone and mixed with uncompressed frames.
+/// The frames at `at` (byte position, length) that a commit just verified, decoded from a
+/// copy of their bytes: a cached frame holds its own bytes, not the commit's whole read
+/// buffer. One that cannot be had is left out (a reader then loads it from the file).
+fn decoded_copies(rd: &mut ChunkReader, at: &VecDeque<(u64, usize)>) -> Vec<DecodedFrame> {
+    at.iter()
+        .filter_map(|&(pos, len)| {
+            let bytes = rd.get(pos, len).ok()??;
+            DecodedFrame::decode(Bytes::copy_from_slice(&bytes)).ok()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod codec_tests {
     use super::*;
