@@ -388,15 +388,6 @@ impl Dispatcher {
         }
     }
 
-    /// When the earliest partition that is not committing lingers until.
-    fn lingering(&self, now: Instant) -> Option<Instant> {
-        self.pending
-            .iter()
-            .filter(|(k, _)| !self.busy.contains_key(k))
-            .filter_map(|(k, q)| self.due(k, q.len(), now).err())
-            .min()
-    }
-
     /// Starts the commits that are due; returns when the earliest lingering partition is due
     /// (`None`: none lingers).
     fn start_jobs(&mut self, jobs: &mut JoinSet<Outcome>) -> Option<Instant> {
@@ -416,11 +407,12 @@ impl Dispatcher {
     /// earliest partition left lingering is due. Each pending partition's [`Self::due`] is
     /// asked once a pass: it may look its topic up.
     fn start_jobs_once(&mut self, jobs: &mut JoinSet<Outcome>) -> (bool, Option<Instant>) {
-        let now = Instant::now();
         if jobs.len() >= MAX_PARALLEL {
-            // Nothing starts; a commit ending wakes the loop to look again.
-            return (false, self.lingering(now));
+            // Nothing can start before a commit ends, and that wakes the loop to look again:
+            // no linger needs a wake-up of its own.
+            return (false, None);
         }
+        let now = Instant::now();
         self.faults.expire_stuck(now);
         let linger = self.idle_linger;
         self.last_start.retain(|_, at| *at + linger > now);

@@ -928,7 +928,6 @@ fn persist_active_index(active: &Segment) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
 
     fn recs(n: usize) -> Vec<NewRecord> {
         (0..n)
@@ -1207,7 +1206,6 @@ mod codec_tests {
     use crate::frame::test_support::reseal;
     use crate::frame::{FrameHeader, CODEC_NONE, CODEC_ZSTD};
     use crate::{verify_dir, CompressionLevel};
-    use bytes::Bytes;
     use rand::{Rng, SeedableRng};
 
     fn cfg(codec: Codec) -> LogConfig {
