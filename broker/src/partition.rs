@@ -5,7 +5,7 @@
 //! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, rewritten
 //! atomically at most every 50 ms when it moved).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -878,7 +878,8 @@ pub struct Registry {
     root: PathBuf,
     log_cfg: LogConfig,
     metrics: Arc<Metrics>,
-    topics: RwLock<HashMap<u64, Arc<TopicRuntime>>>,
+    /// By topic id (the cluster's own, so a fast hasher: the WAL dispatcher asks per turn).
+    topics: RwLock<foldhash::HashMap<u64, Arc<TopicRuntime>>>,
     /// Serialises reconciles (opening logs is slow; readers never wait for it).
     reconcile_lock: Mutex<()>,
     /// Partitions closed because a move handed them to another node: their directories
@@ -904,7 +905,7 @@ impl Registry {
             root,
             log_cfg,
             metrics,
-            topics: RwLock::new(HashMap::new()),
+            topics: RwLock::new(Default::default()),
             reconcile_lock: Mutex::new(()),
             released: Mutex::new(Vec::new()),
         })

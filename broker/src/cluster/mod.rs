@@ -59,8 +59,8 @@ impl Timing {
     }
 }
 
-/// Topics by id, for the view they were indexed from.
-type TopicIndex = (Arc<MetaState>, HashMap<u64, Arc<Topic>>);
+/// Topics by id (the cluster's own ids: a fast hasher), for the view they were indexed from.
+type TopicIndex = (Arc<MetaState>, foldhash::HashMap<u64, Arc<Topic>>);
 
 /// What the metadata says about a topic id.
 pub enum TopicLookup {
@@ -133,7 +133,7 @@ impl Cluster {
             initial_members
         };
         let view = meta.view();
-        let by_id: HashMap<u64, Arc<Topic>> =
+        let by_id: foldhash::HashMap<u64, Arc<Topic>> =
             view.topics.values().map(|t| (t.id, t.clone())).collect();
         Cluster {
             node_id,
@@ -272,7 +272,7 @@ impl Cluster {
         let found = if Arc::ptr_eq(&cached.0, &view) {
             cached.1.get(&id).cloned()
         } else {
-            let map: HashMap<u64, Arc<Topic>> =
+            let map: foldhash::HashMap<u64, Arc<Topic>> =
                 view.topics.values().map(|t| (t.id, t.clone())).collect();
             let found = map.get(&id).cloned();
             self.by_id.store(Arc::new((view.clone(), map)));

@@ -24,7 +24,10 @@
 //! less than it wanted, a replay, topic statistics) calls [`Visibility::flush`], which
 //! commits the topic's pending records at once and waits for them.
 
-use std::collections::{HashMap, VecDeque};
+// Keyed by partition (topic id, number): the node's own ids, so a fast hasher (this loop
+// looks partitions up several times a message).
+use foldhash::{HashMap, HashMapExt, HashSet};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -192,7 +195,7 @@ pub struct Dispatcher {
     queued_total: HashMap<Key, u64>,
     moved_total: HashMap<Key, u64>,
     /// Partitions a reader asked for: they commit at once.
-    forced: std::collections::HashSet<Key>,
+    forced: HashSet<Key>,
     waiting: Vec<Waiting>,
     /// Most commits in flight (at most `MAX_PARALLEL`): under load, partitions waiting for
     /// a slot gather larger batches, so the disk sees fewer, larger fsyncs.
