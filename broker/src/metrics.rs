@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use std::sync::OnceLock;
 
 /// Every `reason` of `remote_child_send_errors_total`: `children::remote::error_reason`'s and
 /// `RemoteSendError::reason`'s (the series of a link that is gone are removed by these).
@@ -209,6 +210,27 @@ pub struct Metrics {
     /// `narad_rpc_served_total{opcode}`: node RPCs this node answered, by opcode (unknown
     /// ones included: they show a newer peer talking to this build).
     pub rpc_served: Family<RpcOpLabels, Counter>,
+    /// The HTTP series of each (route, method, status) a request was answered with, looked
+    /// up once (see [`Metrics::http_answered`]).
+    http_series: parking_lot::RwLock<foldhash::HashMap<HttpLabels, HttpSeries>>,
+}
+
+/// The `http_*` series of one (route, method, status). The byte counters are made on their
+/// first non-zero count, so a route that never carries a body has no byte series.
+struct HttpSeries {
+    requests: Counter,
+    duration: Histogram,
+    bytes_in: OnceLock<Counter>,
+    bytes_out: OnceLock<Counter>,
+}
+
+/// What the edge measured of one answered request.
+pub struct HttpAnswer {
+    pub seconds: f64,
+    /// Request body bytes (`Content-Length`).
+    pub bytes_in: u64,
+    /// Response body bytes, when known up front.
+    pub bytes_out: Option<u64>,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -595,7 +617,51 @@ impl Metrics {
                 "Failed sends of remote child links (retried, blocked or skipped), by reason",
                 Family::default()
             ),
+            http_series: Default::default(),
             registry: r,
+        }
+    }
+
+    /// Counts one answered request in `http_requests_total`,
+    /// `http_request_duration_seconds` and the body byte counters of its route. The series
+    /// of a (route, method, status) are looked up in their families once: every later
+    /// request costs one read lock and a fast hash, not four lookups with SipHash.
+    pub fn http_answered(&self, labels: HttpLabels, a: HttpAnswer) {
+        if let Some(series) = self.http_series.read().get(&labels) {
+            return self.count_http(series, labels.route, a);
+        }
+        let mut map = self.http_series.write();
+        let series = map.entry(labels.clone()).or_insert_with(|| HttpSeries {
+            requests: self.http_requests.get_or_create(&labels).clone(),
+            duration: self.http_duration.get_or_create(&labels).clone(),
+            bytes_in: OnceLock::new(),
+            bytes_out: OnceLock::new(),
+        });
+        self.count_http(series, labels.route, a);
+    }
+
+    fn count_http(&self, series: &HttpSeries, route: &'static str, a: HttpAnswer) {
+        series.requests.inc();
+        series.duration.observe(a.seconds);
+        if a.bytes_in > 0 {
+            series
+                .bytes_in
+                .get_or_init(|| {
+                    self.http_bytes_in
+                        .get_or_create(&RouteLabels { route })
+                        .clone()
+                })
+                .inc_by(a.bytes_in);
+        }
+        if let Some(n) = a.bytes_out {
+            series
+                .bytes_out
+                .get_or_init(|| {
+                    self.http_bytes_out
+                        .get_or_create(&RouteLabels { route })
+                        .clone()
+                })
+                .inc_by(n);
         }
     }
 
@@ -736,5 +802,75 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
             .expect("invariant: writing to a String cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sample lines of `name` (a family lists its series in no set order: sorted).
+    fn series<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+        let mut lines: Vec<&str> = text.lines().filter(|l| l.starts_with(name)).collect();
+        lines.sort_unstable();
+        lines
+    }
+
+    #[test]
+    fn answered_requests_count_in_their_families() {
+        let m = Metrics::new();
+        let labels = |status| HttpLabels {
+            route: "/v1/topics/{topic}/produce",
+            method: "POST",
+            status,
+        };
+        let answer = |bytes_in, bytes_out| HttpAnswer {
+            seconds: 0.001,
+            bytes_in,
+            bytes_out,
+        };
+        m.http_answered(labels(202), answer(0, None));
+        let text = m.encode();
+        // A route that carried no body has no byte series.
+        assert!(
+            series(&text, "narad_http_request_bytes_in").is_empty(),
+            "{text}"
+        );
+        assert!(
+            series(&text, "narad_http_response_bytes_out").is_empty(),
+            "{text}"
+        );
+        m.http_answered(labels(202), answer(256, Some(40)));
+        m.http_answered(labels(202), answer(100, Some(2)));
+        m.http_answered(labels(400), answer(0, Some(90)));
+        let text = m.encode();
+        let route = "route=\"/v1/topics/{topic}/produce\"";
+        assert_eq!(
+            series(&text, "narad_http_requests_total"),
+            [
+                format!("narad_http_requests_total{{{route},method=\"POST\",status=\"202\"}} 3"),
+                format!("narad_http_requests_total{{{route},method=\"POST\",status=\"400\"}} 1"),
+            ]
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "narad_http_request_duration_seconds_count{{{route},method=\"POST\",status=\"202\"}} 3"
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "narad_http_request_bytes_in"),
+            [format!("narad_http_request_bytes_in_total{{{route}}} 356").as_str()],
+            "{text}"
+        );
+        assert_eq!(
+            series(&text, "narad_http_response_bytes_out"),
+            [format!("narad_http_response_bytes_out_total{{{route}}} 132").as_str()],
+            "{text}"
+        );
     }
 }

@@ -36,7 +36,7 @@ use serde::de::DeserializeOwned;
 
 use crate::app::App;
 use crate::error::{error_body, ApiError, ApiResult, ErrorCode};
-use crate::metrics::{HttpLabels, RouteLabels};
+use crate::metrics::{HttpAnswer, HttpLabels};
 use crate::security::Caller;
 
 pub use query::Query;
@@ -329,22 +329,18 @@ async fn through_edge(
             resp.headers_mut().insert(header::ALLOW, a);
         }
     }
-    let labels = HttpLabels {
-        route,
-        method,
-        status: resp.status().as_u16(),
-    };
-    m.http_requests.get_or_create(&labels).inc();
-    m.http_duration
-        .get_or_create(&labels)
-        .observe(started.elapsed().as_secs_f64());
-    let rl = RouteLabels { route };
-    if bytes_in > 0 {
-        m.http_bytes_in.get_or_create(&rl).inc_by(bytes_in);
-    }
-    if let Some(len) = axum::body::HttpBody::size_hint(resp.body()).exact() {
-        m.http_bytes_out.get_or_create(&rl).inc_by(len);
-    }
+    m.http_answered(
+        HttpLabels {
+            route,
+            method,
+            status: resp.status().as_u16(),
+        },
+        HttpAnswer {
+            seconds: started.elapsed().as_secs_f64(),
+            bytes_in,
+            bytes_out: axum::body::HttpBody::size_hint(resp.body()).exact(),
+        },
+    );
     resp
 }
 
