@@ -62,6 +62,11 @@ impl Timing {
 /// Topics by id (the cluster's own ids: a fast hasher), for the view they were indexed from.
 type TopicIndex = (Arc<MetaState>, foldhash::HashMap<u64, Arc<Topic>>);
 
+/// The topics of `view` by id.
+fn topics_by_id(view: &MetaState) -> foldhash::HashMap<u64, Arc<Topic>> {
+    view.topics.values().map(|t| (t.id, t.clone())).collect()
+}
+
 /// What the metadata says about a topic id.
 pub enum TopicLookup {
     Known(Arc<Topic>),
@@ -133,8 +138,7 @@ impl Cluster {
             initial_members
         };
         let view = meta.view();
-        let by_id: foldhash::HashMap<u64, Arc<Topic>> =
-            view.topics.values().map(|t| (t.id, t.clone())).collect();
+        let by_id = topics_by_id(&view);
         Cluster {
             node_id,
             meta,
@@ -272,8 +276,7 @@ impl Cluster {
         let found = if Arc::ptr_eq(&cached.0, &view) {
             cached.1.get(&id).cloned()
         } else {
-            let map: foldhash::HashMap<u64, Arc<Topic>> =
-                view.topics.values().map(|t| (t.id, t.clone())).collect();
+            let map = topics_by_id(&view);
             let found = map.get(&id).cloned();
             self.by_id.store(Arc::new((view.clone(), map)));
             found
