@@ -224,6 +224,17 @@ struct HttpSeries {
     bytes_out: OnceLock<Counter>,
 }
 
+/// Adds `n` to `route`'s counter in `family`, resolved into `cell` on first use.
+fn count_bytes(
+    cell: &OnceLock<Counter>,
+    family: &Family<RouteLabels, Counter>,
+    route: &'static str,
+    n: u64,
+) {
+    cell.get_or_init(|| family.get_or_create(&RouteLabels { route }).clone())
+        .inc_by(n);
+}
+
 /// What the edge measured of one answered request.
 pub struct HttpAnswer {
     pub seconds: f64,
@@ -644,24 +655,10 @@ impl Metrics {
         series.requests.inc();
         series.duration.observe(a.seconds);
         if a.bytes_in > 0 {
-            series
-                .bytes_in
-                .get_or_init(|| {
-                    self.http_bytes_in
-                        .get_or_create(&RouteLabels { route })
-                        .clone()
-                })
-                .inc_by(a.bytes_in);
+            count_bytes(&series.bytes_in, &self.http_bytes_in, route, a.bytes_in);
         }
         if let Some(n) = a.bytes_out {
-            series
-                .bytes_out
-                .get_or_init(|| {
-                    self.http_bytes_out
-                        .get_or_create(&RouteLabels { route })
-                        .clone()
-                })
-                .inc_by(n);
+            count_bytes(&series.bytes_out, &self.http_bytes_out, route, n);
         }
     }
 
