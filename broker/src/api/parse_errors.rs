@@ -64,9 +64,9 @@ impl PendingRequests {
 /// Where the response stream stands.
 #[derive(Debug, PartialEq, Eq)]
 enum Out {
-    /// Collecting a response head, in `out` from `start` on (`matched` bytes of `\r\n\r\n`
-    /// seen at its end). Nothing from `start` on goes out before the head is complete.
-    Head { start: usize, matched: u8 },
+    /// Collecting a response head, in `out` from `start` on. Nothing from `start` on goes out
+    /// before the head is complete.
+    Head { start: usize },
     /// Passing this many body bytes through.
     Body(u64),
     /// No longer following the stream: everything passes through.
@@ -92,10 +92,7 @@ impl<I> JsonParseErrors<I> {
         JsonParseErrors {
             inner,
             pending,
-            state: Out::Head {
-                start: 0,
-                matched: 0,
-            },
+            state: Out::Head { start: 0 },
             out: Vec::new(),
             out_pos: 0,
         }
@@ -105,7 +102,6 @@ impl<I> JsonParseErrors<I> {
     fn next_head(&self) -> Out {
         Out::Head {
             start: self.out.len(),
-            matched: 0,
         }
     }
 
@@ -124,33 +120,30 @@ impl<I> JsonParseErrors<I> {
         for b in bufs {
             let mut i = 0;
             while i < b.len() {
-                match &mut self.state {
-                    Out::Head { start, matched } => {
-                        let from = i;
-                        let mut done = false;
-                        while i < b.len() {
-                            let c = b[i];
-                            i += 1;
-                            *matched = match (*matched, c) {
-                                (0 | 2, b'\r') => *matched + 1,
-                                (1 | 3, b'\n') => *matched + 1,
-                                (_, b'\r') => 1,
-                                _ => 0,
-                            };
-                            if *matched == 4 {
-                                done = true;
-                                break;
+                match self.state {
+                    Out::Head { start } => {
+                        // The end of the head may straddle writes: search from the last three
+                        // bytes already collected on.
+                        let had = self.out.len();
+                        self.out.extend_from_slice(&b[i..]);
+                        let from = had.saturating_sub(3).max(start);
+                        match memchr::memmem::find(&self.out[from..], b"\r\n\r\n") {
+                            Some(at) => {
+                                let end = from + at + 4;
+                                self.out.truncate(end);
+                                took += end - had;
+                                i += end - had;
+                                self.finish_head(start);
                             }
-                        }
-                        let start = *start;
-                        self.out.extend_from_slice(&b[from..i]);
-                        took += i - from;
-                        let head = &self.out[start..];
-                        let stray = head.len() >= 5 && !head.starts_with(b"HTTP/");
-                        if done {
-                            self.finish_head(start);
-                        } else if stray || head.len() > MAX_RESPONSE_HEAD {
-                            self.state = Out::Through;
+                            None => {
+                                took += b.len() - i;
+                                i = b.len();
+                                let head = &self.out[start..];
+                                let stray = head.len() >= 5 && !head.starts_with(b"HTTP/");
+                                if stray || head.len() > MAX_RESPONSE_HEAD {
+                                    self.state = Out::Through;
+                                }
+                            }
                         }
                     }
                     Out::Discard => {
@@ -352,19 +345,27 @@ fn status_of(head: &[u8]) -> Option<u16> {
     std::str::from_utf8(code).ok()?.parse().ok()
 }
 
-/// The value of header `name` (lower case) in a response head. Byte by byte, without
-/// validating the whole head as text: every answer's head passes here.
+/// The value of header `name` (lower case) in a response head. Without validating the whole
+/// head as text: every answer's head passes here.
 fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
-    head.split(|&b| b == b'\n').skip(1).find_map(|line| {
-        let colon = line.iter().position(|&b| b == b':')?;
-        if !line[..colon]
+    let mut rest = &head[memchr::memchr(b'\n', head)? + 1..];
+    while !rest.is_empty() {
+        let (line, next) = match memchr::memchr(b'\n', rest) {
+            Some(n) => (&rest[..n], &rest[n + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
+        let Some(colon) = memchr::memchr(b':', line) else {
+            continue;
+        };
+        if line[..colon]
             .trim_ascii()
             .eq_ignore_ascii_case(name.as_bytes())
         {
-            return None;
+            return std::str::from_utf8(line[colon + 1..].trim_ascii()).ok();
         }
-        std::str::from_utf8(line[colon + 1..].trim_ascii()).ok()
-    })
+    }
+    None
 }
 
 /// What a client is told for each of hyper's own answers.
@@ -414,6 +415,10 @@ mod tests {
     /// Writes `chunks` (each as one vectored write of its slices) through the wrapper, with
     /// `requests` having reached the service first; returns what reached the connection.
     async fn through(requests: &[bool], chunks: &[&[&[u8]]]) -> String {
+        String::from_utf8(through_bytes(requests, chunks).await).unwrap()
+    }
+
+    async fn through_bytes(requests: &[bool], chunks: &[&[&[u8]]]) -> Vec<u8> {
         let pending = Arc::new(PendingRequests::default());
         for r in requests {
             pending.arrived(*r);
@@ -428,7 +433,7 @@ mod tests {
             }
         }
         w.flush().await.unwrap();
-        String::from_utf8(w.inner).unwrap()
+        w.inner
     }
 
     const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\n\r\n";
@@ -529,6 +534,41 @@ mod tests {
         assert_eq!(out, "garbage\r\n\r\n");
     }
 
+    proptest::proptest! {
+        /// Answers to requests, with bodies of any bytes (a body may hold `\r\n\r\n` or a
+        /// whole response image), pass through unchanged however hyper splits its writes,
+        /// and a refused head after them is still found and replaced.
+        #[test]
+        fn answers_pass_through_however_they_are_split(
+            bodies in proptest::collection::vec(proptest::collection::vec(
+                proptest::prop_oneof![proptest::prelude::any::<u8>(), proptest::sample::select(b"\r\nHTTP/".to_vec())],
+                0..40), 1..5),
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+        ) {
+            let mut stream = Vec::new();
+            for body in &bodies {
+                stream.extend_from_slice(format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length:{}\r\nx-narad: a:b\r\n\r\n", body.len()).as_bytes());
+                stream.extend_from_slice(body);
+            }
+            let answers = stream.len();
+            stream.extend_from_slice(AUTO_431);
+            let mut at: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+            at.push(0);
+            at.push(stream.len());
+            at.sort_unstable();
+            let pieces: Vec<&[u8]> = at.windows(2).map(|w| &stream[w[0]..w[1]]).collect();
+            let chunks: Vec<&[&[u8]]> = pieces.chunks(2).collect();
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let out = rt.block_on(through_bytes(&vec![false; bodies.len()], &chunks));
+            proptest::prop_assert_eq!(&out[..answers], &stream[..answers]);
+            let last = &out[answers..];
+            proptest::prop_assert!(last.starts_with(b"HTTP/1.1 431 "), "{}", String::from_utf8_lossy(last));
+            let error = String::from_utf8_lossy(last).contains(r#"{"error":"#);
+            proptest::prop_assert!(error, "{}", String::from_utf8_lossy(last));
+        }
+    }
+
     #[test]
     fn status_and_headers() {
         assert_eq!(status_of(AUTO_431), Some(431));
@@ -536,5 +576,9 @@ mod tests {
         assert_eq!(status_of(b"HTTP/2 200\r\n\r\n"), None);
         assert_eq!(header(OK, "Content-Length"), Some("11"));
         assert_eq!(header(OK, "allow"), None);
+        assert_eq!(header(OK, "date"), Some("Thu, 01 Jan 2026 00:00:00 GMT"));
+        // The status line is not a header, and a last line without its newline is.
+        assert_eq!(header(b"HTTP/1.1 200 OK\r\nx: 1\r\ny:2", "y"), Some("2"));
+        assert_eq!(header(b"content-length: 1\r\n\r\n", "content-length"), None);
     }
 }
