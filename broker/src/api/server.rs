@@ -31,10 +31,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio_io_timeout::TimeoutStream;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::io_timeouts::TimeoutStream;
 use super::parse_errors::{JsonParseErrors, PendingRequests, MAX_HEADERS};
 use crate::tls::ReloadingTls;
 
@@ -113,10 +113,7 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
-        let mut stream = TimeoutStream::new(stream);
-        stream.set_read_timeout(Some(timeouts.idle));
-        stream.set_write_timeout(Some(timeouts.write));
-        let stream = Box::pin(stream);
+        let stream = TimeoutStream::new(stream, Some(timeouts.idle), Some(timeouts.write));
         let app = app.clone();
         let watcher = graceful.watcher();
         let tls = tls
