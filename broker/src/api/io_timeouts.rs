@@ -5,11 +5,11 @@
 //! Each direction keeps one timer, and while the stream is in use its deadline only ever
 //! moves later: a wait that begins sets it to `now + limit` (tokio moves a registered timer's
 //! deadline later without touching its timer wheel), and a wait that ends leaves it as it
-//! is. `tokio-io-timeout`, used before, set the timer to "now" whenever a read ended, and a
+//! is. Setting it back to "now" when a read ends would cost a wake-up per request: a
 //! deadline earlier than the one the runtime sleeps towards makes tokio wake its I/O driver
-//! through an eventfd: about 0.45 extra `write` syscalls and driver wake-ups per produce at
-//! 4,000 produces/s. The price here is that a timer left armed by a wait that ended fires
-//! later for nothing, at most once per limit, and is then ignored.
+//! through an eventfd (measured: 0.76 extra `write` syscalls and 0.39 extra `epoll_wait`s per
+//! produce at 4,000 produces/s). The price is that a timer left armed by a wait that ended
+//! fires later for nothing, at most once per limit, and is then ignored.
 
 use std::future::Future;
 use std::io::{self, IoSlice};
