@@ -122,27 +122,21 @@ impl<I> JsonParseErrors<I> {
             while i < b.len() {
                 match self.state {
                     Out::Head { start } => {
-                        // The end of the head may straddle writes: search from the last three
-                        // bytes already collected on.
-                        let had = self.out.len();
-                        self.out.extend_from_slice(&b[i..]);
-                        let from = had.saturating_sub(3).max(start);
-                        match memchr::memmem::find(&self.out[from..], b"\r\n\r\n") {
-                            Some(at) => {
-                                let end = from + at + 4;
-                                self.out.truncate(end);
-                                took += end - had;
-                                i += end - had;
-                                self.finish_head(start);
-                            }
-                            None => {
-                                took += b.len() - i;
-                                i = b.len();
-                                let head = &self.out[start..];
-                                let stray = head.len() >= 5 && !head.starts_with(b"HTTP/");
-                                if stray || head.len() > MAX_RESPONSE_HEAD {
-                                    self.state = Out::Through;
-                                }
+                        let rest = &b[i..];
+                        let (n, done) = match head_end(&self.out[start..], rest) {
+                            Some(n) => (n, true),
+                            None => (rest.len(), false),
+                        };
+                        self.out.extend_from_slice(&rest[..n]);
+                        took += n;
+                        i += n;
+                        if done {
+                            self.finish_head(start);
+                        } else {
+                            let head = &self.out[start..];
+                            let stray = head.len() >= 5 && !head.starts_with(b"HTTP/");
+                            if stray || head.len() > MAX_RESPONSE_HEAD {
+                                self.state = Out::Through;
                             }
                         }
                     }
@@ -333,6 +327,24 @@ impl<I: AsyncRead + Unpin> AsyncRead for JsonParseErrors<I> {
 }
 
 /// The status code of a response head (`HTTP/1.x NNN …`).
+/// How many bytes of `next` complete a response head of which `collected` (holding no
+/// `\r\n\r\n`) came before: up to and including the blank line's `\r\n\r\n`, which may
+/// begin in `collected`. `None` if `next` does not complete it. Only the head is looked at
+/// (and copied by the caller), never the body after it.
+fn head_end(collected: &[u8], next: &[u8]) -> Option<usize> {
+    const END: &[u8] = b"\r\n\r\n";
+    // A blank line that straddles the two: at most three bytes on each side.
+    let k = collected.len().min(3);
+    let m = next.len().min(3);
+    let mut seam = [0u8; 6];
+    seam[..k].copy_from_slice(&collected[collected.len() - k..]);
+    seam[k..k + m].copy_from_slice(&next[..m]);
+    if let Some(at) = memchr::memmem::find(&seam[..k + m], END) {
+        return Some(at + END.len() - k);
+    }
+    memchr::memmem::find(next, END).map(|at| at + END.len())
+}
+
 fn status_of(head: &[u8]) -> Option<u16> {
     let line = head.split(|&b| b == b'\r').next()?;
     let rest = line
@@ -567,6 +579,22 @@ mod tests {
             let error = String::from_utf8_lossy(last).contains(r#"{"error":"#);
             proptest::prop_assert!(error, "{}", String::from_utf8_lossy(last));
         }
+    }
+
+    #[test]
+    fn a_head_ends_at_its_blank_line_wherever_writes_split_it() {
+        let head = b"HTTP/1.1 200 OK\r\nx: 1\r\n\r\nbody\r\n\r\n";
+        let end = head.len() - "body\r\n\r\n".len();
+        // Cut anywhere before the blank line ends: the bytes after the cut that complete
+        // the head, and not the body's own blank line.
+        for cut in 0..end {
+            let (a, b) = head.split_at(cut);
+            assert_eq!(head_end(a, b), Some(end - cut), "cut at {cut}");
+        }
+        assert_eq!(head_end(b"", b"\r\n\r\n"), Some(4));
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\r\n", b"\r\n"), Some(2));
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\r\n\r", b"\nrest"), Some(1));
+        assert_eq!(head_end(b"HTTP/1.1 200 OK\r\n", b"x: 1\r\n"), None);
     }
 
     #[test]
