@@ -326,7 +326,6 @@ impl<I: AsyncRead + Unpin> AsyncRead for JsonParseErrors<I> {
     }
 }
 
-/// The status code of a response head (`HTTP/1.x NNN …`).
 /// How many bytes of `next` complete a response head of which `collected` (holding no
 /// `\r\n\r\n`) came before: up to and including the blank line's `\r\n\r\n`, which may
 /// begin in `collected`. `None` if `next` does not complete it. Only the head is looked at
@@ -345,6 +344,7 @@ fn head_end(collected: &[u8], next: &[u8]) -> Option<usize> {
     memchr::memmem::find(next, END).map(|at| at + END.len())
 }
 
+/// The status code of a response head (`HTTP/1.x NNN …`).
 fn status_of(head: &[u8]) -> Option<u16> {
     let line = head.split(|&b| b == b'\r').next()?;
     let rest = line
