@@ -321,17 +321,7 @@ pub(crate) fn read_direct_at(file: &File, pos: u64, len: usize) -> io::Result<By
         return Ok(Bytes::new());
     }
     let mut buf = ReadBuf::new(span, DIRECT_ALIGN);
-    while buf.len() < span {
-        match buf.read_at(file, from + buf.len() as u64) {
-            Ok(0) => break,
-            // A read that ends off the alignment has reached the end of the file (and the
-            // next offset could not be read with O_DIRECT anyway).
-            Ok(n) if n % DIRECT_ALIGN != 0 => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    buf.fill_from(file, from)?;
     let lead = (pos - from) as usize;
     if buf.len() <= lead {
         // The file ends before `pos`.
@@ -347,14 +337,7 @@ fn read_buffered_at(file: &File, pos: u64, len: usize) -> io::Result<Bytes> {
         return Ok(Bytes::new());
     }
     let mut buf = ReadBuf::new(len, 1);
-    while buf.len() < len {
-        match buf.read_at(file, pos + buf.len() as u64) {
-            Ok(0) => break,
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
+    buf.fill_from(file, pos)?;
     Ok(Bytes::from_owner(buf))
 }
 
@@ -394,24 +377,42 @@ impl ReadBuf {
         self.len
     }
 
-    /// One `pread` at `pos` into the room after the bytes read so far; how many it read.
-    fn read_at(&mut self, file: &File, pos: u64) -> io::Result<usize> {
+    /// Fills the buffer from file offset `start` on: until it is full, the file ends, or a
+    /// read ends off the buffer's alignment (with `O_DIRECT` that is the end of the file,
+    /// and the next offset could not be read anyway; with an alignment of 1 it never is).
+    fn fill_from(&mut self, file: &File, start: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
-        let room = self.layout.size() - self.len;
-        let off = libc::off_t::try_from(pos).map_err(|_| io::ErrorKind::InvalidInput)?;
-        // SAFETY: `[len, size)` lies inside the allocation, which only `self` references, and
-        // `pread` writes at most `room` bytes from its start.
-        let n = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                self.ptr.as_ptr().add(self.len).cast(),
-                room,
-                off,
-            )
-        };
-        let n = usize::try_from(n).map_err(|_| io::Error::last_os_error())?;
-        self.len += n;
-        Ok(n)
+        let (size, align) = (self.layout.size(), self.layout.align());
+        while self.len < size {
+            let off = libc::off_t::try_from(start + self.len as u64)
+                .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+            // SAFETY: `[len, size)` lies inside the allocation, which only `self`
+            // references, and `pread` writes at most `size - len` bytes from its start.
+            let n = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    self.ptr.as_ptr().add(self.len).cast(),
+                    size - self.len,
+                    off,
+                )
+            };
+            match usize::try_from(n) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.len += n;
+                    if n % align != 0 {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
