@@ -328,6 +328,19 @@ impl LeaseTable {
         now: Instant,
         now_micros: u64,
     ) -> Option<Granted> {
+        self.lease_with(high_watermark, caps, visibility, now, || now_micros)
+    }
+
+    /// [`LeaseTable::lease`], reading the wall clock (for the nonce) only when it grants one:
+    /// most calls of a consumer that looks through a topic's partitions find nothing.
+    pub fn lease_with(
+        &mut self,
+        high_watermark: u64,
+        caps: Caps,
+        visibility: Duration,
+        now: Instant,
+        now_micros: impl FnOnce() -> u64,
+    ) -> Option<Granted> {
         if self.inflight.len() as u64 >= caps.max_in_flight {
             return None;
         }
@@ -350,7 +363,7 @@ impl LeaseTable {
         } else {
             return None;
         };
-        let nonce = self.next_nonce(now_micros);
+        let nonce = self.next_nonce(now_micros());
         let deadline = now + visibility;
         self.inflight.insert(offset, Lease { nonce, deadline });
         self.deadlines.insert((deadline, offset));

@@ -444,25 +444,31 @@ impl Partition {
 
     /// Leases the next deliverable record, skipping records that retention removed or that
     /// cannot be read (loudly).
+    ///
+    /// A consumer looks through its topic's partitions in turn, so most calls find nothing:
+    /// those read one clock, and the wall clock only when a lease ends or is granted.
     pub fn lease(&self, policy: QueuePolicy) -> Leased {
-        self.touch();
         loop {
             let delivery = {
                 let mut q = self.queue.lock();
                 let now = Instant::now();
                 self.skip_removed(&mut q);
-                q.expire_with(now, policy.backoff, now_ms(), now_micros());
-                match q.lease(
+                if q.next_deadline().is_some_and(|d| d <= now) {
+                    q.expire_with(now, policy.backoff, now_ms(), now_micros());
+                }
+                match q.lease_with(
                     self.log.high_watermark(),
                     policy.caps,
                     policy.visibility,
                     now,
-                    now_micros(),
+                    now_micros,
                 ) {
                     Some(d) => d,
                     None => return Leased::Nothing,
                 }
             };
+            // In use: its log stays open (idle ones are closed).
+            self.touch();
             match self.log.read(delivery.offset) {
                 Ok(Some(rec)) => return Leased::Message(rec, delivery),
                 Ok(None) => {
