@@ -2,31 +2,43 @@
 //! `+` for a space. Values are raw bytes (a key may be any bytes). Unknown parameters are
 //! ignored; a known one given twice is refused by the handler that reads it.
 
+use std::borrow::Cow;
+
 use percent_encoding::percent_decode;
 
 use crate::error::{ApiError, ApiResult};
 
-/// Parsed query parameters, in order.
+/// Parsed query parameters, in order: borrowed from the query string where nothing was
+/// escaped.
 #[derive(Debug, Default)]
-pub struct Query {
-    pairs: Vec<(String, Vec<u8>)>,
+pub struct Query<'a> {
+    pairs: Vec<(Cow<'a, [u8]>, Cow<'a, [u8]>)>,
 }
 
-fn decode(s: &str) -> Vec<u8> {
-    let plus: Vec<u8> = s
-        .bytes()
-        .map(|b| if b == b'+' { b' ' } else { b })
-        .collect();
-    percent_decode(&plus).collect()
+/// `s` with `+` read as a space and percent escapes decoded (a `+` is never part of an
+/// escape, so the pieces between them decode on their own).
+fn decode(s: &str) -> Cow<'_, [u8]> {
+    let b = s.as_bytes();
+    if memchr::memchr2(b'+', b'%', b).is_none() {
+        return Cow::Borrowed(b);
+    }
+    let mut out = Vec::with_capacity(b.len());
+    for (i, piece) in b.split(|&c| c == b'+').enumerate() {
+        if i > 0 {
+            out.push(b' ');
+        }
+        out.extend_from_slice(&Cow::from(percent_decode(piece)));
+    }
+    Cow::Owned(out)
 }
 
-impl Query {
-    pub fn parse(raw: Option<&str>) -> Self {
+impl<'a> Query<'a> {
+    pub fn parse(raw: Option<&'a str>) -> Self {
         let mut pairs = Vec::new();
         if let Some(raw) = raw {
             for part in raw.split('&').filter(|p| !p.is_empty()) {
                 let (k, v) = part.split_once('=').unwrap_or((part, ""));
-                pairs.push((String::from_utf8_lossy(&decode(k)).into_owned(), decode(v)));
+                pairs.push((decode(k), decode(v)));
             }
         }
         Query { pairs }
@@ -34,14 +46,17 @@ impl Query {
 
     /// The single value of `name` (`None` if absent; `400` if repeated).
     pub fn one(&self, name: &str) -> ApiResult<Option<&[u8]>> {
-        let mut it = self.pairs.iter().filter(|(k, _)| k == name);
+        let mut it = self
+            .pairs
+            .iter()
+            .filter(|(k, _)| k.as_ref() == name.as_bytes());
         let first = it.next();
         if it.next().is_some() {
             return Err(ApiError::bad_request(format!(
                 "{name} given more than once"
             )));
         }
-        Ok(first.map(|(_, v)| v.as_slice()))
+        Ok(first.map(|(_, v)| v.as_ref()))
     }
 
     /// The single value of `name` as UTF-8 text.
@@ -155,9 +170,24 @@ mod prop_tests {
             }
         }
 
+        /// Decoding piece by piece between the `+`s reads what replacing every `+` first and
+        /// then percent-decoding the whole reads; unescaped text is borrowed.
+        #[test]
+        fn prop_decode_matches_the_two_step_reading(raw in prop_oneof![
+            any::<String>(),
+            "(%[0-9a-fA-F+]{0,2}|[+a-z])*",
+        ]) {
+            let plus: Vec<u8> = raw.bytes().map(|b| if b == b'+' { b' ' } else { b }).collect();
+            let want: Vec<u8> = percent_decode(&plus).collect();
+            let got = decode(&raw);
+            prop_assert_eq!(got.as_ref(), &want[..]);
+            prop_assert_eq!(matches!(got, Cow::Borrowed(_)), !raw.contains(['+', '%']));
+        }
+
         #[test]
         fn prop_query_repeated_name_is_refused(name in "[a-z_]{1,12}", a in any::<u64>(), b in any::<u64>()) {
-            let q = Query::parse(Some(&format!("{name}={a}&x=1&{name}={b}")));
+            let raw = format!("{name}={a}&x=1&{name}={b}");
+            let q = Query::parse(Some(&raw));
             prop_assert!(q.one(&name).is_err());
             prop_assert!(q.uint(&name).is_err());
         }
@@ -173,7 +203,8 @@ mod prop_tests {
             ],
             count in prop_oneof![1..16u32, any::<u32>()],
         ) {
-            let q = Query::parse(Some(&format!("partition={}", escape(v.as_bytes()))));
+            let raw = format!("partition={}", escape(v.as_bytes()));
+            let q = Query::parse(Some(&raw));
             let want = v.parse::<u64>().ok();
             prop_assert_eq!(q.uint("partition").ok().flatten(), want);
             match q.partition(count) {
