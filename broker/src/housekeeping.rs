@@ -14,13 +14,21 @@ use crate::clock::now_ms;
 use crate::health::Health;
 use crate::metrics::PartitionLabels;
 
+/// How often the frontiers that moved are persisted. SPEC §2.4 bounds what a restart
+/// forgets to about 100 ms of acks: this period plus the time one pass takes (one in-place
+/// write and fdatasync per partition that moved, a few ms for a node's partitions). Each
+/// pass costs an fsync per busy partition, so the period is no shorter than that bound
+/// needs: 90 ms instead of 50 cuts those of 8 busy partitions from 160 to about 89 a
+/// second.
+pub const FRONTIER_PERSIST_EVERY: Duration = Duration::from_millis(90);
+
 /// Starts every housekeeping loop of `app` in `tasks`.
 pub fn spawn(app: &Arc<App>, tasks: &TaskTracker) {
     // Frontier persistence: at least every 100 ms (SPEC §2.4).
     let a = app.clone();
     tasks.spawn(every(
         app.health.clone(),
-        Duration::from_millis(50),
+        FRONTIER_PERSIST_EVERY,
         false,
         move || {
             let r = a.registry.clone();

@@ -2,8 +2,8 @@
 //! registry of the topics whose partitions live here.
 //!
 //! On disk (SPEC §7.1): `topics/<topic id>/<partition>/log/` (the partition log) and
-//! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, written at
-//! most every 50 ms when it moved; see [`FrontierFile`]).
+//! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, written every
+//! 90 ms when it moved, by the housekeeping; see [`FrontierFile`]).
 
 use std::collections::BTreeMap;
 use std::fs;
