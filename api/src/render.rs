@@ -227,7 +227,8 @@ fn next_to_escape(b: &[u8], from: usize) -> Option<usize> {
     let mut i = from;
     while let Some(chunk) = b.get(i..i + 8) {
         let x = u64::from_le_bytes(chunk.try_into().expect("invariant: 8 bytes"));
-        let hits = below(x, 0x20) | below(x ^ (ONES * b'"' as u64), 1)
+        let hits = below(x, 0x20)
+            | below(x ^ (ONES * b'"' as u64), 1)
             | below(x ^ (ONES * b'\\' as u64), 1);
         if hits != 0 {
             return Some(i + (hits.trailing_zeros() / 8) as usize);

@@ -3,17 +3,17 @@
 //!
 //! On disk (SPEC §7.1): `topics/<topic id>/<partition>/log/` (the partition log) and
 //! `topics/<topic id>/<partition>/frontier` (the committed consumer frontier, written every
-//! 90 ms when it moved, by the housekeeping; see [`FrontierFile`]).
+//! 90 ms when it moved, by the housekeeping, in place: see [`narad_storage::checked_u64`]).
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use narad_meta::{MetaState, Topic};
+use narad_storage::checked_u64::{self, CheckedU64File, Stored};
 use narad_storage::{LogConfig, NewRecord, PartitionLog, StorageError, StoredRecord};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
@@ -102,7 +102,7 @@ pub struct Partition {
     write_lock: Mutex<()>,
     /// One persistence of the frontier files at a time (they share temporary names), and
     /// the frontier file, open while the partition is in use.
-    persisted: Mutex<FrontierFile>,
+    persisted: Mutex<CheckedU64File>,
     /// Woken (all waiters) after every commit that moved the high watermark: fan-out
     /// cursors wait on it.
     pub committed: Notify,
@@ -226,6 +226,7 @@ impl Partition {
             .min(log.high_watermark());
         // An unused partition costs no open files: they reopen on first use.
         log.close();
+        let frontier_file = dir.join(FRONTIER_FILE);
         let mut table = LeaseTable::new(frontier, now_micros());
         table.restore_deliveries(read_deliveries(&dir));
         table.restore_delays(read_delays(&dir), Instant::now(), now_ms(), now_micros());
@@ -240,7 +241,7 @@ impl Partition {
             evicted: AtomicBool::new(true),
             metrics,
             write_lock: Mutex::new(()),
-            persisted: Mutex::new(FrontierFile::default()),
+            persisted: Mutex::new(CheckedU64File::new(frontier_file)),
             committed: Notify::new(),
             frozen_for: Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -702,7 +703,7 @@ impl Partition {
         Ok(lo)
     }
 
-    /// Persists the frontier if it moved ([`FrontierFile`]), and the delays and the delivery
+    /// Persists the frontier if it moved (in place), and the delays and the delivery
     /// counts of at least 2 if they changed (each: tmp file + fsync + rename).
     pub fn persist_frontier(&self) -> std::io::Result<()> {
         let mut file = self.persisted.lock();
@@ -713,7 +714,7 @@ impl Partition {
         res
     }
 
-    fn persist_with(&self, file: &mut FrontierFile) -> std::io::Result<()> {
+    fn persist_with(&self, file: &mut CheckedU64File) -> std::io::Result<()> {
         let delays = self.queue.lock().delays();
         if let Some(delays) = delays {
             if let Err(e) = write_synced(&self.dir, DELAYS_FILE, &encode_delays(&delays)) {
@@ -732,7 +733,7 @@ impl Partition {
             return Ok(());
         }
         let frontier = self.queue.lock().frontier();
-        let res = file.write(&self.dir, frontier);
+        let res = file.write(frontier);
         if res.is_err() {
             self.frontier_dirty.store(true, Ordering::Release);
         }
@@ -764,84 +765,29 @@ impl Partition {
 }
 
 fn read_frontier(dir: &Path) -> u64 {
-    match fs::read(dir.join(FRONTIER_FILE)) {
-        Ok(b) if b.len() == 12 => {
-            let v = u64::from_le_bytes(b[0..8].try_into().unwrap());
-            let crc = u32::from_le_bytes(b[8..12].try_into().unwrap());
-            if crc32c::crc32c(&b[0..8]) == crc {
-                v
-            } else {
-                tracing::warn!(dir = %dir.display(), "frontier file corrupt; redelivering from the oldest offset");
-                0
-            }
+    let path = dir.join(FRONTIER_FILE);
+    match checked_u64::read(&path) {
+        Ok(Stored::Value(v)) => v,
+        Ok(Stored::Missing) => 0,
+        Ok(Stored::Damaged(why)) => {
+            tracing::warn!(path = %path.display(), why, "frontier file damaged; redelivering from the oldest offset");
+            0
         }
-        _ => 0,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "frontier file unreadable; redelivering from the oldest offset");
+            0
+        }
     }
-}
-
-/// The `frontier` file's 12 bytes: the offset (little-endian) and its CRC-32C.
-fn encode_frontier(frontier: u64) -> [u8; 12] {
-    let offset = frontier.to_le_bytes();
-    let mut b = [0; 12];
-    b[0..8].copy_from_slice(&offset);
-    b[8..12].copy_from_slice(&crc32c::crc32c(&offset).to_le_bytes());
-    b
 }
 
 /// Writes a new `frontier` file whole (a move's staged copy).
 pub(crate) fn write_frontier(dir: &Path, frontier: u64) -> std::io::Result<()> {
-    write_synced(dir, FRONTIER_FILE, &encode_frontier(frontier))
+    checked_u64::replace(&dir.join(FRONTIER_FILE), frontier)
 }
 
-/// A partition's `frontier` file as its persistence writes it. The first write after the
-/// partition opened (or after an error) replaces the file whole, as a synced temporary file
-/// renamed into place with the directory synced after it, and keeps it open; later writes
-/// overwrite its 12 bytes in place and fdatasync them. That saves the file creation, the
-/// rename and their journal commit of every persistence (several a second per partition
-/// under load). The format stays the one every earlier version reads and writes.
-///
-/// An overwrite in place is one 12-byte write inside the file's first sector, and a device
-/// writes a sector whole or not at all (PostgreSQL relies on the same for `pg_control`). A
-/// write torn anyway fails the CRC when read: the partition then delivers again from its
-/// oldest offset, which at-least-once allows.
-#[derive(Default)]
-struct FrontierFile(Option<fs::File>);
-
-impl FrontierFile {
-    fn write(&mut self, dir: &Path, frontier: u64) -> std::io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let bytes = encode_frontier(frontier);
-        if let Some(f) = &self.0 {
-            let res = f.write_all_at(&bytes, 0).and_then(|()| f.sync_data());
-            if res.is_err() {
-                // Replaced whole next time: nothing is assumed of a file a failed write left.
-                self.0 = None;
-            }
-            return res;
-        }
-        write_synced(dir, FRONTIER_FILE, &bytes)?;
-        narad_storage::dirs::sync_dir(dir)?;
-        // Unopened, the next write replaces the file again.
-        self.0 = fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join(FRONTIER_FILE))
-            .ok();
-        Ok(())
-    }
-
-    /// Closes the file (an evicted, moved or deleted partition); the next write replaces it.
-    fn close(&mut self) {
-        self.0 = None;
-    }
-}
-
-/// Replaces `dir/name` with `bytes` whole: a synced temporary file renamed over it.
+/// Replaces `dir/name` with `bytes` whole ([`narad_storage::dirs::replace_file`]).
 fn write_synced(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_data()?;
-    fs::rename(&tmp, dir.join(name))
+    narad_storage::dirs::replace_file(&dir.join(name), bytes)
 }
 
 /// The persisted delivery counts; none when the file is missing, and none (loudly) when it
@@ -1326,56 +1272,6 @@ mod tests {
             !root.join("5").join("0").exists(),
             "another node's partition"
         );
-    }
-
-    /// The frontier file is replaced whole, its directory synced, by the first persistence;
-    /// later ones overwrite it in place (the same file, no directory sync); once closed (an
-    /// evicted partition) it is replaced again. It always holds the 12 bytes that every
-    /// version reads.
-    #[test]
-    fn the_frontier_is_replaced_once_then_overwritten_in_place() {
-        use std::os::unix::fs::MetadataExt;
-        let tmp = tempfile::tempdir().unwrap();
-        let d = tmp.path();
-        let inode = || fs::metadata(d.join(FRONTIER_FILE)).unwrap().ino();
-        let mut file = FrontierFile::default();
-        let (r, synced) = record_dir_syncs(|| file.write(d, 7));
-        r.unwrap();
-        assert_eq!(synced, vec![d.to_path_buf()], "the new entry is made durable");
-        assert_eq!(read_frontier(d), 7);
-        let first = inode();
-        for v in [8, 1 << 40, 3] {
-            let (r, synced) = record_dir_syncs(|| file.write(d, v));
-            r.unwrap();
-            assert!(synced.is_empty(), "{synced:?}");
-            assert_eq!(read_frontier(d), v);
-            assert_eq!(inode(), first, "overwritten in place");
-        }
-        assert_eq!(fs::read(d.join(FRONTIER_FILE)).unwrap(), encode_frontier(3));
-        assert!(!d.join(format!("{FRONTIER_FILE}.tmp")).exists());
-        file.close();
-        let (r, synced) = record_dir_syncs(|| file.write(d, 9));
-        r.unwrap();
-        assert_eq!(synced, vec![d.to_path_buf()]);
-        assert_ne!(inode(), first, "replaced whole after a close");
-        assert_eq!(read_frontier(d), 9);
-    }
-
-    /// The bytes earlier versions wrote (offset little-endian, then CRC-32C of those 8
-    /// bytes) and read; a damaged file reads as no frontier.
-    #[test]
-    fn the_frontier_file_keeps_its_format() {
-        let tmp = tempfile::tempdir().unwrap();
-        let d = tmp.path();
-        let v: u64 = 0x0102_0304_0506_0708;
-        let mut old = v.to_le_bytes().to_vec();
-        old.extend_from_slice(&crc32c::crc32c(&v.to_le_bytes()).to_le_bytes());
-        assert_eq!(encode_frontier(v).to_vec(), old);
-        fs::write(d.join(FRONTIER_FILE), &old).unwrap();
-        assert_eq!(read_frontier(d), v);
-        old[3] ^= 1;
-        fs::write(d.join(FRONTIER_FILE), &old).unwrap();
-        assert_eq!(read_frontier(d), 0);
     }
 
     /// (ext) Idempotent produce at the commit: a key committed within the window is not

@@ -30,7 +30,7 @@ pub mod dispatcher;
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use narad_storage::checked_u64::{self, CheckedU64File, Stored};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 
@@ -191,6 +192,8 @@ struct Shared {
     /// Bytes handed to the dispatcher and not yet committed.
     pending_bytes: AtomicU64,
     last_checkpoint: AtomicU64,
+    /// The checkpoint file, kept open and overwritten in place; held by one writer at a time.
+    checkpoint_file: Mutex<CheckedU64File>,
     closed: AtomicBool,
     metrics: WalMetrics,
     /// Notified when the last outstanding record is committed (see [`Wal::drained`]).
@@ -435,6 +438,7 @@ impl Wal {
             segments: Mutex::new(segments),
             pending_bytes: AtomicU64::new(pending),
             last_checkpoint: AtomicU64::new(checkpoint),
+            checkpoint_file: Mutex::new(CheckedU64File::new(dir.join(CHECKPOINT_FILE))),
             closed: AtomicBool::new(false),
             metrics: WalMetrics::default(),
             drained: tokio::sync::Notify::new(),
@@ -993,27 +997,19 @@ fn list_segments(dir: &Path) -> Result<Vec<(usize, PathBuf)>, WalError> {
 
 fn read_checkpoint(dir: &Path) -> Result<u64, WalError> {
     let path = dir.join(CHECKPOINT_FILE);
-    match fs::read(&path) {
-        Ok(b) if b.len() == 12 => {
-            let lsn = u64::from_le_bytes(b[0..8].try_into().unwrap());
-            let crc = u32::from_le_bytes(b[8..12].try_into().unwrap());
-            if crc32c::crc32c(&b[0..8]) == crc {
-                Ok(lsn)
-            } else {
-                tracing::warn!(path = %path.display(), "wal checkpoint unreadable; replaying every segment");
-                Ok(0)
-            }
-        }
-        Ok(_) => {
-            tracing::warn!(path = %path.display(), "wal checkpoint malformed; replaying every segment");
+    match checked_u64::read(&path) {
+        Ok(Stored::Value(lsn)) => Ok(lsn),
+        Ok(Stored::Missing) => Ok(0),
+        Ok(Stored::Damaged(why)) => {
+            tracing::warn!(path = %path.display(), why, "wal checkpoint damaged; replaying every segment");
             Ok(0)
         }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(WalError::Io { path, source: e }),
     }
 }
 
 fn write_checkpoint_if_moved(shared: &Shared) -> Result<(), WalError> {
+    let mut file = shared.checkpoint_file.lock();
     let cp = {
         let l = shared.lsns.lock();
         l.outstanding.first().copied().unwrap_or(l.next)
@@ -1021,19 +1017,7 @@ fn write_checkpoint_if_moved(shared: &Shared) -> Result<(), WalError> {
     if cp == shared.last_checkpoint.load(Ordering::Acquire) {
         return Ok(());
     }
-    let dir = &shared.dir;
-    let tmp = dir.join("checkpoint.tmp");
-    let mut b = cp.to_le_bytes().to_vec();
-    b.extend_from_slice(&crc32c::crc32c(&cp.to_le_bytes()).to_le_bytes());
-    {
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(&b)
-            .and_then(|_| f.sync_data())
-            .map_err(io_err(&tmp))?;
-    }
-    let path = dir.join(CHECKPOINT_FILE);
-    fs::rename(&tmp, &path).map_err(io_err(&path))?;
-    fsync_dir(dir)?;
+    file.write(cp).map_err(io_err(file.path()))?;
     shared.last_checkpoint.store(cp, Ordering::Release);
     // Delete sealed segments wholly below the checkpoint.
     let doomed: Vec<PathBuf> = {

@@ -6,7 +6,7 @@
 
 use std::cell::RefCell;
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 thread_local! {
@@ -57,6 +57,24 @@ pub fn create_dir_all_durable(dir: &Path) -> io::Result<()> {
         sync_dir(d)?;
     }
     Ok(())
+}
+
+/// Replaces the file at `path` with `bytes` whole: a temporary file beside it (`<name>.tmp`),
+/// fdatasynced, renamed over it, then the directory fsynced. A crash leaves the old file or
+/// the new one, never a mix.
+pub fn replace_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_data()?;
+    fs::rename(&tmp, path)?;
+    sync_dir(dir)
 }
 
 /// Runs `f` and returns, with its result, the directories fsynced on this thread meanwhile
@@ -114,6 +132,18 @@ mod tests {
         let (r, synced) = record_dir_syncs(|| create_dir_all_durable(&file.join("d")));
         assert!(r.is_err());
         assert!(synced.is_empty());
+    }
+
+    #[test]
+    fn a_replaced_file_holds_the_new_bytes_and_its_directory_is_synced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("delays");
+        fs::write(&path, b"old and longer").unwrap();
+        let (r, synced) = record_dir_syncs(|| replace_file(&path, b"new"));
+        r.unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new");
+        assert!(!tmp.path().join("delays.tmp").exists());
+        assert_eq!(synced, vec![tmp.path().to_path_buf()]);
     }
 
     #[test]

@@ -40,6 +40,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub mod checked_u64;
 pub mod dirs;
 mod error;
 pub mod frame;
