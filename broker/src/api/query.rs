@@ -12,8 +12,11 @@ use crate::error::{ApiError, ApiResult};
 /// escaped.
 #[derive(Debug, Default)]
 pub struct Query<'a> {
-    pairs: Vec<(Cow<'a, [u8]>, Cow<'a, [u8]>)>,
+    pairs: Vec<Pair<'a>>,
 }
+
+/// A decoded name and value.
+type Pair<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
 
 /// `s` with `+` read as a space and percent escapes decoded (a `+` is never part of an
 /// escape, so the pieces between them decode on their own).
