@@ -20,7 +20,7 @@ use crate::metrics::PartitionLabels;
 /// pass costs an fsync per busy partition, so the period is no shorter than that bound
 /// needs: 90 ms instead of 50 cuts those of 8 busy partitions from 160 to about 89 a
 /// second.
-pub const FRONTIER_PERSIST_EVERY: Duration = Duration::from_millis(90);
+const FRONTIER_PERSIST_EVERY: Duration = Duration::from_millis(90);
 
 /// Starts every housekeeping loop of `app` in `tasks`.
 pub fn spawn(app: &Arc<App>, tasks: &TaskTracker) {
