@@ -378,9 +378,21 @@ impl Wal {
         let mut recovered = Vec::new();
         let mut next_lsn = checkpoint;
         let mut segments = Vec::new();
-        for (i, (lane, path)) in found.iter().enumerate() {
+        for (i, (lane, first_lsn, path)) in found.iter().enumerate() {
+            // The lane's next segment starts above every record of this one.
+            let next_of_lane = found[i + 1..].iter().find(|(l, _, _)| l == lane);
+            if let Some((_, next_first, _)) = next_of_lane.filter(|(_, f, _)| *f <= checkpoint) {
+                // Wholly below the checkpoint, so deleted once already: after a power loss
+                // on a file system without a journal, a deletion that never reached the disk
+                // brings the name back, over blocks that other files may have rewritten
+                // since. Nothing in it is needed; it is not read.
+                tracing::warn!(path = %path.display(), first_lsn, next_first, checkpoint,
+                    "wal segment below the checkpoint came back; removed unread");
+                fs::remove_file(path).map_err(io_err(path))?;
+                continue;
+            }
             // Only each lane's newest segment can hold a torn write.
-            let newest_of_lane = !found[i + 1..].iter().any(|(l, _)| l == lane);
+            let newest_of_lane = next_of_lane.is_none();
             let recs = recover_segment(path, newest_of_lane)?;
             let max_lsn = recs.iter().map(|r| r.lsn).max();
             if max_lsn.is_none() {
@@ -969,8 +981,8 @@ fn truncate_segment(path: &Path, len: usize) -> Result<(), WalError> {
         .map_err(io_err(path))
 }
 
-/// Segment files as (lane, path), oldest first.
-fn list_segments(dir: &Path) -> Result<Vec<(usize, PathBuf)>, WalError> {
+/// Segment files as (lane, first lsn, path), oldest first.
+fn list_segments(dir: &Path) -> Result<Vec<(usize, u64, PathBuf)>, WalError> {
     let mut found = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err(dir))? {
         let entry = entry.map_err(io_err(dir))?;
@@ -991,7 +1003,7 @@ fn list_segments(dir: &Path) -> Result<Vec<(usize, PathBuf)>, WalError> {
     found.sort();
     Ok(found
         .into_iter()
-        .map(|(_, lane, path)| (lane, path))
+        .map(|(first, lane, path)| (lane, first, path))
         .collect())
 }
 
@@ -1028,10 +1040,17 @@ fn write_checkpoint_if_moved(shared: &Shared) -> Result<(), WalError> {
         *segs = keep;
         gone.into_iter().map(|s| s.path).collect()
     };
+    let deleted = !doomed.is_empty();
     for p in doomed {
         if let Err(e) = fs::remove_file(&p) {
             tracing::warn!(path = %p.display(), error = %e, "could not delete a checkpointed wal segment");
         }
+    }
+    if deleted {
+        // Makes the deletions durable soon (on a file system without a journal, an
+        // unlink reaches the disk only with its directory); `Wal::open` removes unread a
+        // segment that comes back anyway.
+        fsync_dir(&shared.dir)?;
     }
     Ok(())
 }
@@ -1180,6 +1199,74 @@ mod tests {
             .map(|r| r.record.payload.clone())
             .collect();
         assert_eq!(payloads, want);
+    }
+
+    /// After a power loss on a file system without a journal, a segment deleted below the
+    /// checkpoint can come back under its name, over blocks other files rewrote since. Open
+    /// removes it unread; a sealed segment that may still hold needed records stays loud.
+    #[tokio::test]
+    async fn a_deleted_segment_that_comes_back_is_removed_unread_only_below_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = WalOptions {
+            lanes: 1,
+            checkpoint_interval: Duration::from_millis(5),
+            ..Default::default()
+        };
+        let commit_all = |o: &mut Opened, n: usize| {
+            let mut got = Vec::new();
+            while got.len() < n {
+                got.extend(o.durable_rx.try_recv().unwrap_or_default());
+                std::thread::yield_now();
+            }
+            o.wal.committed(&got);
+        };
+        {
+            let mut o = Wal::open(dir.path(), opts.clone()).unwrap();
+            o.wal.append(vec![rec(1, 0, None, "old")]).await.unwrap();
+            commit_all(&mut o, 1);
+            o.wal.close();
+        }
+        let first = segment_path(dir.path(), 0, 0);
+        let garbage = b"not a frame: another file's blocks".repeat(40);
+        {
+            let mut o = Wal::open(dir.path(), opts.clone()).unwrap();
+            let again = std::mem::take(&mut o.recovered);
+            o.wal.committed(&again);
+            o.wal.append(vec![rec(1, 0, None, "two")]).await.unwrap();
+            commit_all(&mut o, 1);
+            // The checkpoint passes the first incarnation's segment, which goes.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while first.exists() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "segment never deleted"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            o.wal.append(vec![rec(1, 0, None, "kept")]).await.unwrap();
+            // Dies without committing "kept"; the deletion did not reach the disk.
+            fs::write(&first, &garbage).unwrap();
+        }
+        let o = Wal::open(dir.path(), opts.clone()).unwrap();
+        assert_eq!(recovered_payloads(&o), vec![Bytes::from_static(b"kept")]);
+        assert!(!first.exists(), "the segment that came back is removed");
+        drop(o);
+
+        // A sealed segment whose records the checkpoint has not passed: garbage there is
+        // corruption, not a deletion that came back.
+        let dir = tempfile::tempdir().unwrap();
+        for _ in 0..2 {
+            let o = Wal::open(dir.path(), opts.clone()).unwrap();
+            o.wal
+                .append(vec![rec(1, 0, None, "pending")])
+                .await
+                .unwrap();
+        }
+        fs::write(segment_path(dir.path(), 0, 0), &garbage).unwrap();
+        assert!(matches!(
+            Wal::open(dir.path(), opts),
+            Err(WalError::Corrupt { .. })
+        ));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
