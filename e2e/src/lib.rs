@@ -11,9 +11,14 @@
 //! The chaos helpers ([`load`]) run producers and consumers spread over the nodes with the
 //! durability ledger of `narad-tests`, so every test ends with the same verdict: every
 //! message that got `202` was consumed at least once (lost = 0), nothing corrupt or foreign.
+//!
+//! [`power::PowerLab`] puts a node's data dir on its own loop-mounted ext4 image and cuts
+//! the power under load: the node is booted on what the image held at that instant, without
+//! what only the page cache held (`tests/power_loss.rs`).
 
 pub mod load;
 pub mod netns;
+pub mod power;
 
 use std::time::Duration;
 
