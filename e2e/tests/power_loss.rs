@@ -4,7 +4,9 @@
 //! directory entry never fsynced, or a file overwritten in place in the wrong order; a power
 //! loss can. The node's data dir lives on its own ext4 image ([`narad_e2e::power`]); each
 //! cut freezes the node under load, keeps only what had reached the image, checks it with
-//! `e2fsck` and boots the node on it. Every message answered `202` must then be delivered.
+//! `e2fsck` and boots the node on it. Every message answered `202` must then be delivered,
+//! from the topic and from its two children: a fan-out child (its cursor files are
+//! overwritten in place) and a delay child (its copies wait in the delay index).
 //!
 //! `NARAD_POWER_CUTS` sets the number of cuts per file system (default 5); CI runs the
 //! default, a longer run is a local soak.
@@ -17,6 +19,9 @@ use narad_tests::*;
 use rand::Rng;
 
 const TOPIC: &str = "powered";
+const FAN: &str = "powered-fan";
+const LATE: &str = "powered-late";
+const DELAY_MS: u64 = 1000;
 const PRODUCERS: u32 = 16;
 const CONSUMERS: usize = 4;
 /// Random run time before each cut, from the previous boot.
@@ -45,18 +50,37 @@ async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
     let data_dir = lab.mount_point().join("narad");
     let mut server = Server::start(ServerOpts::default().data_dir(&data_dir)).await;
     let url = server.url();
-    Http::new(&url)
-        .create_topic(
-            &json!({"name": TOPIC, "partitions": 6, "visibility_timeout_ms": VISIBILITY_MS}),
+    let http = Http::new(&url);
+    http.create_topic(
+        &json!({"name": TOPIC, "partitions": 6, "visibility_timeout_ms": VISIBILITY_MS}),
+    )
+    .await;
+    for child in [FAN, LATE] {
+        http.create_topic(
+            &json!({"name": child, "partitions": 3, "visibility_timeout_ms": VISIBILITY_MS}),
         )
         .await;
+    }
+    let children = format!("/v1/topics/{TOPIC}/children");
+    http.post_json(&children, &json!({"child": FAN}))
+        .await
+        .expect(200);
+    http.post_json(&children, &json!({"child": LATE, "delay_ms": DELAY_MS}))
+        .await
+        .expect(200);
 
-    let ledger = Ledger::new();
-    let producers = Producers::spawn(
-        PRODUCERS,
-        &ProduceSpec::new(&url, TOPIC, &ledger, MAX_BACKLOG),
-    );
-    let consumers = Consumers::spawn(CONSUMERS, &url, TOPIC, &ledger);
+    // One ledger per topic: every message the parent acknowledged must reach all three.
+    let topics = [TOPIC, FAN, LATE];
+    let ledgers: Vec<_> = topics.iter().map(|_| Ledger::new()).collect();
+    let ledger = &ledgers[0];
+    let mut spec = ProduceSpec::new(&url, TOPIC, ledger, MAX_BACKLOG);
+    spec.ledgers = ledgers.clone();
+    let producers = Producers::spawn(PRODUCERS, &spec);
+    let consumers: Vec<Consumers> = topics
+        .iter()
+        .zip(&ledgers)
+        .map(|(t, l)| Consumers::spawn(CONSUMERS, &url, t, l))
+        .collect();
 
     let started = Instant::now();
     let cuts = cuts();
@@ -79,24 +103,32 @@ async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
     }
     tokio::time::sleep(FINAL_RUN).await;
     producers.stop().await;
-    let drained = wait_all_consumed(&ledger, DRAIN_TIMEOUT).await;
-    consumers.stop().await;
-    let report = ledger.report();
-    eprintln!(
-        "final after {:?}, {cuts} power cuts on {:?} ext4 ({repaired} needed e2fsck's repair or journal replay): \
-         {report}",
-        started.elapsed(),
-        lab.kind()
-    );
-    server.kill9();
-    assert!(
-        report.produced > 0,
-        "no produce was ever acknowledged: {report}"
-    );
-    if let Err(e) = drained {
-        eprintln!("drain incomplete: {e:#}");
+    let mut results = Vec::new();
+    for (topic, l) in topics.iter().zip(&ledgers) {
+        results.push((topic, wait_all_consumed(l, DRAIN_TIMEOUT).await, l.report()));
     }
-    report.assert_ok();
+    for c in consumers {
+        c.stop().await;
+    }
+    server.kill9();
+    for (topic, drained, report) in &results {
+        eprintln!(
+            "{topic}: final after {:?}, {cuts} power cuts on {:?} ext4 ({repaired} needed \
+             e2fsck's repair or journal replay): {report}",
+            started.elapsed(),
+            lab.kind()
+        );
+        if let Err(e) = drained {
+            eprintln!("{topic}: drain incomplete: {e:#}");
+        }
+    }
+    for (topic, _, report) in results {
+        assert!(
+            report.produced > 0,
+            "{topic}: no produce was ever acknowledged: {report}"
+        );
+        report.assert_ok();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
