@@ -20,6 +20,39 @@ pub mod load;
 pub mod netns;
 pub mod power;
 
+/// Whether this process runs as root (the network-namespace and loop-device labs need it).
+pub(crate) fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// Whether `tool` can be run (asked for its version with `version_flag`).
+pub(crate) fn have(tool: &str, version_flag: &str) -> bool {
+    std::process::Command::new(tool)
+        .arg(version_flag)
+        .output()
+        .is_ok()
+}
+
+/// Whether a test that needs a lab must run here: `false` (and the reason printed) when the
+/// machine lacks a prerequisite (`missing`) and the variable `require` is not `1`; panics
+/// when it lacks one and the variable is set, as CI sets it.
+pub(crate) fn lab_available(test: &str, missing: Option<String>, require: &str) -> bool {
+    let Some(why) = missing else {
+        return true;
+    };
+    let required = std::env::var(require).is_ok_and(|v| v == "1");
+    assert!(!required, "{require}=1 but {why}");
+    eprintln!("{test}: skipped: {why} (install them, or set {require}=1 to fail instead)");
+    false
+}
+
 use std::time::Duration;
 
 use narad_tests::server::free_port;

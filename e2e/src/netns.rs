@@ -38,22 +38,14 @@ fn run(args: &[&str]) -> anyhow::Result<()> {
 
 /// Whether `tool` can be run (it is on `PATH`).
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("--version").output().is_ok()
+    crate::have(tool, "--version")
 }
 
 /// What this machine lacks for a [`NetLab`] (root, iproute2's `ip`, `iptables`), if anything;
 /// tests skip with this reason unless `NARAD_REQUIRE_NETNS=1` (as CI sets) makes it a failure.
 pub fn missing_prerequisite() -> Option<String> {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
     let missing: Vec<&str> = [
-        (!root).then_some("root (network namespaces)"),
+        (!crate::running_as_root()).then_some("root (network namespaces)"),
         (!have("ip")).then_some("ip (Debian package iproute2)"),
         (!have("iptables")).then_some("iptables (Debian package iptables)"),
     ]
@@ -67,15 +59,7 @@ pub fn missing_prerequisite() -> Option<String> {
 /// when the machine lacks a prerequisite and `NARAD_REQUIRE_NETNS=1` is not set; panics when
 /// it lacks one and the variable is set.
 pub fn available(test: &str) -> bool {
-    let Some(why) = missing_prerequisite() else {
-        return true;
-    };
-    let required = std::env::var("NARAD_REQUIRE_NETNS").is_ok_and(|v| v == "1");
-    assert!(!required, "NARAD_REQUIRE_NETNS=1 but {why}");
-    eprintln!(
-        "{test}: skipped: {why} (install them, or set NARAD_REQUIRE_NETNS=1 to fail instead)"
-    );
-    false
+    crate::lab_available(test, missing_prerequisite(), "NARAD_REQUIRE_NETNS")
 }
 
 impl NetLab {

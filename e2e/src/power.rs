@@ -61,22 +61,14 @@ fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
 }
 
 fn have(tool: &str) -> bool {
-    Command::new(tool).arg("-V").output().is_ok()
+    crate::have(tool, "-V")
 }
 
 /// What this machine lacks for a [`PowerLab`] (root, loop devices, e2fsprogs), if anything;
 /// tests skip with this reason unless `NARAD_REQUIRE_LOOP=1` (as CI sets) makes it a failure.
 pub fn missing_prerequisite() -> Option<String> {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false);
     let missing: Vec<&str> = [
-        (!root).then_some("root (mounting loop devices)"),
+        (!crate::running_as_root()).then_some("root (mounting loop devices)"),
         (!Path::new("/dev/loop-control").exists()).then_some("loop devices (/dev/loop-control)"),
         (!have("mkfs.ext4") || !have("e2fsck")).then_some("e2fsprogs"),
         (!have("mount")).then_some("mount (Debian package mount)"),
@@ -91,13 +83,7 @@ pub fn missing_prerequisite() -> Option<String> {
 /// when the machine lacks a prerequisite and `NARAD_REQUIRE_LOOP=1` is not set; panics when
 /// it lacks one and the variable is set.
 pub fn available(test: &str) -> bool {
-    let Some(why) = missing_prerequisite() else {
-        return true;
-    };
-    let required = std::env::var("NARAD_REQUIRE_LOOP").is_ok_and(|v| v == "1");
-    assert!(!required, "NARAD_REQUIRE_LOOP=1 but {why}");
-    eprintln!("{test}: skipped: {why} (or set NARAD_REQUIRE_LOOP=1 to fail instead)");
-    false
+    crate::lab_available(test, missing_prerequisite(), "NARAD_REQUIRE_LOOP")
 }
 
 /// Whether every thread of `pid` is stopped (state `T` or `t`), or the process is gone.
