@@ -14,6 +14,10 @@
 //! - The checkpoint (lowest LSN not yet committed) is persisted every 100 ms; segments wholly
 //!   below it are deleted. A crash re-dispatches every record at or above the persisted
 //!   checkpoint: records committed in that window are committed again (duplicates, never loss).
+//! - A deleted segment can come back after a power loss (on a file system without a journal
+//!   an unlink reaches the disk only with its directory), over blocks other files rewrote
+//!   since. Open knows it by its lane's next segment starting at or below the checkpoint,
+//!   and removes it unread.
 //!
 //! # On-disk format
 //! Segment files `wal-<first lsn, 20 digits>.log`, each a sequence of frames; one frame per
