@@ -18,8 +18,10 @@
 //! Kernel writeback of data dirtied more than `vm.dirty_expire_centisecs` ago (30 s by
 //! default) and, with a journal, its commits every 5 s still reach the copy, as they would
 //! reach a real disk. [`FsKind::NoJournal`] (like this machine's root file system) is the
-//! stricter of the two: without a journal, a file's size, a new directory entry or a
-//! rename reaches the disk only when something fsyncs it.
+//! stricter of the two: without a journal, a file's size, a rename or a deletion reaches
+//! the disk only when something fsyncs it. Either way ext4 writes a new file's directory
+//! entries (and those of new parent directories) with the file's own fsync, so a missing
+//! directory fsync is not seen here; `narad_storage::dirs` checks those through its seam.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
