@@ -704,7 +704,8 @@ impl Partition {
     }
 
     /// Persists the frontier if it moved (in place), and the delays and the delivery
-    /// counts of at least 2 if they changed (each: tmp file + fsync + rename).
+    /// counts of at least 2 if they changed (each replaced whole: tmp file, fsync, rename,
+    /// directory fsync).
     pub fn persist_frontier(&self) -> std::io::Result<()> {
         let mut file = self.persisted.lock();
         let res = self.persist_with(&mut file);

@@ -20,6 +20,11 @@ pub mod load;
 pub mod netns;
 pub mod power;
 
+use std::time::Duration;
+
+use narad_tests::server::free_port;
+use narad_tests::{eventually, Http, Server, ServerOpts, Value};
+
 /// Whether this process runs as root (the network-namespace and loop-device labs need it).
 pub(crate) fn running_as_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -53,10 +58,24 @@ pub(crate) fn lab_available(test: &str, missing: Option<String>, require: &str) 
     false
 }
 
-use std::time::Duration;
-
-use narad_tests::server::free_port;
-use narad_tests::{eventually, Http, Server, ServerOpts, Value};
+/// Runs `argv` (program, then arguments) and returns its standard output; an error, with
+/// its exit status and standard error, when it cannot start or fails.
+pub(crate) fn run(argv: &[&str]) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let out = std::process::Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .with_context(|| format!("run {}", argv.join(" ")))?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{} failed ({}): {}",
+            argv.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
 
 /// Failure detection used by the tests (the SPEC's is 5 s / 30 s).
 pub const HEARTBEAT_MS: u64 = 250;

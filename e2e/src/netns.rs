@@ -10,10 +10,6 @@
 //! host's firewall (Docker's `FORWARD DROP` policy with bridge netfilter) would otherwise
 //! need.
 
-use std::process::Command;
-
-use anyhow::{bail, Context};
-
 pub struct NetLab {
     tag: String,
     subnet: String,
@@ -22,18 +18,7 @@ pub struct NetLab {
 }
 
 fn run(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .with_context(|| format!("run {}", args.join(" ")))?;
-    if !out.status.success() {
-        bail!(
-            "{} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    crate::run(args).map(drop)
 }
 
 /// Whether `tool` can be run (it is on `PATH`).

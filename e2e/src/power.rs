@@ -30,6 +30,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use narad_tests::Server;
 
+use crate::run;
+
 /// The file system under the node's data dir.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsKind {
@@ -44,22 +46,6 @@ pub struct PowerLab {
     dir: tempfile::TempDir,
     kind: FsKind,
     mounted: bool,
-}
-
-fn run(cmd: &str, args: &[&str]) -> anyhow::Result<String> {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .with_context(|| format!("run {cmd}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd} {args:?}: {}: {}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn have(tool: &str) -> bool {
@@ -118,8 +104,8 @@ impl PowerLab {
         std::fs::File::create(&image)?.set_len(size_mb << 20)?;
         let img = image.to_str().context("image path")?;
         match kind {
-            FsKind::Journaled => run("mkfs.ext4", &["-q", "-F", img])?,
-            FsKind::NoJournal => run("mkfs.ext4", &["-q", "-F", "-O", "^has_journal", img])?,
+            FsKind::Journaled => run(&["mkfs.ext4", "-q", "-F", img])?,
+            FsKind::NoJournal => run(&["mkfs.ext4", "-q", "-F", "-O", "^has_journal", img])?,
         };
         let mut lab = lab;
         lab.mount()?;
@@ -142,25 +128,20 @@ impl PowerLab {
     fn mount(&mut self) -> anyhow::Result<()> {
         let img = self.image();
         let mnt = self.mount_point();
-        run(
+        run(&[
             "mount",
-            &[
-                "-o",
-                "loop",
-                img.to_str().context("image path")?,
-                mnt.to_str().context("mount path")?,
-            ],
-        )?;
+            "-o",
+            "loop",
+            img.to_str().context("image path")?,
+            mnt.to_str().context("mount path")?,
+        ])?;
         self.mounted = true;
         Ok(())
     }
 
     fn unmount(&mut self) -> anyhow::Result<()> {
         if self.mounted {
-            run(
-                "umount",
-                &[self.mount_point().to_str().context("mount path")?],
-            )?;
+            run(&["umount", self.mount_point().to_str().context("mount path")?])?;
             self.mounted = false;
         }
         Ok(())
@@ -188,7 +169,7 @@ impl PowerLab {
             self.image().to_str().context("image path")?.to_string(),
             snapshot.to_str().context("snapshot path")?.to_string(),
         );
-        run("cp", &["--sparse=always", &img, &snap])?;
+        run(&["cp", "--sparse=always", &img, &snap])?;
         server.kill9();
         self.unmount()?;
         std::fs::rename(&snapshot, self.image())?;
@@ -225,8 +206,9 @@ impl Drop for PowerLab {
             // Lazily, so that a test failing with the node still running leaves no mount
             // behind once the node is gone.
             let mnt = self.mount_point();
-            if run("umount", &[&mnt.to_string_lossy()]).is_err() {
-                let _ = run("umount", &["-l", &mnt.to_string_lossy()]);
+            let mnt = mnt.to_string_lossy();
+            if run(&["umount", &mnt]).is_err() {
+                let _ = run(&["umount", "-l", &mnt]);
             }
         }
     }
