@@ -9,7 +9,9 @@
 //! A directory per partition holding, per segment, `<base offset, 20 digits>.log` (frames,
 //! see [`frame`]) and `<base offset>.index` (sparse offset index, see [`index`]). The last
 //! segment is the active one; all others are sealed (fsynced with a complete index before
-//! the next segment was created). A frame never spans segments.
+//! the next segment was created). A frame never spans segments. Once retention has deleted
+//! segments, `log-start` holds the base offset of the oldest one kept (a checked number,
+//! see [`checked_u64`]), written before the deletions.
 //!
 //! # Durability
 //!
@@ -27,6 +29,9 @@
 //! scanned from its last valid index point: a torn tail is truncated (warning); damage
 //! followed by a valid frame, when the damaged offsets are known to have been committed
 //! (index header, or a later frame's attested high watermark), fails with `Corrupt`.
+//! Segments below `log-start` are removed unread: retention deleted them, and a power loss
+//! brought them back (on a file system without a journal an unlink reaches the disk only
+//! with its directory), possibly over blocks other files rewrote since.
 //! [`verify_dir`] checks a log offline without changing it.
 //!
 //! # Compression

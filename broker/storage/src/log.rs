@@ -776,13 +776,16 @@ impl PartitionLog {
         if victims.is_empty() {
             return Ok(out);
         }
-        let oldest = {
+        // The new start is durable before any deletion is: a deleted segment that comes back
+        // after a power loss is then removed unread at open (`recovery::drop_below_start`).
+        let oldest = self.segments.read()[victims.len()].base;
+        let start_path = self.dir.join(recovery::START_FILE);
+        crate::checked_u64::replace(&start_path, oldest).map_err(io_err(&start_path))?;
+        {
             let mut segs = self.segments.write();
             segs.drain(..victims.len());
-            let oldest = segs[0].base;
             self.oldest.store(oldest, Ordering::Release);
-            oldest
-        };
+        }
         drop(w);
         self.cache.lock().retain(|e| e.start() >= oldest);
         let mut first_err = None;

@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::checked_u64::Stored;
 use crate::error::{io_err, Result, StorageError};
 use crate::index::{self, IndexEntry};
 use crate::segment::{
@@ -78,11 +79,64 @@ pub(crate) fn list_segments(dir: &Path, remove_orphans: bool) -> Result<Vec<u64>
     Ok(logs.into_iter().collect())
 }
 
+/// The file in a log directory that holds the log's start: the base offset of its oldest
+/// segment, written (whole, synced) by retention before it deletes the segments below it.
+pub(crate) const START_FILE: &str = "log-start";
+
+/// The log's persisted start, if retention has written one ([`START_FILE`]). A damaged file
+/// counts as none, loudly: every segment present is then opened, as before the file existed.
+pub(crate) fn log_start(dir: &Path) -> Result<Option<u64>> {
+    let path = dir.join(START_FILE);
+    match crate::checked_u64::read(&path).map_err(io_err(&path))? {
+        Stored::Value(v) => Ok(Some(v)),
+        Stored::Missing => Ok(None),
+        Stored::Damaged(why) => {
+            tracing::warn!(path = %path.display(), why, "log start file damaged; opening every segment");
+            Ok(None)
+        }
+    }
+}
+
+/// Removes, unread, the segments below the log's persisted start: retention deleted them
+/// already, and after a power loss (on a file system without a journal an unlink reaches
+/// the disk only with its directory) such a file can come back, over blocks that other files
+/// rewrote since. `Corrupt` if no segment at or above the start is left.
+fn drop_below_start(dir: &Path, bases: Vec<u64>) -> Result<Vec<u64>> {
+    let Some(start) = log_start(dir)? else {
+        return Ok(bases);
+    };
+    let (below, kept): (Vec<u64>, Vec<u64>) = bases.into_iter().partition(|&b| b < start);
+    if below.is_empty() {
+        return Ok(kept);
+    }
+    if kept.is_empty() {
+        return Err(StorageError::Corrupt {
+            path: dir.join(START_FILE),
+            position: 0,
+            reason: format!(
+                "the log starts at offset {start}, but only segments below it are left ({below:?})"
+            ),
+        });
+    }
+    for b in below {
+        for p in [dir.join(log_file_name(b)), dir.join(index_file_name(b))] {
+            match fs::remove_file(&p) {
+                Ok(()) => tracing::warn!(path = %p.display(), start,
+                    "segment below the log start came back; removed unread"),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&p)(e)),
+            }
+        }
+    }
+    sync_dir(dir).map_err(io_err(dir))?;
+    Ok(kept)
+}
+
 pub(crate) fn recover(dir: &Path, cfg: &LogConfig) -> Result<Recovered> {
     if !dir.is_dir() {
         crate::dirs::create_dir_all_durable(dir).map_err(io_err(dir))?;
     }
-    let bases = list_segments(dir, true)?;
+    let bases = drop_below_start(dir, list_segments(dir, true)?)?;
     if bases.is_empty() {
         let seg = Segment::create(dir, 0).map_err(io_err(&dir.join(log_file_name(0))))?;
         sync_dir(dir).map_err(io_err(dir))?;

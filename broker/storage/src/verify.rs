@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::error::{io_err, Result};
 use crate::index;
-use crate::recovery::list_segments;
+use crate::recovery::{list_segments, log_start};
 use crate::segment::{
     index_file_name, log_file_name, probe, resync, zeros_to_end, ChunkReader, Probe, SCAN_CHUNK,
 };
@@ -49,7 +49,12 @@ impl VerifyReport {
 /// zeros after its last frame, the space preallocated ahead of the frames, do not.)
 pub fn verify_dir(dir: &Path) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
-    let bases = list_segments(dir, false)?;
+    let start = log_start(dir)?.unwrap_or(0);
+    // Below the log's start: deleted by retention and come back (removed unread at open).
+    let bases: Vec<u64> = list_segments(dir, false)?
+        .into_iter()
+        .filter(|&b| b >= start)
+        .collect();
     for (i, &base) in bases.iter().enumerate() {
         let path = dir.join(log_file_name(base));
         let file = File::open(&path).map_err(io_err(&path))?;

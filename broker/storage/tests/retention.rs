@@ -84,6 +84,54 @@ fn deletes_only_whole_sealed_segments_older_than_retention() {
 }
 
 #[test]
+fn segments_retention_deleted_that_come_back_are_removed_unread() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (log, bases) = four_segments(tmp.path());
+    let files = segment_files(tmp.path());
+    let kept_bytes: Vec<Vec<u8>> = files.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    assert_eq!(
+        log.enforce_retention(HOUR, 4 * HOUR)
+            .unwrap()
+            .segments_deleted,
+        2
+    );
+    assert_eq!(log.oldest_offset(), bases[2]);
+    drop(log);
+    // A power loss undid both unlinks (on a file system without a journal they reach the
+    // disk only with their directory): the first came back over blocks another file
+    // rewrote since, the second whole, with its index.
+    std::fs::write(&files[0], b"another file's blocks, not frames".repeat(100)).unwrap();
+    std::fs::write(&files[1], &kept_bytes[1]).unwrap();
+    let index_1 = files[1].with_extension("index");
+    std::fs::write(&index_1, b"stale").unwrap();
+    let report = narad_storage::verify_dir(tmp.path()).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(
+        report.segments.len(),
+        2,
+        "verify skips what lies below the log start"
+    );
+
+    let log = PartitionLog::open(tmp.path(), small_cfg(1 << 20)).unwrap();
+    assert_eq!(log.oldest_offset(), bases[2], "retention stays done");
+    assert_eq!(log.high_watermark(), 40);
+    assert_eq!(check_all(&log), 20);
+    assert!(!files[0].exists() && !files[1].exists() && !index_1.exists());
+    assert_eq!(segment_files(tmp.path()).len(), 2);
+    drop(log);
+
+    // A start that no segment is left at or above is corruption, not a fresh log.
+    for p in segment_files(tmp.path()) {
+        std::fs::remove_file(p).unwrap();
+    }
+    std::fs::write(&files[0], &kept_bytes[0]).unwrap();
+    assert!(matches!(
+        PartitionLog::open(tmp.path(), small_cfg(1 << 20)),
+        Err(StorageError::Corrupt { .. })
+    ));
+}
+
+#[test]
 fn a_segment_with_a_young_record_stops_retention() {
     let tmp = tempfile::tempdir().unwrap();
     let log = PartitionLog::open(tmp.path(), small_cfg(1 << 20)).unwrap();
