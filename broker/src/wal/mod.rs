@@ -11,13 +11,14 @@
 //! - The dispatcher (`dispatcher.rs`) then commits each record to its partition log, which
 //!   fsyncs, re-reads and verifies it before moving the high watermark; only then does it
 //!   call [`Wal::committed`]. A record leaves the WAL only after that.
-//! - The checkpoint (lowest LSN not yet committed) is persisted every 100 ms; segments wholly
-//!   below it are deleted. A crash re-dispatches every record at or above the persisted
+//! - The checkpoint (lowest LSN not yet committed) is persisted every 100 ms; a sealed
+//!   segment is deleted once its lane's next segment starts at or below it (so all its
+//!   records are below it). A crash re-dispatches every record at or above the persisted
 //!   checkpoint: records committed in that window are committed again (duplicates, never loss).
 //! - A deleted segment can come back after a power loss (on a file system without a journal
 //!   an unlink reaches the disk only with its directory), over blocks other files rewrote
-//!   since. Open knows it by its lane's next segment starting at or below the checkpoint,
-//!   and removes it unread.
+//!   since. Open knows it by the same rule the deletion followed, its lane's next segment
+//!   starting at or below the checkpoint, and removes it unread.
 //!
 //! # On-disk format
 //! Segment files `wal-<first lsn, 20 digits>.log`, each a sequence of frames; one frame per
@@ -172,10 +173,39 @@ struct Staged {
 #[derive(Debug, Clone)]
 struct SegmentFile {
     path: PathBuf,
+    lane: usize,
+    /// The LSN it is named by: the lane's next LSN when it was created, so at or above every
+    /// record of the lane's earlier segments.
+    first_lsn: u64,
     /// Highest LSN in it (`None`: none yet).
     max_lsn: Option<u64>,
     /// A lane is writing it.
     active: bool,
+}
+
+impl SegmentFile {
+    /// Whether the checkpointer may delete `self`, of `all` the segments, at checkpoint
+    /// `cp`. Exactly when [`Wal::open`] would remove it unread if it came back after a power
+    /// loss: a later segment of its lane starts at or below the checkpoint. Its records
+    /// lying below the checkpoint is not enough: while the checkpoint is between its last
+    /// LSN and its successor's first (other lanes' records in between), a copy that came
+    /// back over rewritten blocks would fail the open as corruption. A segment of a lane
+    /// that no longer runs (fewer lanes configured since) has no successor: it goes once
+    /// its records are below the checkpoint, and open reads it as its lane's newest, whose
+    /// damage is a torn tail.
+    fn deletable(&self, all: &[SegmentFile], cp: u64) -> bool {
+        if self.active {
+            return false;
+        }
+        let mut later = all
+            .iter()
+            .filter(|s| s.lane == self.lane && s.first_lsn > self.first_lsn)
+            .peekable();
+        if later.peek().is_none() {
+            return self.max_lsn.is_none_or(|m| m < cp);
+        }
+        later.any(|s| s.first_lsn <= cp)
+    }
 }
 
 /// LSN bookkeeping, under one lock so that the checkpoint never passes an LSN that a lane
@@ -414,6 +444,8 @@ impl Wal {
             }
             segments.push(SegmentFile {
                 path: path.clone(),
+                lane: *lane,
+                first_lsn: *first_lsn,
                 max_lsn,
                 active: false,
             });
@@ -426,6 +458,8 @@ impl Wal {
             let (path, file) = create_segment(dir, lane, next_lsn)?;
             segments.push(SegmentFile {
                 path: path.clone(),
+                lane,
+                first_lsn: next_lsn,
                 max_lsn: None,
                 active: true,
             });
@@ -802,6 +836,8 @@ impl Writer {
             }
             segs.push(SegmentFile {
                 path: path.clone(),
+                lane: self.lane,
+                first_lsn: first,
                 max_lsn: None,
                 active: true,
             });
@@ -1035,14 +1071,21 @@ fn write_checkpoint_if_moved(shared: &Shared) -> Result<(), WalError> {
     }
     file.write(cp).map_err(io_err(file.path()))?;
     shared.last_checkpoint.store(cp, Ordering::Release);
-    // Delete sealed segments wholly below the checkpoint.
+    // Delete sealed segments the checkpoint has passed, by the rule open applies to one
+    // that comes back.
     let doomed: Vec<PathBuf> = {
         let mut segs = shared.segments.lock();
-        let (gone, keep): (Vec<_>, Vec<_>) = segs
-            .drain(..)
-            .partition(|s| !s.active && s.max_lsn.is_none_or(|m| m < cp));
-        *segs = keep;
-        gone.into_iter().map(|s| s.path).collect()
+        let gone: Vec<bool> = segs.iter().map(|s| s.deletable(&segs, cp)).collect();
+        let mut gone = gone.into_iter();
+        let mut doomed = Vec::new();
+        segs.retain(|s| {
+            let go = gone.next().expect("invariant: one verdict per segment");
+            if go {
+                doomed.push(s.path.clone());
+            }
+            !go
+        });
+        doomed
     };
     let deleted = !doomed.is_empty();
     for p in doomed {
@@ -1392,6 +1435,43 @@ mod tests {
     }
 
     /// The payloads a reopened WAL recovered, sorted.
+    #[test]
+    fn the_checkpointer_deletes_a_segment_only_when_open_would_remove_it_unread() {
+        let seg = |lane: usize, first_lsn: u64, max_lsn: Option<u64>, active: bool| SegmentFile {
+            path: PathBuf::from(format!("wal-{lane}-{first_lsn}")),
+            lane,
+            first_lsn,
+            max_lsn,
+            active,
+        };
+        // Lane 0 wrote LSNs 0..=9, lane 1 wrote 10..=19 meanwhile, then lane 0 rolled at 20.
+        let all = vec![
+            seg(0, 0, Some(9), false),
+            seg(1, 0, Some(19), true),
+            seg(0, 20, Some(25), true),
+        ];
+        let old = &all[0];
+        // Every record of lane 0's old segment is below 15, but a copy of it that came back
+        // after a power loss would be read at open (its successor starts above 15).
+        assert!(!old.deletable(&all, 15));
+        assert!(!old.deletable(&all, 19));
+        assert!(old.deletable(&all, 20));
+        assert!(old.deletable(&all, 26));
+        // Active segments stay, whatever the checkpoint.
+        assert!(!all[1].deletable(&all, u64::MAX));
+        assert!(!all[2].deletable(&all, u64::MAX));
+        // A lane no longer running (fewer lanes since the restart) has no successor: its
+        // segment goes once the checkpoint has passed its records (open reads it as its
+        // lane's newest, where damage is a torn tail).
+        let retired = vec![seg(3, 5, Some(7), false), seg(0, 30, None, true)];
+        assert!(!retired[0].deletable(&retired, 7));
+        assert!(retired[0].deletable(&retired, 8));
+        // A sealed segment that never held a record goes with its successor's start.
+        let empty = vec![seg(0, 4, None, false), seg(0, 9, None, true)];
+        assert!(!empty[0].deletable(&empty, 8));
+        assert!(empty[0].deletable(&empty, 9));
+    }
+
     fn recovered_payloads(o: &Opened) -> Vec<Bytes> {
         let mut payloads: Vec<_> = o
             .recovered
