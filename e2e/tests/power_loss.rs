@@ -9,8 +9,9 @@
 //! from the topic and from its two children: a fan-out child (its cursor files are
 //! overwritten in place) and a delay child (its copies wait in the delay index).
 //!
-//! `NARAD_POWER_CUTS` sets the number of cuts per file system (default 5); CI runs the
-//! default, a longer run is a local soak.
+//! Three runs: the WAL path on journaled ext4 and on ext4 without a journal, and the direct
+//! commit (`NARAD_WAL_SKIP_LOCAL`) without a journal. `NARAD_POWER_CUTS` sets the number of
+//! cuts per run (default 5); CI runs the default, a longer run is a local soak.
 
 use std::time::{Duration, Instant};
 
@@ -42,14 +43,28 @@ fn cuts() -> usize {
         .unwrap_or(5)
 }
 
-async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
+/// How a produce reaches its durable copy.
+#[derive(Debug, Clone, Copy)]
+enum Commit {
+    /// The default: the WAL's group commit, then the dispatcher into the partition log.
+    Wal,
+    /// `NARAD_WAL_SKIP_LOCAL`: straight into the partition log, fsynced and verified
+    /// before the `202`.
+    Direct,
+}
+
+async fn acknowledged_messages_survive_power_loss(kind: FsKind, commit: Commit, test: &str) {
     if !power::available(test) {
         return;
     }
     let mut rng = test_rng(test);
     let mut lab = PowerLab::create(kind, IMAGE_MB).expect("power lab");
     let data_dir = lab.mount_point().join("narad");
-    let mut server = Server::start(ServerOpts::default().data_dir(&data_dir)).await;
+    let mut opts = ServerOpts::default().data_dir(&data_dir);
+    if let Commit::Direct = commit {
+        opts = opts.env("NARAD_WAL_SKIP_LOCAL", "true");
+    }
+    let mut server = Server::start(opts).await;
     let url = server.url();
     let http = Http::new(&url);
     http.create_topic(
@@ -90,12 +105,12 @@ async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(CUT_GAP_MS))).await;
         let at = started.elapsed();
         let fsck = tokio::task::block_in_place(|| lab.cut(&mut server))
-            .unwrap_or_else(|e| panic!("power cut #{cut} ({kind:?}): {e:#}"));
+            .unwrap_or_else(|e| panic!("power cut #{cut} ({kind:?}, {commit:?}): {e:#}"));
         if fsck.code != 0 {
             repaired += 1;
         }
         eprintln!(
-            "power cut #{cut} ({kind:?}) at {at:?}, e2fsck exit {}: {}\n{}",
+            "power cut #{cut} ({kind:?}, {commit:?}) at {at:?}, e2fsck exit {}: {}\n{}",
             fsck.code,
             ledger.progress(),
             fsck.report.trim_end()
@@ -114,8 +129,8 @@ async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
     server.kill9();
     for (topic, drained, report) in &results {
         eprintln!(
-            "{topic}: final after {:?}, {cuts} power cuts on {:?} ext4 ({repaired} needed \
-             e2fsck's repair or journal replay): {report}",
+            "{topic}: final after {:?}, {cuts} power cuts on {:?} ext4, {commit:?} commit \
+             ({repaired} needed e2fsck's repair or journal replay): {report}",
             started.elapsed(),
             lab.kind()
         );
@@ -136,6 +151,7 @@ async fn acknowledged_messages_survive_power_loss(kind: FsKind, test: &str) {
 async fn acknowledged_messages_survive_power_loss_on_journaled_ext4() {
     acknowledged_messages_survive_power_loss(
         FsKind::Journaled,
+        Commit::Wal,
         "acknowledged_messages_survive_power_loss_on_journaled_ext4",
     )
     .await;
@@ -145,7 +161,20 @@ async fn acknowledged_messages_survive_power_loss_on_journaled_ext4() {
 async fn acknowledged_messages_survive_power_loss_on_ext4_without_journal() {
     acknowledged_messages_survive_power_loss(
         FsKind::NoJournal,
+        Commit::Wal,
         "acknowledged_messages_survive_power_loss_on_ext4_without_journal",
+    )
+    .await;
+}
+
+/// The direct commit (`NARAD_WAL_SKIP_LOCAL`), a tuning knob that takes the WAL out of a
+/// local produce's path: its `202` rests on the partition log's own fsync alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_messages_survive_power_loss_through_the_direct_commit() {
+    acknowledged_messages_survive_power_loss(
+        FsKind::NoJournal,
+        Commit::Direct,
+        "acknowledged_messages_survive_power_loss_through_the_direct_commit",
     )
     .await;
 }
