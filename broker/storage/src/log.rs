@@ -778,9 +778,15 @@ impl PartitionLog {
         }
         // The new start is durable before any deletion is: a deleted segment that comes back
         // after a power loss is then removed unread at open (`recovery::drop_below_start`).
+        // Should it not be written (a full disk, which retention is there to relieve), the
+        // segments go anyway: one that came back would then open as damage, as it did before
+        // the start was kept.
         let oldest = self.segments.read()[victims.len()].base;
         let start_path = self.dir.join(recovery::START_FILE);
-        crate::checked_u64::replace(&start_path, oldest).map_err(io_err(&start_path))?;
+        if let Err(e) = crate::checked_u64::replace(&start_path, oldest) {
+            tracing::warn!(path = %start_path.display(), error = %e,
+                "cannot write the log start; deleting the expired segments anyway");
+        }
         {
             let mut segs = self.segments.write();
             segs.drain(..victims.len());

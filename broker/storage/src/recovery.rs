@@ -83,16 +83,21 @@ pub(crate) fn list_segments(dir: &Path, remove_orphans: bool) -> Result<Vec<u64>
 /// segment, written (whole, synced) by retention before it deletes the segments below it.
 pub(crate) const START_FILE: &str = "log-start";
 
-/// The log's persisted start, if retention has written one ([`START_FILE`]). A damaged file
-/// counts as none, loudly: every segment present is then opened, as before the file existed.
-pub(crate) fn log_start(dir: &Path) -> Result<Option<u64>> {
+/// The log's persisted start, if retention has written one ([`START_FILE`]). A damaged or
+/// unreadable file counts as none, loudly: every segment present is then opened, as before
+/// the file existed.
+pub(crate) fn log_start(dir: &Path) -> Option<u64> {
     let path = dir.join(START_FILE);
-    match crate::checked_u64::read(&path).map_err(io_err(&path))? {
-        Stored::Value(v) => Ok(Some(v)),
-        Stored::Missing => Ok(None),
-        Stored::Damaged(why) => {
+    match crate::checked_u64::read(&path) {
+        Ok(Stored::Value(v)) => Some(v),
+        Ok(Stored::Missing) => None,
+        Ok(Stored::Damaged(why)) => {
             tracing::warn!(path = %path.display(), why, "log start file damaged; opening every segment");
-            Ok(None)
+            None
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "log start file unreadable; opening every segment");
+            None
         }
     }
 }
@@ -102,7 +107,7 @@ pub(crate) fn log_start(dir: &Path) -> Result<Option<u64>> {
 /// the disk only with its directory) such a file can come back, over blocks that other files
 /// rewrote since. `Corrupt` if no segment at or above the start is left.
 fn drop_below_start(dir: &Path, bases: Vec<u64>) -> Result<Vec<u64>> {
-    let Some(start) = log_start(dir)? else {
+    let Some(start) = log_start(dir) else {
         return Ok(bases);
     };
     let (below, kept): (Vec<u64>, Vec<u64>) = bases.into_iter().partition(|&b| b < start);

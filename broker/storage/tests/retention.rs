@@ -132,6 +132,26 @@ fn segments_retention_deleted_that_come_back_are_removed_unread() {
 }
 
 #[test]
+fn retention_deletes_even_when_the_log_start_cannot_be_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (log, bases) = four_segments(tmp.path());
+    // A directory where the start file goes: the write fails (as on a full disk, which is
+    // when retention matters most), and so does every read of it at open.
+    std::fs::create_dir(tmp.path().join("log-start")).unwrap();
+    assert_eq!(
+        log.enforce_retention(HOUR, 4 * HOUR)
+            .unwrap()
+            .segments_deleted,
+        2
+    );
+    assert_eq!(segment_files(tmp.path()).len(), 2);
+    drop(log);
+    let log = PartitionLog::open(tmp.path(), small_cfg(1 << 20)).unwrap();
+    assert_eq!(log.oldest_offset(), bases[2]);
+    assert_eq!(check_all(&log), 20);
+}
+
+#[test]
 fn a_segment_with_a_young_record_stops_retention() {
     let tmp = tempfile::tempdir().unwrap();
     let log = PartitionLog::open(tmp.path(), small_cfg(1 << 20)).unwrap();
