@@ -1434,7 +1434,6 @@ mod tests {
         assert_eq!(lanes_that_wrote(dir.path()), BTreeSet::from(["0".into()]));
     }
 
-    /// The payloads a reopened WAL recovered, sorted.
     #[test]
     fn the_checkpointer_deletes_a_segment_only_when_open_would_remove_it_unread() {
         let seg = |lane: usize, first_lsn: u64, max_lsn: Option<u64>, active: bool| SegmentFile {
@@ -1472,6 +1471,7 @@ mod tests {
         assert!(empty[0].deletable(&empty, 9));
     }
 
+    /// The payloads a reopened WAL recovered, sorted.
     fn recovered_payloads(o: &Opened) -> Vec<Bytes> {
         let mut payloads: Vec<_> = o
             .recovered
