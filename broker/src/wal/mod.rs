@@ -197,15 +197,28 @@ impl SegmentFile {
         if self.active {
             return false;
         }
-        let mut later = all
-            .iter()
-            .filter(|s| s.lane == self.lane && s.first_lsn > self.first_lsn)
-            .peekable();
-        if later.peek().is_none() {
-            return self.max_lsn.is_none_or(|m| m < cp);
+        let named = all.iter().map(|s| (s.lane, s.first_lsn));
+        match next_first_of_lane(named, self.lane, self.first_lsn) {
+            Some(next_first) => next_first <= cp,
+            None => self.max_lsn.is_none_or(|m| m < cp),
         }
-        later.any(|s| s.first_lsn <= cp)
     }
+}
+
+/// The first LSN of the segment that follows, in its lane, the one of `lane` named by
+/// `first_lsn`, among segments named (lane, first LSN); `None` when it is its lane's newest.
+/// Every record of a segment lies below that LSN: the rule by which the checkpointer deletes
+/// a segment and open recognises one that came back.
+fn next_first_of_lane(
+    segments: impl IntoIterator<Item = (usize, u64)>,
+    lane: usize,
+    first_lsn: u64,
+) -> Option<u64> {
+    segments
+        .into_iter()
+        .filter(|&(l, f)| l == lane && f > first_lsn)
+        .map(|(_, f)| f)
+        .min()
 }
 
 /// LSN bookkeeping, under one lock so that the checkpoint never passes an LSN that a lane
@@ -412,10 +425,10 @@ impl Wal {
         let mut recovered = Vec::new();
         let mut next_lsn = checkpoint;
         let mut segments = Vec::new();
-        for (i, (lane, first_lsn, path)) in found.iter().enumerate() {
-            // The lane's next segment starts above every record of this one.
-            let next_of_lane = found[i + 1..].iter().find(|(l, _, _)| l == lane);
-            if let Some((_, next_first, _)) = next_of_lane.filter(|(_, f, _)| *f <= checkpoint) {
+        for (lane, first_lsn, path) in &found {
+            let named = found.iter().map(|(l, f, _)| (*l, *f));
+            let next_first = next_first_of_lane(named, *lane, *first_lsn);
+            if let Some(next_first) = next_first.filter(|&f| f <= checkpoint) {
                 // Wholly below the checkpoint, so deleted once already: after a power loss
                 // on a file system without a journal, a deletion that never reached the disk
                 // brings the name back, over blocks that other files may have rewritten
@@ -426,7 +439,7 @@ impl Wal {
                 continue;
             }
             // Only each lane's newest segment can hold a torn write.
-            let newest_of_lane = next_of_lane.is_none();
+            let newest_of_lane = next_first.is_none();
             let recs = recover_segment(path, newest_of_lane)?;
             let max_lsn = recs.iter().map(|r| r.lsn).max();
             if max_lsn.is_none() {
@@ -1075,16 +1088,12 @@ fn write_checkpoint_if_moved(shared: &Shared) -> Result<(), WalError> {
     // that comes back.
     let doomed: Vec<PathBuf> = {
         let mut segs = shared.segments.lock();
-        let gone: Vec<bool> = segs.iter().map(|s| s.deletable(&segs, cp)).collect();
-        let mut gone = gone.into_iter();
-        let mut doomed = Vec::new();
-        segs.retain(|s| {
-            let go = gone.next().expect("invariant: one verdict per segment");
-            if go {
-                doomed.push(s.path.clone());
-            }
-            !go
-        });
+        let doomed: Vec<PathBuf> = segs
+            .iter()
+            .filter(|s| s.deletable(&segs, cp))
+            .map(|s| s.path.clone())
+            .collect();
+        segs.retain(|s| !doomed.contains(&s.path));
         doomed
     };
     let deleted = !doomed.is_empty();
