@@ -152,11 +152,9 @@ impl PowerLab {
     /// server.
     pub fn cut(&mut self, server: &mut Server) -> anyhow::Result<Fsck> {
         let pid = server.pid().context("the server is not running")?;
-        // SAFETY: plain kill(2) on the server's own child process, which is not yet reaped,
-        // so the PID cannot have been recycled.
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) } != 0 {
-            bail!("SIGSTOP to {pid}: {}", std::io::Error::last_os_error());
-        }
+        server
+            .signal(libc::SIGSTOP)
+            .with_context(|| format!("SIGSTOP to {pid}"))?;
         let deadline = Instant::now() + Duration::from_secs(5);
         while !all_threads_stopped(pid) {
             if Instant::now() >= deadline {

@@ -384,12 +384,21 @@ impl Server {
 
     /// Sends SIGTERM (graceful shutdown) without waiting.
     pub fn terminate(&mut self) {
-        if let Some(c) = self.child.as_ref() {
-            // SAFETY: as in kill9.
-            unsafe {
-                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
-            }
+        let _ = self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `sig` to the process without waiting; an error when it is not running or
+    /// kill(2) fails.
+    pub fn signal(&self, sig: libc::c_int) -> std::io::Result<()> {
+        let c = self
+            .child
+            .as_ref()
+            .ok_or_else(|| std::io::Error::other("the server is not running"))?;
+        // SAFETY: as in kill9.
+        if unsafe { libc::kill(c.id() as libc::pid_t, sig) } != 0 {
+            return Err(std::io::Error::last_os_error());
         }
+        Ok(())
     }
 
     /// Waits up to `timeout` for the process to exit; returns its status (and forgets the
