@@ -16,35 +16,56 @@ pub(crate) fn write_message(
     partition: u32,
     lease: Option<(ReceiptHandle, u32)>,
 ) {
+    // Numbers go in through `itoa`: this runs for every message delivered, and `format!`
+    // would cost an allocation and the formatting machinery for each field.
+    let mut n = itoa::Buffer::new();
     out.extend_from_slice(b"{\"topic\":");
     write_json_str(out, topic);
-    out.extend_from_slice(
-        format!(",\"partition\":{partition},\"offset\":{}", rec.offset).as_bytes(),
-    );
+    out.extend_from_slice(b",\"partition\":");
+    out.extend_from_slice(n.format(partition).as_bytes());
+    out.extend_from_slice(b",\"offset\":");
+    out.extend_from_slice(n.format(rec.offset).as_bytes());
     if let Some(key) = &rec.key {
         let (k, enc) = render_key(key);
         out.extend_from_slice(b",\"key\":");
         write_json_str(out, &k);
         if let Some(enc) = enc {
-            out.extend_from_slice(format!(",\"key_encoding\":\"{enc}\"").as_bytes());
+            write_str_field(out, "key_encoding", enc);
         }
     }
     let payload = render_payload(&rec.payload);
     out.extend_from_slice(b",\"payload\":");
     payload.write_json(out);
     if let Some(enc) = payload.encoding() {
-        out.extend_from_slice(format!(",\"payload_encoding\":\"{enc}\"").as_bytes());
+        write_str_field(out, "payload_encoding", enc);
     }
-    out.extend_from_slice(format!(",\"timestamp\":{}", rec.timestamp_ms / 1000).as_bytes());
+    out.extend_from_slice(b",\"timestamp\":");
+    out.extend_from_slice(n.format(rec.timestamp_ms / 1000).as_bytes());
     if let Some(a) = &rec.attrs {
         crate::attrs::write_json(out, a);
     }
     if let Some((h, delivery_count)) = lease {
-        out.extend_from_slice(
-            format!(",\"receipt_handle\":\"{h}\",\"delivery_count\":{delivery_count}").as_bytes(),
-        );
+        // `partition:offset:nonce`, as `ReceiptHandle`'s `Display` writes it.
+        out.extend_from_slice(b",\"receipt_handle\":\"");
+        out.extend_from_slice(n.format(h.partition).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(n.format(h.offset).as_bytes());
+        out.push(b':');
+        out.extend_from_slice(n.format(h.nonce).as_bytes());
+        out.extend_from_slice(b"\",\"delivery_count\":");
+        out.extend_from_slice(n.format(delivery_count).as_bytes());
     }
     out.push(b'}');
+}
+
+/// `,"name":"value"` for a value that needs no escaping (an encoding's name).
+fn write_str_field(out: &mut Vec<u8>, name: &str, value: &str) {
+    debug_assert!(!value.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20));
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b"\":\"");
+    out.extend_from_slice(value.as_bytes());
+    out.push(b'"');
 }
 
 /// Most bytes of JSON in one consume answer (SPEC §11): a batch holds the messages that fit,
@@ -234,5 +255,43 @@ mod tests {
         assert!(body.len() <= MAX_ANSWER_BYTES);
         let reply = RpcReply::new(200, crate::rpc::proto::JSON, body);
         assert!(reply.encode().unwrap().len() <= crate::rpc::proto::MAX_PAYLOAD);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prop_a_message_renders_as_json_the_client_reads_back(
+            partition in proptest::prelude::any::<u32>(),
+            offset in proptest::prelude::any::<u64>(),
+            nonce in proptest::prelude::any::<u64>(),
+            count in proptest::prelude::any::<u32>(),
+            timestamp_ms in proptest::prelude::any::<u64>(),
+            key in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..8)),
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..16),
+        ) {
+            let rec = StoredRecord {
+                offset,
+                timestamp_ms,
+                key: key.clone().map(Bytes::from),
+                payload: Bytes::from(payload.clone()),
+                attrs: None,
+            };
+            let h = ReceiptHandle { partition, offset, nonce };
+            let mut out = Vec::new();
+            write_message(&mut out, "t", &rec, partition, Some((h, count)));
+            let m: narad_api::Message = serde_json::from_slice(&out).unwrap();
+            proptest::prop_assert_eq!(m.partition, partition);
+            proptest::prop_assert_eq!(m.offset, offset);
+            proptest::prop_assert_eq!(m.timestamp, timestamp_ms / 1000);
+            proptest::prop_assert_eq!(m.delivery_count, Some(count));
+            let handle = m.receipt_handle.unwrap();
+            proptest::prop_assert_eq!(&handle, &h.to_string());
+            proptest::prop_assert_eq!(handle.parse::<ReceiptHandle>().unwrap(), h);
+            let got = narad_api::render::decode_payload(&m.payload, m.payload_encoding.as_deref());
+            proptest::prop_assert_eq!(got.unwrap(), payload);
+            let got = m
+                .key
+                .map(|k| narad_api::render::decode_key(&k, m.key_encoding.as_deref()).unwrap());
+            proptest::prop_assert_eq!(got, key);
+        }
     }
 }
