@@ -25,12 +25,14 @@ fn decode(s: &str) -> Cow<'_, [u8]> {
     if memchr::memchr2(b'+', b'%', b).is_none() {
         return Cow::Borrowed(b);
     }
+    // Straight into one buffer: `Cow::from(percent_decode(..))` would scan each piece twice
+    // and allocate for each. (An ack's receipt handle comes with its `:` escaped.)
     let mut out = Vec::with_capacity(b.len());
     for (i, piece) in b.split(|&c| c == b'+').enumerate() {
         if i > 0 {
             out.push(b' ');
         }
-        out.extend_from_slice(&Cow::from(percent_decode(piece)));
+        out.extend(percent_decode(piece));
     }
     Cow::Owned(out)
 }
