@@ -178,10 +178,8 @@ impl<I> JsonParseErrors<I> {
         };
         let body = if is_head || status == 204 || status == 304 {
             Some(0)
-        } else if header(head, "transfer-encoding").is_some() {
-            None
         } else {
-            header(head, "content-length").and_then(|v| v.parse::<u64>().ok())
+            body_length(head)
         };
         self.state = match body {
             Some(0) => self.next_head(),
@@ -357,27 +355,47 @@ fn status_of(head: &[u8]) -> Option<u16> {
     std::str::from_utf8(code).ok()?.parse().ok()
 }
 
-/// The value of header `name` (lower case) in a response head. Without validating the whole
-/// head as text: every answer's head passes here.
+/// The header fields of a response head, as (name, value) with surrounding whitespace
+/// trimmed. Without validating the whole head as text: every answer's head passes here.
+fn fields(head: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
+    // Lines found with `memchr`: a byte-by-byte split costs more than the rest of the walk.
+    let mut rest = memchr::memchr(b'\n', head).map_or(&head[head.len()..], |n| &head[n + 1..]);
+    std::iter::from_fn(move || {
+        while !rest.is_empty() {
+            let (line, next) = match memchr::memchr(b'\n', rest) {
+                Some(n) => (&rest[..n], &rest[n + 1..]),
+                None => (rest, &rest[rest.len()..]),
+            };
+            rest = next;
+            if let Some(colon) = memchr::memchr(b':', line) {
+                return Some((line[..colon].trim_ascii(), line[colon + 1..].trim_ascii()));
+            }
+        }
+        None
+    })
+}
+
+/// The value of header `name` (lower case) in a response head.
 fn header<'a>(head: &'a [u8], name: &str) -> Option<&'a str> {
-    let mut rest = &head[memchr::memchr(b'\n', head)? + 1..];
-    while !rest.is_empty() {
-        let (line, next) = match memchr::memchr(b'\n', rest) {
-            Some(n) => (&rest[..n], &rest[n + 1..]),
-            None => (rest, &rest[rest.len()..]),
-        };
-        rest = next;
-        let Some(colon) = memchr::memchr(b':', line) else {
-            continue;
-        };
-        if line[..colon]
-            .trim_ascii()
-            .eq_ignore_ascii_case(name.as_bytes())
-        {
-            return std::str::from_utf8(line[colon + 1..].trim_ascii()).ok();
+    fields(head)
+        .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+}
+
+/// How a response's body is delimited, read in one pass over its head: `Some(n)` for
+/// `Content-Length: n`, `None` for a chunked or close-delimited body (a `Transfer-Encoding`,
+/// or no usable length).
+fn body_length(head: &[u8]) -> Option<u64> {
+    let mut length = None;
+    for (name, value) in fields(head) {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            return None;
+        }
+        if length.is_none() && name.eq_ignore_ascii_case(b"content-length") {
+            length = Some(std::str::from_utf8(value).ok().and_then(|v| v.parse().ok()));
         }
     }
-    None
+    length.flatten()
 }
 
 /// What a client is told for each of hyper's own answers.
@@ -608,5 +626,28 @@ mod tests {
         // The status line is not a header, and a last line without its newline is.
         assert_eq!(header(b"HTTP/1.1 200 OK\r\nx: 1\r\ny:2", "y"), Some("2"));
         assert_eq!(header(b"content-length: 1\r\n\r\n", "content-length"), None);
+    }
+
+    #[test]
+    fn a_body_is_followed_by_its_length_unless_a_transfer_coding_frames_it() {
+        assert_eq!(body_length(OK), Some(11));
+        assert_eq!(
+            body_length(b"HTTP/1.1 200 OK\r\nContent-Length:  0 \r\n\r\n"),
+            Some(0)
+        );
+        // The first length counts; a transfer coding wins wherever it stands.
+        let two = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n";
+        assert_eq!(body_length(two), Some(3));
+        for te in [
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\ncontent-length: 3\r\n\r\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n",
+        ] {
+            assert_eq!(body_length(te), None);
+        }
+        assert_eq!(
+            body_length(b"HTTP/1.1 200 OK\r\ncontent-length: x\r\n\r\n"),
+            None
+        );
+        assert_eq!(body_length(b"HTTP/1.1 200 OK\r\n\r\n"), None);
     }
 }
