@@ -107,7 +107,7 @@ fn assets() -> &'static Assets {
 
 /// Adds the console's routes to `routes` when `http.console_enabled`; otherwise `/ui` stays
 /// unrouted (`404`).
-pub fn mount(routes: Router<Arc<App>>, app: &Arc<App>) -> Router<Arc<App>> {
+pub fn mount<S: Clone + Send + Sync + 'static>(routes: Router<S>, app: &Arc<App>) -> Router<S> {
     if !app.config.http.console_enabled {
         return routes;
     }

@@ -265,7 +265,7 @@ impl Decoders {
     }
 }
 
-/// What the produce routes share to read bodies (one request extension): the budget of
+/// What the produce routes share to read bodies (part of the router's `ApiState`): the budget of
 /// batch bytes in flight and the decoding threads.
 pub struct Bodies {
     pub budget: Arc<BatchBudget>,

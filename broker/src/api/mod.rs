@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Extension, FromRequestParts, MatchedPath, Request, State};
+use axum::extract::{FromRef, FromRequestParts, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -47,6 +47,27 @@ pub const MAX_BODY: usize = 1024 * 1024;
 
 pub type AppState = Arc<App>;
 
+/// The API router's state: the node's handles (what most handlers take, as [`AppState`]) and
+/// what the produce routes read bodies with. A state rather than a request extension: a
+/// layer that inserts one costs every request a map insert and another boxed service.
+#[derive(Clone)]
+pub struct ApiState {
+    app: AppState,
+    bodies: Arc<encoding::Bodies>,
+}
+
+impl FromRef<ApiState> for AppState {
+    fn from_ref(s: &ApiState) -> AppState {
+        s.app.clone()
+    }
+}
+
+impl FromRef<ApiState> for Arc<encoding::Bodies> {
+    fn from_ref(s: &ApiState) -> Arc<encoding::Bodies> {
+        s.bodies.clone()
+    }
+}
+
 /// Builds the router with every route of the API. With `http.metrics_addr` set, `/metrics`
 /// is served by [`metrics_router`] on its own listener and answers `404` here. Compressed
 /// produce bodies are decoded on `decoders`.
@@ -62,14 +83,17 @@ pub fn router(app: AppState, decoders: Arc<encoding::Decoders>) -> Router {
     } else {
         routes.route("/metrics", get(system::metrics))
     };
-    crate::console::mount(routes, &app)
-        .fallback(not_found)
-        .layer(axum::middleware::from_fn_with_state(app.clone(), edge))
-        .layer(Extension(Arc::new(encoding::Bodies {
+    let state = ApiState {
+        bodies: Arc::new(encoding::Bodies {
             budget: encoding::BatchBudget::new(app.config.http.max_batch_bytes_in_flight),
             decoders,
-        })))
-        .with_state(app)
+        }),
+        app: app.clone(),
+    };
+    crate::console::mount(routes, &app)
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn_with_state(app, edge))
+        .with_state(state)
 }
 
 /// Whether a route takes a produce body, which may come in `gzip` or `zstd` (SPEC §3.4).

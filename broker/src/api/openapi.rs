@@ -21,7 +21,7 @@ use utoipa::{IntoParams, Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{children, consume, produce, queue, system, topics, users, AppState};
+use super::{children, consume, produce, queue, system, topics, users, ApiState};
 
 /// The path of the document itself.
 pub const PATH: &str = "/v1/openapi.json";
@@ -86,7 +86,7 @@ struct ApiDoc;
 
 /// Every route of the server's API listener (but `/metrics`, whose handler depends on
 /// `http.metrics_addr`), with its part of the document.
-pub fn routes() -> OpenApiRouter<AppState> {
+pub fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(topics::create, topics::list))
         .routes(routes!(topics::get, topics::alter, topics::delete))

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Extension, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -92,7 +92,7 @@ pub async fn produce(
     caller: Caller,
     Name(name): Name,
     RawQuery(q): RawQuery,
-    Extension(bodies): Extension<std::sync::Arc<Bodies>>,
+    State(bodies): State<std::sync::Arc<Bodies>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -300,7 +300,7 @@ pub async fn produce_batch(
     State(app): State<AppState>,
     caller: Caller,
     Name(name): Name,
-    Extension(bodies): Extension<std::sync::Arc<Bodies>>,
+    State(bodies): State<std::sync::Arc<Bodies>>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
