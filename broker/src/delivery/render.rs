@@ -30,14 +30,16 @@ pub(crate) fn write_message(
         out.extend_from_slice(b",\"key\":");
         write_json_str(out, &k);
         if let Some(enc) = enc {
-            write_str_field(out, "key_encoding", enc);
+            out.extend_from_slice(b",\"key_encoding\":");
+            write_json_str(out, enc);
         }
     }
     let payload = render_payload(&rec.payload);
     out.extend_from_slice(b",\"payload\":");
     payload.write_json(out);
     if let Some(enc) = payload.encoding() {
-        write_str_field(out, "payload_encoding", enc);
+        out.extend_from_slice(b",\"payload_encoding\":");
+        write_json_str(out, enc);
     }
     out.extend_from_slice(b",\"timestamp\":");
     out.extend_from_slice(n.format(rec.timestamp_ms / 1000).as_bytes());
@@ -45,27 +47,12 @@ pub(crate) fn write_message(
         crate::attrs::write_json(out, a);
     }
     if let Some((h, delivery_count)) = lease {
-        // `partition:offset:nonce`, as `ReceiptHandle`'s `Display` writes it.
         out.extend_from_slice(b",\"receipt_handle\":\"");
-        out.extend_from_slice(n.format(h.partition).as_bytes());
-        out.push(b':');
-        out.extend_from_slice(n.format(h.offset).as_bytes());
-        out.push(b':');
-        out.extend_from_slice(n.format(h.nonce).as_bytes());
+        h.write_to(out);
         out.extend_from_slice(b"\",\"delivery_count\":");
         out.extend_from_slice(n.format(delivery_count).as_bytes());
     }
     out.push(b'}');
-}
-
-/// `,"name":"value"` for a value that needs no escaping (an encoding's name).
-fn write_str_field(out: &mut Vec<u8>, name: &str, value: &str) {
-    debug_assert!(!value.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20));
-    out.extend_from_slice(b",\"");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\":\"");
-    out.extend_from_slice(value.as_bytes());
-    out.push(b'"');
 }
 
 /// Most bytes of JSON in one consume answer (SPEC §11): a batch holds the messages that fit,
