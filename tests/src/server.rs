@@ -372,12 +372,8 @@ impl Server {
 
     /// SIGKILL (kill -9) and reap. No-op if not running.
     pub fn kill9(&mut self) {
+        let _ = self.signal(libc::SIGKILL);
         if let Some(mut c) = self.child.take() {
-            // SAFETY: plain kill(2) on our own child's PID; the child is not yet reaped,
-            // so the PID cannot have been recycled.
-            unsafe {
-                libc::kill(c.id() as libc::pid_t, libc::SIGKILL);
-            }
             let _ = c.wait();
         }
     }
@@ -394,7 +390,8 @@ impl Server {
             .child
             .as_ref()
             .ok_or_else(|| std::io::Error::other("the server is not running"))?;
-        // SAFETY: as in kill9.
+        // SAFETY: plain kill(2) on our own child's PID; the child is not yet reaped,
+        // so the PID cannot have been recycled.
         if unsafe { libc::kill(c.id() as libc::pid_t, sig) } != 0 {
             return Err(std::io::Error::last_os_error());
         }
