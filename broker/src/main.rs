@@ -88,12 +88,23 @@ fn main() -> ExitCode {
         Ok(n) => n,
         Err(e) => return fail(&e.into()),
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .thread_name("narad")
-        .build()
-    {
+    let wal_inline = match narad::config::Tuning::wal_inline_from(&|k| std::env::var(k).ok()) {
+        Ok(b) => b,
+        Err(e) => return fail(&e.into()),
+    };
+    // With one worker, the runtime's thread is the worker: it writes the WAL's first lane
+    // whenever it runs out of work (`narad::wal::flush_parked`).
+    let mut builder = if workers == 1 && wal_inline {
+        narad::wal::flush_at_park();
+        let mut b = tokio::runtime::Builder::new_current_thread();
+        b.on_thread_park(narad::wal::flush_parked);
+        b
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    let rt = match builder.enable_all().thread_name("narad").build() {
         Ok(rt) => rt,
         Err(e) => return fail(&anyhow::anyhow!("cannot start the runtime: {e}")),
     };

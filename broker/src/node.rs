@@ -368,6 +368,11 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
         &data_dir.join("ingress"),
         WalOptions {
             lanes: config.tuning.wal_lanes,
+            // Taken only where `main` built the runtime that writes it (one worker).
+            inline: config
+                .tuning
+                .wal_inline
+                .then(crate::wal::InlineOptions::default),
             ..WalOptions::default()
         },
     )

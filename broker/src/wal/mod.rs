@@ -5,9 +5,10 @@
 //!
 //! # Durability contract
 //! - A produce request stages its records here and is answered `202` only after the frame
-//!   holding them has been written **and fdatasync'ed** (group commit: one writer thread
-//!   writes everything queued while the previous fsync ran, in one `write` + one
-//!   `fdatasync`). A staged record is written even if its client hangs up.
+//!   holding them has been written **and fdatasync'ed** (group commit: one writer writes
+//!   everything queued while the previous fsync ran, in one `write` + one `fdatasync`; the
+//!   writer is a lane's thread, or with one worker the runtime's own thread whenever it runs
+//!   out of work, `first_lane`). A staged record is written even if its client hangs up.
 //! - The dispatcher (`dispatcher.rs`) then commits each record to its partition log, which
 //!   fsyncs, re-reads and verifies it before moving the high watermark; only then does it
 //!   call [`Wal::committed`]. A record leaves the WAL only after that.
@@ -32,6 +33,9 @@
 //! fails the open loudly.
 
 pub mod dispatcher;
+mod first_lane;
+
+pub use first_lane::{flush_at_park, flush_parked, InlineOptions};
 
 use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
@@ -145,6 +149,9 @@ pub struct WalOptions {
     /// at once: the first lane cannot keep up alone (a write of many records takes longer,
     /// and while it runs, as many more arrive).
     pub standby_behind: usize,
+    /// The first lane is written by the runtime's thread when it runs out of work, if the
+    /// WAL is opened on a thread that does that (see [`first_lane`]); else by its thread.
+    pub inline: Option<InlineOptions>,
 }
 
 impl Default for WalOptions {
@@ -157,6 +164,7 @@ impl Default for WalOptions {
             lanes: 2,
             standby_after: STANDBY_AFTER,
             standby_behind: STANDBY_BEHIND,
+            inline: None,
         }
     }
 }
@@ -383,8 +391,21 @@ pub struct WalMetrics {
 /// Handle to the WAL (cheap to clone).
 #[derive(Clone)]
 pub struct Wal {
+    /// Dropped before `first_lane`: the lane's thread, woken by the last handle's drop,
+    /// finds the queue closed.
     tx: mpsc::UnboundedSender<Staged>,
     shared: Arc<Shared>,
+    /// The first lane, when the runtime's thread writes it.
+    first_lane: Option<Arc<LastHandle>>,
+}
+
+/// Wakes the first lane's thread when the last [`Wal`] handle goes, so that it ends.
+struct LastHandle(Arc<first_lane::FirstLane>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.call();
+    }
 }
 
 /// What `Wal::open` hands back besides the handle.
@@ -515,6 +536,7 @@ impl Wal {
         // would spin with sched_yield before parking, std parks on a futex.
         let rx = Arc::new(std::sync::Mutex::new(rx));
         let (durable_tx, durable_rx) = mpsc::unbounded_channel();
+        let mut inline_lane = None;
         for (lane, (path, file)) in files.into_iter().enumerate() {
             let writer = Writer {
                 shared: shared.clone(),
@@ -527,11 +549,30 @@ impl Wal {
                 buf: Vec::new(),
                 durable_tx: durable_tx.clone(),
             };
-            let rx = rx.clone();
+            let mut rx = rx.clone();
+            let mut writer = writer;
+            if let (0, Some(inline)) = (lane, &opts.inline) {
+                match first_lane::FirstLane::start(writer, rx, inline.clone())
+                    .map_err(io_err(dir))?
+                {
+                    Ok(started) => {
+                        inline_lane = Some(Arc::new(LastHandle(started)));
+                        continue;
+                    }
+                    Err(back) => (writer, rx) = back,
+                }
+            }
             std::thread::Builder::new()
                 .name(format!("narad-wal-{lane}"))
                 .spawn(move || writer.run(rx))
                 .map_err(io_err(dir))?;
+        }
+        if opts.inline.is_some() {
+            tracing::info!(
+                runtime_thread = inline_lane.is_some(),
+                dir = %dir.display(),
+                "wal first lane opened"
+            );
         }
         let cp_shared = shared.clone();
         std::thread::Builder::new()
@@ -539,7 +580,11 @@ impl Wal {
             .spawn(move || checkpoint_loop(cp_shared, opts.checkpoint_interval))
             .map_err(io_err(dir))?;
         Ok(Opened {
-            wal: Wal { tx, shared },
+            wal: Wal {
+                tx,
+                shared,
+                first_lane: inline_lane,
+            },
             recovered,
             durable_rx,
         })
@@ -552,6 +597,9 @@ impl Wal {
         self.tx
             .send(Staged { records, done })
             .map_err(|_| WalError::Closed)?;
+        if let Some(lane) = self.first_lane.as_ref().filter(|l| l.0.inline()) {
+            return lane.0.wait(rx).await;
+        }
         // Staged while the first lane writes: the records wait for that write to end, and
         // call a standby lane if it runs past `standby_after` (the first record staged
         // during a write watches it for all) or if `standby_behind` requests wait for it.
@@ -619,6 +667,20 @@ impl Wal {
     }
 }
 
+/// How a lane takes staged requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Take {
+    /// A lane's thread with nothing else to do: waits for a request, then while the
+    /// dispatcher is far behind (back-pressure).
+    Wait,
+    /// A lane's thread called to write what is staged: takes it, then waits while the
+    /// dispatcher is far behind.
+    Ready,
+    /// The runtime's thread: takes what is staged unless the dispatcher is far behind, and
+    /// never waits (the dispatcher runs on that thread).
+    Inline,
+}
+
 struct Writer {
     shared: Arc<Shared>,
     lane: usize,
@@ -645,7 +707,7 @@ impl Writer {
     /// The first lane: takes everything queued, writes it as one frame, fsyncs, answers.
     fn run_first(mut self, rx: Arc<Queue>) {
         let mut carry: Option<Staged> = None;
-        while let Some(batch) = self.take_batch(&rx, &mut carry, true) {
+        while let Some(batch) = self.take_batch(&rx, &mut carry, Take::Wait) {
             self.shared.standby.first_lane_busy(true);
             self.commit_group(batch);
             self.shared.standby.first_lane_busy(false);
@@ -660,7 +722,7 @@ impl Writer {
         while self.shared.standby.wait_call() {
             // What did not fit into one frame goes into the next at once. (Nothing staged:
             // the first lane took it meanwhile.)
-            while let Some(batch) = self.take_batch(&rx, &mut carry, false) {
+            while let Some(batch) = self.take_batch(&rx, &mut carry, Take::Ready) {
                 self.commit_group(batch);
                 if carry.is_none() {
                     break;
@@ -669,24 +731,32 @@ impl Writer {
         }
     }
 
-    /// What the last batch carried, else the next staged request (waiting for one if
-    /// `block`), and whatever else is queued, up to a frame's bytes (the rest is carried).
-    /// Waits first while the dispatcher is far behind (back-pressure). `None`: nothing
-    /// staged (`block`: the queue closed).
+    /// The dispatcher is far behind: no lane takes more until it catches up.
+    fn backlogged(&self) -> bool {
+        self.shared.pending_bytes.load(Ordering::Acquire) > self.opts.max_pending_bytes
+    }
+
+    /// What the last batch carried, else the next staged request (see [`Take`]), and
+    /// whatever else is queued, up to a frame's bytes (the rest is carried). `None`:
+    /// nothing staged (with [`Take::Wait`]: the queue closed; with [`Take::Inline`]: or
+    /// the dispatcher is behind).
     fn take_batch(
         &self,
         rx: &Queue,
         carry: &mut Option<Staged>,
-        block: bool,
+        take: Take,
     ) -> Option<Vec<Staged>> {
+        if take == Take::Inline && self.backlogged() {
+            return None;
+        }
         // A lane that panicked while holding it left the queue intact.
         let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
         let first = match carry.take() {
             Some(s) => s,
-            None if block => rx.blocking_recv()?,
+            None if take == Take::Wait => rx.blocking_recv()?,
             None => rx.try_recv().ok()?,
         };
-        while self.shared.pending_bytes.load(Ordering::Acquire) > self.opts.max_pending_bytes {
+        while take != Take::Inline && self.backlogged() {
             std::thread::sleep(Duration::from_millis(1));
         }
         let mut bytes: usize = first.records.iter().map(WalRecord::encoded_len).sum();
@@ -1124,7 +1194,7 @@ fn checkpoint_loop(shared: Arc<Shared>, interval: Duration) {
 mod tests {
     use super::*;
 
-    fn rec(topic: u64, p: u32, key: Option<&str>, payload: &str) -> WalRecord {
+    pub(super) fn rec(topic: u64, p: u32, key: Option<&str>, payload: &str) -> WalRecord {
         WalRecord {
             topic_id: topic,
             partition: p,
@@ -1417,7 +1487,7 @@ mod tests {
     }
 
     /// Lanes that wrote a frame into one of their segments.
-    fn lanes_that_wrote(dir: &Path) -> BTreeSet<String> {
+    pub(super) fn lanes_that_wrote(dir: &Path) -> BTreeSet<String> {
         fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap())
@@ -1481,7 +1551,7 @@ mod tests {
     }
 
     /// The payloads a reopened WAL recovered, sorted.
-    fn recovered_payloads(o: &Opened) -> Vec<Bytes> {
+    pub(super) fn recovered_payloads(o: &Opened) -> Vec<Bytes> {
         let mut payloads: Vec<_> = o
             .recovered
             .iter()
