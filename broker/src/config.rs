@@ -163,7 +163,7 @@ pub const TEST_KNOBS_SWITCH: &str = "NARAD_TEST_KNOBS";
 
 /// Every `NARAD_TEST_*` variable the broker reads. Each bends a timing or an identity for a
 /// test and is not part of the SPEC's user surface.
-pub const TEST_KNOB_VARS: [&str; 10] = [
+pub const TEST_KNOB_VARS: [&str; 11] = [
     "NARAD_TEST_CLOCK_OFFSET_MS",
     "NARAD_TEST_IDLE_LOG_EVICTION_MS",
     "NARAD_TEST_HEARTBEAT_MS",
@@ -174,6 +174,7 @@ pub const TEST_KNOB_VARS: [&str; 10] = [
     "NARAD_TEST_VERSION",
     "NARAD_TEST_RPC_FAULT",
     "NARAD_TEST_HOLD_DRAINED_VOTERS",
+    "NARAD_TEST_WAL_FSYNC_STALL_MS",
 ];
 
 /// Test-only knobs, read from `NARAD_TEST_*` only when [`TEST_KNOBS_SWITCH`] is `true`.
@@ -197,6 +198,8 @@ pub struct TestKnobs {
     /// The leader's controller keeps a drained member that is alive among the voters (it
     /// still checks its WAL), so a test can kill it between drained and removed.
     pub hold_drained_voters: bool,
+    /// Every write and fsync of the ingress WAL takes this much longer: a slow disk.
+    pub wal_fsync_stall: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -1085,6 +1088,7 @@ impl Config {
         t.dead_after = ms("NARAD_TEST_DEAD_AFTER_MS")?;
         t.force_promote_after = ms("NARAD_TEST_FORCE_PROMOTE_MS")?;
         t.move_handoff_pause = ms("NARAD_TEST_MOVE_HANDOFF_PAUSE_MS")?;
+        t.wal_fsync_stall = ms("NARAD_TEST_WAL_FSYNC_STALL_MS")?;
         if let Some(v) = get("NARAD_TEST_RPC_UNSUPPORTED") {
             t.rpc_unsupported = v
                 .split(',')

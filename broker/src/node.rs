@@ -373,6 +373,7 @@ pub async fn start(config: Config) -> anyhow::Result<Running> {
                 .tuning
                 .wal_inline
                 .then(crate::wal::InlineOptions::default),
+            stall_each_write: config.test.wal_fsync_stall,
             ..WalOptions::default()
         },
     )

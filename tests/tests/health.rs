@@ -235,3 +235,46 @@ async fn shutdown_delay_fails_readiness_first_and_keeps_serving() {
         t.elapsed()
     );
 }
+
+/// A disk whose every WAL write and fsync takes `STALL`: the node's runtime writes the WAL
+/// itself while fsyncs are quick (one worker, `NARAD_WAL_INLINE`), so the first slow one
+/// stalls it once; the WAL's thread then takes the writing over, and probes and consumes
+/// answer while produces wait for the disk.
+#[tokio::test]
+async fn a_slow_disk_delays_produces_not_probes_or_consumes() {
+    const STALL: Duration = Duration::from_secs(2);
+    let server = Server::start(ServerOpts::default().env("NARAD_WORKER_THREADS", "1").env(
+        "NARAD_TEST_WAL_FSYNC_STALL_MS",
+        STALL.as_millis().to_string(),
+    ))
+    .await;
+    let http = server.http();
+    http.create_topic_named("slow").await;
+    let started = std::time::Instant::now();
+    http.produce_ok("slow", "", "first").await;
+    assert!(
+        started.elapsed() >= STALL,
+        "the stall never reached the WAL"
+    );
+    http.wait_total_visible("slow", 1).await;
+
+    let producer = http.clone();
+    let second = tokio::spawn(async move { producer.produce_ok("slow", "", "second").await });
+    // The second produce is in its write by now (it takes `STALL`).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let asked = std::time::Instant::now();
+    http.get("/healthz").await.expect_json(200);
+    let m = http.consume_msg("slow", "wait=0").await;
+    let answered = asked.elapsed();
+    assert!(
+        !second.is_finished(),
+        "the second produce was done before the probe: the test proves nothing"
+    );
+    assert!(
+        answered < STALL / 2,
+        "a probe and a consume took {answered:?} behind a slow WAL write"
+    );
+    assert_eq!(m.payload_bytes(), b"first");
+    second.await.unwrap();
+    http.wait_total_visible("slow", 2).await;
+}

@@ -152,6 +152,9 @@ pub struct WalOptions {
     /// The first lane is written by the runtime's thread when it runs out of work, if the
     /// WAL is opened on a thread that does that (see [`first_lane`]); else by its thread.
     pub inline: Option<InlineOptions>,
+    /// (tests: `NARAD_TEST_WAL_FSYNC_STALL_MS`) Every write and fsync takes this much
+    /// longer: a slow disk.
+    pub stall_each_write: Option<Duration>,
 }
 
 impl Default for WalOptions {
@@ -165,6 +168,7 @@ impl Default for WalOptions {
             standby_after: STANDBY_AFTER,
             standby_behind: STANDBY_BEHIND,
             inline: None,
+            stall_each_write: None,
         }
     }
 }
@@ -798,6 +802,9 @@ impl Writer {
             if let Some(stall) = self.shared.stall_first_lane.lock().take() {
                 std::thread::sleep(stall);
             }
+        }
+        if let Some(stall) = self.opts.stall_each_write {
+            std::thread::sleep(stall);
         }
         encode_frame(
             &mut self.buf,
