@@ -80,6 +80,11 @@ pub fn flush_at_park() {
     FLUSHES_AT_PARK.with(|f| f.set(true));
 }
 
+/// This thread's runtime writes first lanes at park (see [`flush_at_park`]).
+pub(super) fn flushes_at_park() -> bool {
+    FLUSHES_AT_PARK.with(Cell::get)
+}
+
 /// Writes what is staged in the first lanes opened on this thread: the runtime's
 /// `on_thread_park` hook.
 pub fn flush_parked() {
@@ -132,16 +137,13 @@ enum Drained {
 }
 
 impl FirstLane {
-    /// The first lane for `writer`, if this thread flushes at park (else `writer` back);
-    /// with its thread started.
+    /// The first lane for `writer`, written at park by this thread (see
+    /// [`flushes_at_park`]), with its own thread started.
     pub(super) fn start(
         writer: Writer,
         queue: Arc<Queue>,
         opts: InlineOptions,
-    ) -> std::io::Result<Result<Arc<FirstLane>, (Writer, Arc<Queue>)>> {
-        if !FLUSHES_AT_PARK.with(Cell::get) {
-            return Ok(Err((writer, queue)));
-        }
+    ) -> std::io::Result<Arc<FirstLane>> {
         let lane = Arc::new(FirstLane {
             owner: token(),
             shared: writer.shared.clone(),
@@ -158,7 +160,7 @@ impl FirstLane {
             .name("narad-wal-0".into())
             .spawn(move || thread.run_thread())?;
         LANES.with(|lanes| lanes.borrow_mut().push(Arc::downgrade(&lane)));
-        Ok(Ok(lane))
+        Ok(lane)
     }
 
     /// The runtime writes the lane (not its thread).
@@ -411,6 +413,17 @@ mod tests {
         Wal::open(dir, opts).unwrap()
     }
 
+    /// Runs `test` with a WAL opened in `dir` with `opts` on a runtime that writes its first
+    /// lane when it parks.
+    fn with_inline_wal<F, Fut>(dir: &Path, opts: InlineOptions, test: F)
+    where
+        F: FnOnce(Opened) -> Fut + Send + 'static,
+        Fut: Future<Output = ()>,
+    {
+        let path = dir.to_path_buf();
+        on_parking_runtime(move || async move { test(inline(&path, opts)).await })
+    }
+
     fn lane(wal: &Wal) -> &FirstLane {
         &wal.first_lane
             .as_ref()
@@ -451,12 +464,11 @@ mod tests {
     fn what_one_pass_of_the_runtime_stages_is_one_frame_written_when_it_parks() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().to_path_buf();
-        on_parking_runtime(move || async move {
-            let opts = InlineOptions {
-                wait: Duration::from_secs(3600),
-                ..InlineOptions::default()
-            };
-            let o = inline(&path, opts);
+        let opts = InlineOptions {
+            wait: Duration::from_secs(3600),
+            ..InlineOptions::default()
+        };
+        with_inline_wal(dir.path(), opts, |o| async move {
             appends(&o.wal, 0, 32).await;
             assert_eq!(frames(&o.wal), 1, "32 produces staged in one pass");
             appends(&o.wal, 1, 32).await;
@@ -476,9 +488,7 @@ mod tests {
     #[test]
     fn records_staged_from_another_thread_do_not_wait_for_the_runtime_to_wake() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_path_buf();
-        on_parking_runtime(move || async move {
-            let o = inline(&path, InlineOptions::default());
+        with_inline_wal(dir.path(), InlineOptions::default(), |o| async move {
             let wal = o.wal.clone();
             let (tx, rx) = tokio::sync::oneshot::channel();
             // The runtime sleeps in its park until this thread is done: only the lane's
@@ -505,13 +515,11 @@ mod tests {
     #[test]
     fn a_runtime_that_never_runs_out_of_work_has_its_records_written_after_the_wait() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_path_buf();
-        on_parking_runtime(move || async move {
-            let opts = InlineOptions {
-                wait: Duration::from_millis(20),
-                ..InlineOptions::default()
-            };
-            let o = inline(&path, opts);
+        let opts = InlineOptions {
+            wait: Duration::from_millis(20),
+            ..InlineOptions::default()
+        };
+        with_inline_wal(dir.path(), opts, |o| async move {
             // A task always ready to run: the runtime never parks while it spins.
             let spin = Arc::new(AtomicBool::new(true));
             let spinning = spin.clone();
@@ -537,15 +545,13 @@ mod tests {
     #[test]
     fn a_slow_fsync_on_the_runtime_hands_the_lane_to_its_thread_until_fsyncs_are_quick() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().to_path_buf();
-        on_parking_runtime(move || async move {
-            // A write counts as quick under 500 ms, far above any fsync of a test disk.
-            let opts = InlineOptions {
-                fsync_limit: Duration::from_secs(1),
-                hand_back_after: 3,
-                ..InlineOptions::default()
-            };
-            let o = inline(&path, opts);
+        // A write counts as quick under 500 ms, far above any fsync of a test disk.
+        let opts = InlineOptions {
+            fsync_limit: Duration::from_secs(1),
+            hand_back_after: 3,
+            ..InlineOptions::default()
+        };
+        with_inline_wal(dir.path(), opts, |o| async move {
             *o.wal.shared.stall_first_lane.lock() = Some(Duration::from_millis(1500));
             appends(&o.wal, 0, 1).await;
             assert!(

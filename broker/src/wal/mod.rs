@@ -553,18 +553,12 @@ impl Wal {
                 buf: Vec::new(),
                 durable_tx: durable_tx.clone(),
             };
-            let mut rx = rx.clone();
-            let mut writer = writer;
-            if let (0, Some(inline)) = (lane, &opts.inline) {
-                match first_lane::FirstLane::start(writer, rx, inline.clone())
-                    .map_err(io_err(dir))?
-                {
-                    Ok(started) => {
-                        inline_lane = Some(Arc::new(LastHandle(started)));
-                        continue;
-                    }
-                    Err(back) => (writer, rx) = back,
-                }
+            let rx = rx.clone();
+            if let (0, Some(inline), true) = (lane, &opts.inline, first_lane::flushes_at_park()) {
+                let started = first_lane::FirstLane::start(writer, rx, inline.clone())
+                    .map_err(io_err(dir))?;
+                inline_lane = Some(Arc::new(LastHandle(started)));
+                continue;
             }
             std::thread::Builder::new()
                 .name(format!("narad-wal-{lane}"))
