@@ -213,6 +213,9 @@ impl App {
         let recs = w.records.load(Ordering::Relaxed);
         m.wal_records
             .inc_by(recs.saturating_sub(m.wal_records.get()));
+        let takeovers = w.first_lane_takeovers.load(Ordering::Relaxed);
+        m.wal_first_lane_takeovers
+            .inc_by(takeovers.saturating_sub(m.wal_first_lane_takeovers.get()));
         m.delayed_held.set(self.delayed.held() as i64);
         m.delayed_released.inc_by(
             self.delayed

@@ -194,6 +194,7 @@ pub struct Metrics {
     pub cluster_members: Family<StatusLabels, Gauge>,
     pub wal_fsyncs: Counter,
     pub wal_records: Counter,
+    pub wal_first_lane_takeovers: Counter,
     /// (ext) Delayed produces this node holds until due, and those it handed over.
     pub delayed_held: Gauge,
     pub delayed_released: Counter,
@@ -570,6 +571,12 @@ impl Metrics {
                 r,
                 "wal_records",
                 "Records written to the ingress WAL",
+                Counter::default()
+            ),
+            wal_first_lane_takeovers: reg!(
+                r,
+                "wal_first_lane_takeovers",
+                "Times a slow ingress WAL write and fsync (over 20 ms) moved the WAL's first lane off the runtime thread to its own",
                 Counter::default()
             ),
             delayed_held: reg!(

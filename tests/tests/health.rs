@@ -277,4 +277,17 @@ async fn a_slow_disk_delays_produces_not_probes_or_consumes() {
     assert_eq!(m.payload_bytes(), b"first");
     second.await.unwrap();
     http.wait_total_visible("slow", 2).await;
+    // Once, at the first slow write; the WAL's thread has written since.
+    let takeovers = eventually(
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        || async {
+            let text = http.metrics_text().await;
+            metric_sum(&text, "narad_wal_first_lane_takeovers_total")
+                .filter(|&n| n > 0.0)
+                .ok_or_else(|| anyhow::anyhow!("no takeover counted"))
+        },
+    )
+    .await;
+    assert_eq!(takeovers, 1.0);
 }

@@ -223,6 +223,8 @@ impl FirstLane {
 
     /// A write took longer than the limit: the lane's thread writes until they are quick.
     fn slow_disk(&self) {
+        let m = &self.shared.metrics;
+        m.first_lane_takeovers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
             limit_ms = self.opts.fsync_limit.as_millis() as u64,
             "a wal write and fsync was slow; the first lane's thread takes the lane over from the runtime"
@@ -558,6 +560,8 @@ mod tests {
                 !lane(&o.wal).inline(),
                 "the runtime kept writing after a slow fsync"
             );
+            let takeovers = &o.wal.metrics().first_lane_takeovers;
+            assert_eq!(takeovers.load(Ordering::Relaxed), 1);
             // The thread writes now, and the runtime runs while it does.
             *o.wal.shared.stall_first_lane.lock() = Some(Duration::from_millis(300));
             let wal = o.wal.clone();
@@ -576,6 +580,7 @@ mod tests {
             let before = frames(&o.wal);
             appends(&o.wal, 4, 16).await;
             assert_eq!(frames(&o.wal), before + 1, "the runtime writes again");
+            assert_eq!(takeovers.load(Ordering::Relaxed), 1);
         });
         let o = Wal::open(dir.path(), WalOptions::default()).unwrap();
         assert_eq!(recovered_payloads(&o).len(), 4 + 16);

@@ -390,6 +390,9 @@ pub struct WalMetrics {
     pub bytes: AtomicU64,
     pub fsync_micros_total: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Times a slow write and fsync moved the first lane off the runtime's thread
+    /// (`first_lane`).
+    pub first_lane_takeovers: AtomicU64,
 }
 
 /// Handle to the WAL (cheap to clone).
