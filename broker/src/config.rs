@@ -106,10 +106,10 @@ pub struct Tuning {
     /// and fsyncs the first WAL lane whenever it runs out of work, instead of handing each
     /// produce to the lane's thread and back (`crate::wal::first_lane`); the lane's thread
     /// takes over while fsyncs are slow (over 20 ms) or the dispatcher is behind. With more
-    /// workers it has no effect. On 2 CPUs at 4,000 msgs/s: context switches per produce
-    /// 2.1 -> 1.2, CPU per message -18 % for produce and -16 % for the full flow; produce
-    /// throughput at full load +39 %. Read by `main` before the runtime starts (see
-    /// [`Tuning::wal_inline_from`]).
+    /// workers it has no effect. On 2 CPUs at 4,000 msgs/s (medians of 3 paired runs):
+    /// context switches per produce 2.4 -> 1.2, CPU per message -28 % for produce and -22 %
+    /// for the full flow; single-message produce throughput at full load +57 %. Read by
+    /// `main` before the runtime starts (see [`Tuning::wal_inline_from`]).
     pub wal_inline: bool,
 }
 
