@@ -242,7 +242,7 @@ async fn shutdown_delay_fails_readiness_first_and_keeps_serving() {
 /// answer while produces wait for the disk.
 #[tokio::test]
 async fn a_slow_disk_delays_produces_not_probes_or_consumes() {
-    const STALL: Duration = Duration::from_secs(2);
+    const STALL: Duration = Duration::from_secs(3);
     let server = Server::start(ServerOpts::default().env("NARAD_WORKER_THREADS", "1").env(
         "NARAD_TEST_WAL_FSYNC_STALL_MS",
         STALL.as_millis().to_string(),
