@@ -48,6 +48,9 @@ pub struct InlineOptions {
     /// How long a record staged on the runtime's thread waits for the runtime to run out of
     /// work before it calls the lane's thread.
     pub wait: Duration,
+    /// The lane's thread, uncalled, looks this often for anything staged, and for the WAL
+    /// being gone: a last resort behind the calls.
+    pub idle_check: Duration,
 }
 
 impl Default for InlineOptions {
@@ -56,6 +59,7 @@ impl Default for InlineOptions {
             fsync_limit: Duration::from_millis(20),
             hand_back_after: 64,
             wait: Duration::from_millis(5),
+            idle_check: Duration::from_secs(1),
         }
     }
 }
@@ -261,10 +265,17 @@ impl FirstLane {
             self.oldest.store(0, Ordering::Release);
             let Some(batch) = writer.take_batch(&self.queue, carry, take) else {
                 if take == Take::Inline {
-                    return match writer.backlogged() {
-                        true => Drained::Backlogged,
-                        false => Drained::Empty,
-                    };
+                    if writer.backlogged() {
+                        return Drained::Backlogged;
+                    }
+                    // Another lane held the queue: what it left staged is the thread's
+                    // to write, since the runtime's watches were reset above.
+                    match self.queue.try_lock() {
+                        Ok(queue) if queue.is_empty() && carry.is_none() => {}
+                        Ok(_) => continue,
+                        Err(_) => self.call(),
+                    }
+                    return Drained::Empty;
                 }
                 let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
                 return if queue.is_closed() && queue.is_empty() && carry.is_none() {
@@ -297,15 +308,15 @@ impl FirstLane {
                 let called = self.called.lock().unwrap_or_else(|p| p.into_inner());
                 let (mut called, _) = self
                     .wake
-                    .wait_timeout_while(called, Duration::from_secs(1), |called| {
+                    .wait_timeout_while(called, self.opts.idle_check, |called| {
                         !*called && self.inline()
                     })
                     .unwrap_or_else(|p| p.into_inner());
                 *called = false;
             }
             let open = if self.inline() {
-                // Called, or a second passed: write what is staged (the runtime may never
-                // run out of work), and look whether the WAL is gone.
+                // Called, or `idle_check` passed: write what is staged, and look whether
+                // the WAL is gone.
                 let mut guard = self.writer.lock();
                 let (writer, carry) = &mut *guard;
                 match self
@@ -614,6 +625,44 @@ mod tests {
                 .expect("b never written once the dispatcher caught up")
                 .unwrap()
                 .unwrap();
+        });
+    }
+
+    #[test]
+    fn a_record_the_runtime_finds_the_queue_taken_for_is_written_by_the_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        // No watch and no idle check to fall back on: only the call from the runtime's park.
+        let opts = InlineOptions {
+            wait: Duration::from_secs(3600),
+            idle_check: Duration::from_secs(3600),
+            ..InlineOptions::default()
+        };
+        with_inline_wal(dir.path(), opts, |o| async move {
+            // Another lane holding the queue (it may wait there for the dispatcher).
+            let queue = lane(&o.wal).queue.clone();
+            let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+            let holder = std::thread::spawn(move || {
+                let _held = queue.lock().unwrap();
+                held_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+            });
+            held_rx.await.unwrap();
+            // The runtime parks with the record staged and finds the queue taken; nothing
+            // wakes it afterwards but the answer.
+            let started = Instant::now();
+            let append = o.wal.append(vec![rec(1, 0, None, "a")]);
+            tokio::time::timeout(Duration::from_secs(10), append)
+                .await
+                .expect("never written")
+                .unwrap();
+            // Released after 200 ms. Left to the runtime, the record would wait for its
+            // next wake-up: here, the timer wheel's, seconds later.
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_secs(2),
+                "the record waited {took:?} for the runtime's next park"
+            );
+            holder.join().unwrap();
         });
     }
 

@@ -677,8 +677,8 @@ enum Take {
     /// A lane's thread called to write what is staged: takes it, then waits while the
     /// dispatcher is far behind.
     Ready,
-    /// The runtime's thread: takes what is staged unless the dispatcher is far behind, and
-    /// never waits (the dispatcher runs on that thread).
+    /// The runtime's thread: takes what is staged unless the dispatcher is far behind or
+    /// another lane holds the queue, and never waits (the dispatcher runs on that thread).
     Inline,
 }
 
@@ -740,7 +740,7 @@ impl Writer {
     /// What the last batch carried, else the next staged request (see [`Take`]), and
     /// whatever else is queued, up to a frame's bytes (the rest is carried). `None`:
     /// nothing staged (with [`Take::Wait`]: the queue closed; with [`Take::Inline`]: or
-    /// the dispatcher is behind).
+    /// the dispatcher is behind, or another lane holds the queue).
     fn take_batch(
         &self,
         rx: &Queue,
@@ -751,7 +751,16 @@ impl Writer {
             return None;
         }
         // A lane that panicked while holding it left the queue intact.
-        let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rx = match take {
+            // A lane holding the queue may be waiting for the dispatcher, which runs on the
+            // runtime: the runtime never waits for it (the lane takes what is staged).
+            Take::Inline => match rx.try_lock() {
+                Ok(rx) => rx,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return None,
+            },
+            Take::Wait | Take::Ready => rx.lock().unwrap_or_else(|p| p.into_inner()),
+        };
         let first = match carry.take() {
             Some(s) => s,
             None if take == Take::Wait => rx.blocking_recv()?,
