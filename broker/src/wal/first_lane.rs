@@ -29,7 +29,7 @@
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -69,7 +69,8 @@ thread_local! {
     static FLUSHES_AT_PARK: Cell<bool> = const { Cell::new(false) };
     /// The lanes opened on this thread, written by [`flush_parked`].
     static LANES: RefCell<Vec<Weak<FirstLane>>> = const { RefCell::new(Vec::new()) };
-    /// This thread's identity, for [`FirstLane::on_owner`] (cheaper than `thread::current`).
+    /// This thread's identity, for [`FirstLane::wait`]'s check that it runs on the lane's
+    /// runtime (cheaper than `thread::current`).
     static TOKEN: u64 = {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         NEXT.fetch_add(1, Ordering::Relaxed)
@@ -284,21 +285,10 @@ impl FirstLane {
                     Drained::Empty
                 };
             };
-            if self.commit(writer, batch) > self.opts.fsync_limit {
+            if writer.commit_as_first(batch) > self.opts.fsync_limit {
                 return Drained::Slow;
             }
         }
-    }
-
-    /// Writes one frame as the first lane; how long that took.
-    fn commit(&self, writer: &mut Writer, batch: Vec<Staged>) -> Duration {
-        let standby = &self.shared.standby;
-        standby.first_lane_busy(true);
-        let started = Instant::now();
-        writer.commit_group(batch);
-        let took = started.elapsed();
-        standby.first_lane_busy(false);
-        took
     }
 
     /// The lane's thread: sleeps until called or handed the lane; ends when the WAL does.
@@ -349,7 +339,7 @@ impl FirstLane {
         let (writer, carry) = &mut *guard;
         let mut quick = 0;
         while let Some(batch) = writer.take_batch(&self.queue, carry, Take::Wait) {
-            quick = if self.commit(writer, batch) < self.opts.fsync_limit / 2 {
+            quick = if writer.commit_as_first(batch) < self.opts.fsync_limit / 2 {
                 quick + 1
             } else {
                 0
@@ -387,6 +377,7 @@ mod tests {
     use std::collections::BTreeSet;
     use std::future::Future;
     use std::path::Path;
+    use std::time::Instant;
 
     use bytes::Bytes;
 

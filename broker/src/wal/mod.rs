@@ -709,11 +709,20 @@ impl Writer {
     fn run_first(mut self, rx: Arc<Queue>) {
         let mut carry: Option<Staged> = None;
         while let Some(batch) = self.take_batch(&rx, &mut carry, Take::Wait) {
-            self.shared.standby.first_lane_busy(true);
-            self.commit_group(batch);
-            self.shared.standby.first_lane_busy(false);
+            self.commit_as_first(batch);
         }
         self.shared.standby.stop();
+    }
+
+    /// Writes `batch` as the first lane, whose running write a record staged meanwhile
+    /// watches (see [`Standby`]); how long the write and fsync took.
+    fn commit_as_first(&mut self, batch: Vec<Staged>) -> Duration {
+        self.shared.standby.first_lane_busy(true);
+        let started = std::time::Instant::now();
+        self.commit_group(batch);
+        let took = started.elapsed();
+        self.shared.standby.first_lane_busy(false);
+        took
     }
 
     /// A standby lane: called when a record would wait too long for the first lane's
