@@ -15,6 +15,10 @@
 //!   the runtime stalled for that long (probes, Raft, consumes). The lane's own thread then
 //!   takes the lane over, as a lane without this mode runs, until its fsyncs have been
 //!   quick again for [`InlineOptions::hand_back_after`] writes in a row.
+//! - **A large request** (over [`InlineOptions::max_bytes`]: a batch of megabytes). Its
+//!   write would hold the runtime for as long as a slow disk does, so the runtime calls the
+//!   lane's thread to write it and runs on. A write may take longer the more it writes
+//!   before it counts as slow ([`InlineOptions::limit_for`]).
 //! - **A runtime that never runs out of work.** A record staged on the runtime's thread that
 //!   waits [`InlineOptions::wait`] calls the lane's thread, which writes everything staged.
 //! - **Records staged from another thread** (nothing there flushes when it parks) call the
@@ -38,12 +42,17 @@ use super::{Queue, Shared, Staged, Take, WalError, Writer};
 /// Tunables of the first lane written by the runtime (see the module).
 #[derive(Debug, Clone)]
 pub struct InlineOptions {
-    /// A write and fsync of the runtime that takes longer than this hands the lane to its
-    /// thread. It bounds how long the runtime stalls for a disk that turned slow: once,
-    /// before the thread takes over. Raft's heartbeats go out every 100 ms.
+    /// A write and fsync of the runtime that takes longer than this (and as much again per
+    /// [`Self::max_bytes`] written, see [`Self::limit_for`]) hands the lane to its thread.
+    /// It bounds how long the runtime stalls for a disk that turned slow: once, before the
+    /// thread takes over. Raft's heartbeats go out every 100 ms.
     pub fsync_limit: Duration,
+    /// The runtime never writes a request of more bytes than this: the lane's thread does,
+    /// called, while the runtime runs on. It is also the scale of a write's allowance
+    /// ([`Self::limit_for`]): [`Self::fsync_limit`] more per this many bytes.
+    pub max_bytes: usize,
     /// The lane's thread hands the lane back after this many writes in a row that each
-    /// took less than half of [`Self::fsync_limit`].
+    /// took less than half of their [`Self::limit_for`].
     pub hand_back_after: u32,
     /// How long a record staged on the runtime's thread waits for the runtime to run out of
     /// work before it calls the lane's thread.
@@ -53,10 +62,24 @@ pub struct InlineOptions {
     pub idle_check: Duration,
 }
 
+impl InlineOptions {
+    /// How long a write and fsync of `bytes` may take before the disk counts as slow:
+    /// [`Self::fsync_limit`], and as much again per [`Self::max_bytes`]. A 16 MiB batch
+    /// takes longer than a produce on any disk, which says nothing about the disk.
+    pub(super) fn limit_for(&self, bytes: usize) -> Duration {
+        self.fsync_limit
+            + self
+                .fsync_limit
+                .mul_f64(bytes as f64 / self.max_bytes.max(1) as f64)
+    }
+}
+
 impl Default for InlineOptions {
     fn default() -> Self {
         InlineOptions {
             fsync_limit: Duration::from_millis(20),
+            // A MiB writes in a few milliseconds on any SSD; the allowance is 50 MB/s.
+            max_bytes: 1024 * 1024,
             hand_back_after: 64,
             wait: Duration::from_millis(5),
             idle_check: Duration::from_secs(1),
@@ -135,8 +158,8 @@ enum Drained {
     Empty,
     /// The queue closed: the WAL is gone.
     Closed,
-    /// A write took longer than the limit.
-    Slow,
+    /// A write of `bytes` took `took`, longer than its limit.
+    Slow { took: Duration, bytes: usize },
     /// The dispatcher is behind: the thread must write, waiting for it.
     Backlogged,
 }
@@ -226,12 +249,15 @@ impl FirstLane {
         self.wake.notify_one();
     }
 
-    /// A write took longer than the limit: the lane's thread writes until they are quick.
-    fn slow_disk(&self) {
+    /// A write of `bytes` took `took`, longer than its limit: the lane's thread writes
+    /// until they are quick.
+    fn slow_disk(&self, took: Duration, bytes: usize) {
         let m = &self.shared.metrics;
         m.first_lane_takeovers.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(
-            limit_ms = self.opts.fsync_limit.as_millis() as u64,
+            took_ms = took.as_millis() as u64,
+            bytes,
+            limit_ms = self.opts.limit_for(bytes).as_millis() as u64,
             "a wal write and fsync was slow; the first lane's thread takes the lane over from the runtime"
         );
         self.hand_to_thread();
@@ -255,7 +281,7 @@ impl FirstLane {
         let (writer, carry) = &mut *guard;
         match self.drain(writer, carry, Take::Inline) {
             Drained::Empty | Drained::Closed => {}
-            Drained::Slow => self.slow_disk(),
+            Drained::Slow { took, bytes } => self.slow_disk(took, bytes),
             Drained::Backlogged => self.hand_to_thread(),
         }
     }
@@ -268,6 +294,13 @@ impl FirstLane {
                 if take == Take::Inline {
                     if writer.backlogged() {
                         return Drained::Backlogged;
+                    }
+                    // A request is carried that the runtime does not write: one too large
+                    // for it, or one left from the last frame while another lane holds
+                    // the queue. The thread writes it.
+                    if carry.is_some() {
+                        self.call();
+                        return Drained::Empty;
                     }
                     // Another lane held the queue: what it left staged is the thread's
                     // to write, since the runtime's watches were reset above.
@@ -285,8 +318,10 @@ impl FirstLane {
                     Drained::Empty
                 };
             };
-            if writer.commit_as_first(batch) > self.opts.fsync_limit {
-                return Drained::Slow;
+            let bytes = batch.bytes;
+            let took = writer.commit_as_first(batch.staged);
+            if took > self.opts.limit_for(bytes) {
+                return Drained::Slow { took, bytes };
             }
         }
     }
@@ -316,8 +351,8 @@ impl FirstLane {
                     // Handed the lane while it waited for the runtime's write to end.
                     None => true,
                     Some(Drained::Closed) => false,
-                    Some(Drained::Slow) => {
-                        self.slow_disk();
+                    Some(Drained::Slow { took, bytes }) => {
+                        self.slow_disk(took, bytes);
                         true
                     }
                     Some(Drained::Empty | Drained::Backlogged) => true,
@@ -339,7 +374,8 @@ impl FirstLane {
         let (writer, carry) = &mut *guard;
         let mut quick = 0;
         while let Some(batch) = writer.take_batch(&self.queue, carry, Take::Wait) {
-            quick = if writer.commit_as_first(batch) < self.opts.fsync_limit / 2 {
+            let limit = self.opts.limit_for(batch.bytes);
+            quick = if writer.commit_as_first(batch.staged) < limit / 2 {
                 quick + 1
             } else {
                 0
@@ -655,6 +691,76 @@ mod tests {
             );
             holder.join().unwrap();
         });
+    }
+
+    /// A request over `max_bytes` (a batch of megabytes) is the lane's thread's to write: the
+    /// runtime runs on while it is written, and its time is no sign of a slow disk.
+    #[test]
+    fn a_request_too_large_for_the_runtime_is_written_by_the_thread_and_is_no_slow_disk() {
+        const STALL: Duration = Duration::from_millis(600);
+        /// A large and a small record appended together, the large one first or second,
+        /// with lane 0's next write stalled; the runtime's ticks of 10 ms meanwhile.
+        async fn large_and_small(wal: &Wal, large_first: bool, stall: Duration) -> u32 {
+            *wal.shared.stall_first_lane.lock() = Some(stall);
+            let started = Instant::now();
+            let wal = wal.clone();
+            let write = tokio::spawn(async move {
+                let big = vec![rec(1, 0, None, &"b".repeat(128 * 1024))];
+                let small = vec![rec(1, 0, None, "small")];
+                let (a, b) = if large_first {
+                    (big, small)
+                } else {
+                    (small, big)
+                };
+                let (a, b) = tokio::join!(wal.append(a), wal.append(b));
+                a.and(b)
+            });
+            let mut ticks = 0;
+            while !write.is_finished() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                ticks += 1;
+            }
+            write.await.unwrap().unwrap();
+            assert!(started.elapsed() >= stall, "the stall was not in the write");
+            ticks
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let opts = InlineOptions {
+            max_bytes: 32 * 1024,
+            // The stall is twice the limit of a small write, and less than half the limit
+            // of the thread's write of 128 KiB.
+            fsync_limit: Duration::from_millis(300),
+            ..InlineOptions::default()
+        };
+        assert_eq!(opts.limit_for(128 * 1024), Duration::from_millis(1500));
+        with_inline_wal(dir.path(), opts, |o| async move {
+            let takeovers = &o.wal.metrics().first_lane_takeovers;
+            // The runtime takes nothing and calls the thread, which writes both as one
+            // frame while the runtime runs.
+            let ticks = large_and_small(&o.wal, true, STALL).await;
+            assert!(
+                ticks >= 10,
+                "the runtime stalled with the write: {ticks} ticks of 10 ms in {STALL:?}"
+            );
+            assert_eq!(frames(&o.wal), 1);
+            assert_eq!(takeovers.load(Ordering::Relaxed), 0);
+            assert!(
+                lane(&o.wal).inline(),
+                "a large write was taken for a slow disk"
+            );
+            // The large one second: the runtime writes the small one (its write would take
+            // the stall, so there is none) and leaves the large one to the thread.
+            large_and_small(&o.wal, false, Duration::ZERO).await;
+            assert_eq!(frames(&o.wal), 3);
+            assert_eq!(takeovers.load(Ordering::Relaxed), 0);
+            assert!(lane(&o.wal).inline());
+            // Small records are the runtime's again, one frame for 16.
+            let before = frames(&o.wal);
+            appends(&o.wal, 1, 16).await;
+            assert_eq!(frames(&o.wal), before + 1);
+        });
+        let o = Wal::open(dir.path(), WalOptions::default()).unwrap();
+        assert_eq!(recovered_payloads(&o).len(), 4 + 16);
     }
 
     #[test]

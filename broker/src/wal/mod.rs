@@ -668,6 +668,13 @@ impl Wal {
     }
 }
 
+/// Requests a lane took to write as one frame.
+struct Batch {
+    staged: Vec<Staged>,
+    /// Their records' encoded bytes.
+    bytes: usize,
+}
+
 /// How a lane takes staged requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Take {
@@ -709,7 +716,7 @@ impl Writer {
     fn run_first(mut self, rx: Arc<Queue>) {
         let mut carry: Option<Staged> = None;
         while let Some(batch) = self.take_batch(&rx, &mut carry, Take::Wait) {
-            self.commit_as_first(batch);
+            self.commit_as_first(batch.staged);
         }
         self.shared.standby.stop();
     }
@@ -733,7 +740,7 @@ impl Writer {
             // What did not fit into one frame goes into the next at once. (Nothing staged:
             // the first lane took it meanwhile.)
             while let Some(batch) = self.take_batch(&rx, &mut carry, Take::Ready) {
-                self.commit_group(batch);
+                self.commit_group(batch.staged);
                 if carry.is_none() {
                     break;
                 }
@@ -749,13 +756,9 @@ impl Writer {
     /// What the last batch carried, else the next staged request (see [`Take`]), and
     /// whatever else is queued, up to a frame's bytes (the rest is carried). `None`:
     /// nothing staged (with [`Take::Wait`]: the queue closed; with [`Take::Inline`]: or
-    /// the dispatcher is behind, or another lane holds the queue).
-    fn take_batch(
-        &self,
-        rx: &Queue,
-        carry: &mut Option<Staged>,
-        take: Take,
-    ) -> Option<Vec<Staged>> {
+    /// the dispatcher is behind, or another lane holds the queue, or the next request is
+    /// too large for the runtime to write and is carried for the lane's thread).
+    fn take_batch(&self, rx: &Queue, carry: &mut Option<Staged>, take: Take) -> Option<Batch> {
         if take == Take::Inline && self.backlogged() {
             return None;
         }
@@ -778,21 +781,30 @@ impl Writer {
         while take != Take::Inline && self.backlogged() {
             std::thread::sleep(Duration::from_millis(1));
         }
-        let mut bytes: usize = first.records.iter().map(WalRecord::encoded_len).sum();
-        let mut batch = vec![first];
+        // A request larger than this is not the runtime's to write (see
+        // `InlineOptions::max_bytes`).
+        let inline_max = match (take, &self.opts.inline) {
+            (Take::Inline, Some(inline)) => inline.max_bytes,
+            _ => usize::MAX,
+        };
+        let staged_bytes = |s: &Staged| s.records.iter().map(WalRecord::encoded_len).sum();
+        let mut bytes: usize = staged_bytes(&first);
+        if bytes > inline_max {
+            *carry = Some(first);
+            return None;
+        }
+        let mut staged = vec![first];
         while bytes < self.opts.max_frame_bytes {
-            match rx.try_recv() {
-                Ok(s) => {
-                    bytes += s.records.iter().map(WalRecord::encoded_len).sum::<usize>();
-                    batch.push(s);
-                }
-                Err(_) => break,
+            let Ok(s) = rx.try_recv() else { break };
+            let n = staged_bytes(&s);
+            if bytes + n > self.opts.max_frame_bytes || n > inline_max {
+                *carry = Some(s);
+                break;
             }
+            bytes += n;
+            staged.push(s);
         }
-        if bytes > self.opts.max_frame_bytes && batch.len() > 1 {
-            *carry = batch.pop();
-        }
-        Some(batch)
+        Some(Batch { staged, bytes })
     }
 
     fn commit_group(&mut self, batch: Vec<Staged>) {
