@@ -609,11 +609,6 @@ async fn compressed_produce_and_batch_are_stored_byte_exact() {
 #[tokio::test]
 async fn decompression_bombs_are_413_and_cost_no_memory() {
     const ROUNDS: usize = 16;
-    let server = Server::start_default().await;
-    let http = server.http();
-    http.create_topic(&json!({"name": "bomb", "partitions": 3}))
-        .await;
-    let pid = server.pid().unwrap();
     let bomb = {
         use std::io::Write;
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
@@ -632,6 +627,13 @@ async fn decompression_bombs_are_413_and_cost_no_memory() {
         }
         e.finish().unwrap()
     };
+    // The bombs are built first: that takes seconds, which a kept-alive connection would
+    // otherwise spend idle.
+    let server = Server::start_default().await;
+    let http = server.http();
+    http.create_topic(&json!({"name": "bomb", "partitions": 3}))
+        .await;
+    let pid = server.pid().unwrap();
     let single = format!("{}/produce?partition=0", topic_path("bomb"));
     let batch = format!("{}/produce/batch", topic_path("bomb"));
     // Baseline: the node after legitimate bodies at the limits, in both codings (its

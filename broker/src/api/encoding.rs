@@ -254,14 +254,19 @@ impl Decoders {
             let out = decode_capped(coding, &input, cap, scratch, |n| {
                 guard.as_mut().is_none_or(|g| g.grow(n as u64))
             });
-            drop((place, input));
-            let _ = tx.send((out, guard));
+            drop(place);
+            // The body goes back to be freed where it was allocated: a buffer freed on
+            // another thread waits there for its owner's allocator to collect it, and
+            // bodies of a megabyte each piled up that way for a while.
+            let _ = tx.send((out, guard, input));
         });
         if self.jobs.send(job).is_err() {
             unreachable!("invariant: the decoding threads outlive every handle");
         }
-        rx.await
-            .expect("invariant: a decoding thread answers every job it takes")
+        let (out, guard, _input) = rx
+            .await
+            .expect("invariant: a decoding thread answers every job it takes");
+        (out, guard)
     }
 }
 
