@@ -466,6 +466,94 @@ async fn slow_or_silent_clients_lose_their_connection() {
     http.get("/healthz").await.expect(200);
 }
 
+/// `http.idle_timeout` is how long a kept-alive connection waits for its next request, and
+/// `http.read_timeout` bounds a head from its first byte. (hyper timed the head from the end
+/// of the last answer, so an idle connection was closed after the read timeout: a client that
+/// reused it then could lose a produce it had sent.) A new connection's first head is timed
+/// from the start.
+#[tokio::test]
+async fn a_kept_alive_connection_waits_the_idle_timeout_and_a_head_the_read_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const READ: Duration = Duration::from_secs(1);
+    const IDLE: Duration = Duration::from_secs(5);
+    let server = Server::start(
+        ServerOpts::default()
+            .env("NARAD_HTTP_READ_TIMEOUT", "1s")
+            .env("NARAD_HTTP_IDLE_TIMEOUT", "5s"),
+    )
+    .await;
+    let addr = format!("127.0.0.1:{}", server.port());
+    let healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut buf = [0u8; 4096];
+    async fn answer(s: &mut tokio::net::TcpStream, buf: &mut [u8]) -> String {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(buf))
+            .await
+            .expect("an answer in time")
+            .expect("read");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    }
+
+    // Idle for twice the read timeout between two requests: the second is answered.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(healthz).await.unwrap();
+    let first = answer(&mut s, &mut buf).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    tokio::time::sleep(READ * 2).await;
+    s.write_all(healthz).await.unwrap();
+    let second = answer(&mut s, &mut buf).await;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "a connection idle for {:?} (idle timeout {IDLE:?}) was closed: {second:?}",
+        READ * 2
+    );
+
+    // A head trickled a byte every 100 ms on the same connection: closed once its first
+    // byte is the read timeout old, never answered.
+    let started = std::time::Instant::now();
+    let head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    let mut closed = false;
+    for b in head.iter() {
+        if s.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        match tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                closed = true;
+                break;
+            }
+            // At most a 408 before the close.
+            Ok(Ok(n)) => {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                assert!(text.starts_with("HTTP/1.1 408"), "answered: {text}");
+            }
+            Err(_) => {}
+        }
+    }
+    assert!(
+        closed,
+        "a head trickled for {:?} was still read",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < READ + Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A new connection that sends nothing is closed after the read timeout, well before
+    // the idle timeout.
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let r = tokio::time::timeout(IDLE * 2, s.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "{r:?}");
+    assert!(
+        started.elapsed() < IDLE - Duration::from_secs(1),
+        "a silent new connection was kept {:?}",
+        started.elapsed()
+    );
+}
+
 /// Finding 13: `HEAD …/consume` used to lease a message and drop it (the GET handler ran and
 /// the body was thrown away). Now it is `405` and leases nothing.
 #[tokio::test]

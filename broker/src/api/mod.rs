@@ -11,6 +11,7 @@
 mod children;
 pub mod consume;
 pub mod encoding;
+mod head_timeout;
 mod io_timeouts;
 pub mod openapi;
 pub mod parse_errors;

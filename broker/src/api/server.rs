@@ -2,8 +2,8 @@
 //! configured timeouts, and graceful shutdown (stop accepting, let in-flight requests finish).
 //!
 //! Timeouts (SPEC §8, `http.*`):
-//! - `read_timeout` bounds reading a request: its headers (hyper's header-read timeout) and
-//!   its whole body (a deadline from the moment the headers are in; a body still arriving
+//! - `read_timeout` bounds reading a request: its headers (hyper's header-read timeout, from
+//!   the head's first byte: [`super::head_timeout`]) and its whole body (a deadline from the moment the headers are in; a body still arriving
 //!   then fails the request with `408` and the connection closes). A body sent one byte a
 //!   second cannot hold a connection open.
 //! - `write_timeout` bounds each write: a client that stops reading its answer for that long
@@ -26,7 +26,7 @@ use axum::Router;
 use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -34,6 +34,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::head_timeout::{CountReads, HeadTimer, Reads};
 use super::io_timeouts::TimeoutStream;
 use super::parse_errors::{JsonParseErrors, PendingRequests, MAX_HEADERS};
 use crate::tls::ReloadingTls;
@@ -158,13 +159,15 @@ async fn connection<I>(
             })
         })
     });
+    // A head is timed from its first byte; the wait for it is the stream's idle wait.
+    let reads = Reads::default();
     let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
+        .timer(HeadTimer::new(reads.clone()))
         .header_read_timeout(read_timeout)
         .keep_alive(true)
         .max_headers(MAX_HEADERS)
         .serve_connection(
-            TokioIo::new(JsonParseErrors::new(io, pending)),
+            TokioIo::new(JsonParseErrors::new(CountReads::new(io, reads), pending)),
             TowerToHyperService::new(svc),
         );
     if let Err(e) = watcher.watch(conn).await {
