@@ -3,9 +3,10 @@
 //!
 //! Timeouts (SPEC §8, `http.*`):
 //! - `read_timeout` bounds reading a request: its headers (hyper's header-read timeout, from
-//!   the head's first byte: [`super::head_timeout`]) and its whole body (a deadline from the moment the headers are in; a body still arriving
-//!   then fails the request with `408` and the connection closes). A body sent one byte a
-//!   second cannot hold a connection open.
+//!   the head's first byte: [`super::head_timeout`]) and its whole body (a deadline from
+//!   the moment the headers are in; a body still arriving then fails the request with `408`
+//!   and the connection closes). A body sent one byte a second cannot hold a connection
+//!   open.
 //! - `write_timeout` bounds each write: a client that stops reading its answer for that long
 //!   loses the connection, and the answer's memory with it.
 //! - `idle_timeout` bounds how long a connection may wait for its next request (and any read

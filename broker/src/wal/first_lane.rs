@@ -305,7 +305,7 @@ impl FirstLane {
                     // Another lane held the queue: what it left staged is the thread's
                     // to write, since the runtime's watches were reset above.
                     match self.queue.try_lock() {
-                        Ok(queue) if queue.is_empty() && carry.is_none() => {}
+                        Ok(queue) if queue.is_empty() => {}
                         Ok(_) => continue,
                         Err(_) => self.call(),
                     }
